@@ -1,0 +1,397 @@
+//! The progress engine: drives a set of sends and receives over [`Link`]s from one thread.
+//!
+//! An algorithm step is a list of [`Xfer`]s (send this slice to rank a, receive into that slice
+//! from rank b, receive and reduce into another slice from rank c). [`exchange`] moves all of them
+//! at once without blocking on any single one, so a ring step sends to its successor while it
+//! receives from its predecessor, and a reducing receive combines each piece as it arrives. When
+//! nothing can move it sleeps in `poll(2)` on the links' descriptors until the op's deadline: no
+//! busy-polling, and no thread hand-off on the critical path.
+//!
+//! Every message starts with a [`FrameHeader`]; the receiver checks group, generation, sequence
+//! number, op kind, dtype, element count and length against its own call before it accepts a
+//! payload byte, which is how mismatched calls are caught instead of hanging or corrupting data.
+
+use crate::dtype::{DType, ReduceOp, reduce_into};
+use crate::error::{CommError, OpDesc, Result};
+use crate::frame::{FrameHeader, FrameType, HEADER_LEN, OpKind};
+use crate::transport::{Link, LinkError, Readiness};
+use std::time::{Duration, Instant};
+
+/// One transfer of an algorithm step.
+pub enum Xfer<'a> {
+    /// Send `data` to group rank `peer`.
+    Send { peer: usize, data: &'a [u8] },
+    /// Receive exactly `buf.len()` bytes from `peer`.
+    Recv { peer: usize, buf: &'a mut [u8] },
+    /// Receive `acc.len()` bytes from `peer` and combine them into `acc` with `op`.
+    RecvReduce {
+        peer: usize,
+        acc: &'a mut [u8],
+        op: ReduceOp,
+    },
+}
+
+impl Xfer<'_> {
+    fn peer(&self) -> usize {
+        match self {
+            Xfer::Send { peer, .. } | Xfer::Recv { peer, .. } | Xfer::RecvReduce { peer, .. } => *peer,
+        }
+    }
+    fn is_send(&self) -> bool {
+        matches!(self, Xfer::Send { .. })
+    }
+    fn len(&self) -> usize {
+        match self {
+            Xfer::Send { data, .. } => data.len(),
+            Xfer::Recv { buf, .. } => buf.len(),
+            Xfer::RecvReduce { acc, .. } => acc.len(),
+        }
+    }
+}
+
+/// The identity and deadline of one op, shared by all its steps.
+pub struct OpCtx {
+    /// What the op is (for errors).
+    pub desc: OpDesc,
+    /// Op kind on the wire.
+    pub kind: OpKind,
+    /// Element type.
+    pub dtype: DType,
+    /// Element count of the whole call: must agree on every rank.
+    pub signature: u64,
+    /// Group id and generation stamped on every frame.
+    pub group_id: u64,
+    pub generation: u64,
+    /// This rank in the group.
+    pub rank: usize,
+    /// The op's timeout and absolute deadline.
+    pub timeout: Duration,
+    pub deadline: Instant,
+    /// Messages sent to / received from each peer so far in this op (the header's `step`).
+    sent: Vec<u32>,
+    recvd: Vec<u32>,
+    /// Bytes this rank put on the wire in this op.
+    pub bytes_sent: u64,
+}
+
+impl OpCtx {
+    /// Starts an op: the deadline runs from now.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        desc: OpDesc,
+        kind: OpKind,
+        dtype: DType,
+        signature: u64,
+        group_id: u64,
+        generation: u64,
+        rank: usize,
+        size: usize,
+        timeout: Duration,
+    ) -> OpCtx {
+        OpCtx {
+            desc,
+            kind,
+            dtype,
+            signature,
+            group_id,
+            generation,
+            rank,
+            timeout,
+            deadline: Instant::now() + timeout,
+            sent: vec![0; size],
+            recvd: vec![0; size],
+            bytes_sent: 0,
+        }
+    }
+
+    fn header(&self, peer_step: u32, len: usize) -> FrameHeader {
+        FrameHeader {
+            frame_type: FrameType::Data,
+            kind: self.kind,
+            dtype: self.dtype,
+            group_id: self.group_id,
+            generation: self.generation,
+            seq: self.desc.seq,
+            signature: self.signature,
+            payload_len: len as u64,
+            sender: self.rank as u32,
+            step: peer_step,
+        }
+    }
+
+    fn describe(&self, kind: OpKind, seq: u64, dtype: DType, count: u64, len: u64) -> String {
+        let _ = self;
+        format!("called {} #{} ({} x {}, {} bytes in this message)", kind.name(), seq, dtype.name(), count, len)
+    }
+
+    fn lost(&self, peer: usize, e: LinkError) -> CommError {
+        CommError::PeerLost {
+            op: Box::new(self.desc.clone()),
+            peer,
+            detail: e.to_string(),
+            cause: None,
+        }
+    }
+
+    /// Checks a received header against what this rank expects.
+    fn check(&self, peer: usize, step: u32, len: usize, h: &FrameHeader) -> Result<()> {
+        let bad = |reason: String| Err(CommError::BadFrame { peer, reason });
+        if h.frame_type != FrameType::Data {
+            return bad(format!("unexpected {:?} frame during {}", h.frame_type, self.desc));
+        }
+        if h.group_id != self.group_id {
+            return bad(format!("frame for group id {:#x}, expected {:#x}", h.group_id, self.group_id));
+        }
+        if h.generation < self.generation {
+            return Err(CommError::StaleGeneration {
+                got: h.generation,
+                current: self.generation,
+            });
+        }
+        if h.generation > self.generation {
+            return bad(format!("frame from future generation {} (this rank is at {})", h.generation, self.generation));
+        }
+        if h.sender as usize != peer {
+            return bad(format!("frame claims sender {} on the link of rank {peer}", h.sender));
+        }
+        if h.kind != self.kind
+            || h.seq != self.desc.seq
+            || h.dtype != self.dtype
+            || h.signature != self.signature
+            || h.payload_len != len as u64
+            || h.step != step
+        {
+            return Err(CommError::Mismatch {
+                op: Box::new(self.desc.clone()),
+                peer,
+                theirs: self.describe(h.kind, h.seq, h.dtype, h.signature, h.payload_len),
+                ours: self.describe(self.kind, self.desc.seq, self.dtype, self.signature, len as u64),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Progress of one transfer.
+#[derive(Clone, Copy)]
+struct State {
+    step: u32,
+    hdr: [u8; HEADER_LEN],
+    hdr_done: usize,
+    done: usize,
+    complete: bool,
+}
+
+/// Largest payload sent in the same write as its header (one syscall for small messages).
+const COALESCE_BYTES: usize = 8192;
+
+/// Runs all `xfers` to completion (or to the op's deadline). Transfers to the same peer in the
+/// same direction complete in list order; everything else proceeds concurrently.
+pub fn exchange(links: &mut [Option<Box<dyn Link>>], ctx: &mut OpCtx, xfers: &mut [Xfer<'_>]) -> Result<()> {
+    let n = links.len();
+    let mut st: Vec<State> = Vec::with_capacity(xfers.len());
+    for x in xfers.iter() {
+        let p = x.peer();
+        if p >= n || p == ctx.rank || links[p].is_none() {
+            return Err(CommError::InvalidArgument(format!("transfer with rank {p}: no link (group size {n}, this rank {})", ctx.rank)));
+        }
+        let counter = if x.is_send() { &mut ctx.sent[p] } else { &mut ctx.recvd[p] };
+        let step = *counter;
+        *counter += 1;
+        let hdr = if x.is_send() { ctx.header(step, x.len()).encode() } else { [0u8; HEADER_LEN] };
+        st.push(State {
+            step,
+            hdr,
+            hdr_done: 0,
+            done: 0,
+            complete: false,
+        });
+    }
+    let mut busy_send = vec![false; n];
+    let mut busy_recv = vec![false; n];
+    let mut coalesce: Vec<u8> = Vec::new();
+    let mut pollfds: Vec<libc::pollfd> = Vec::new();
+    loop {
+        // One pass: move every active transfer as far as it goes.
+        let mut moved = false;
+        let mut remaining = false;
+        busy_send.iter_mut().for_each(|b| *b = false);
+        busy_recv.iter_mut().for_each(|b| *b = false);
+        for (x, s) in xfers.iter_mut().zip(st.iter_mut()) {
+            if s.complete {
+                continue;
+            }
+            remaining = true;
+            let p = x.peer();
+            let busy = if x.is_send() { &mut busy_send[p] } else { &mut busy_recv[p] };
+            if *busy {
+                continue; // an earlier transfer on this peer and direction goes first
+            }
+            *busy = true;
+            let link = links[p].as_deref_mut().expect("checked above");
+            let progressed = step_xfer(link, ctx, x, s, &mut coalesce)?;
+            moved |= progressed;
+            if s.complete {
+                *busy = false;
+            }
+        }
+        if !remaining {
+            return Ok(());
+        }
+        if moved {
+            continue;
+        }
+        // Nothing moved: sleep until a link can move or the deadline passes.
+        let now = Instant::now();
+        if now >= ctx.deadline {
+            return Err(timeout_error(ctx, xfers, &st));
+        }
+        pollfds.clear();
+        let mut ready = false;
+        for p in 0..n {
+            if !(busy_send[p] || busy_recv[p]) {
+                continue;
+            }
+            let link = links[p].as_deref_mut().expect("busy implies a link");
+            match link.prepare_wait(busy_send[p], busy_recv[p]) {
+                Readiness::Ready => ready = true,
+                Readiness::Fd { fd, events } => pollfds.push(libc::pollfd { fd, events, revents: 0 }),
+            }
+            if let Some(fd) = link.death_fd() {
+                pollfds.push(libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+        }
+        if !ready {
+            let wait_ms = (ctx.deadline - now).as_millis().clamp(1, i32::MAX as u128) as i32;
+            // SAFETY: pollfds is a valid array of pollfd of the given length.
+            let rc = unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, wait_ms) };
+            if rc < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(CommError::io(format!("poll during {}", ctx.desc), e));
+                }
+            }
+        }
+        for p in 0..n {
+            if busy_send[p] || busy_recv[p] {
+                links[p].as_deref_mut().expect("busy implies a link").after_wait();
+            }
+        }
+    }
+}
+
+/// Moves one transfer as far as the link allows; returns whether any byte moved.
+fn step_xfer(link: &mut dyn Link, ctx: &mut OpCtx, x: &mut Xfer<'_>, s: &mut State, coalesce: &mut Vec<u8>) -> Result<bool> {
+    let p = x.peer();
+    let mut moved = false;
+    match x {
+        Xfer::Send { data, .. } => {
+            if s.hdr_done < HEADER_LEN {
+                let n = if s.hdr_done == 0 && data.len() <= COALESCE_BYTES {
+                    coalesce.clear();
+                    coalesce.extend_from_slice(&s.hdr);
+                    coalesce.extend_from_slice(data);
+                    link.try_send(coalesce).map_err(|e| ctx.lost(p, e))?
+                } else {
+                    link.try_send(&s.hdr[s.hdr_done..]).map_err(|e| ctx.lost(p, e))?
+                };
+                let h = n.min(HEADER_LEN - s.hdr_done);
+                s.hdr_done += h;
+                s.done += n - h;
+                moved |= n > 0;
+            }
+            while s.hdr_done == HEADER_LEN && s.done < data.len() {
+                let n = link.try_send(&data[s.done..]).map_err(|e| ctx.lost(p, e))?;
+                if n == 0 {
+                    break;
+                }
+                s.done += n;
+                moved = true;
+            }
+            if s.hdr_done == HEADER_LEN && s.done == data.len() {
+                s.complete = true;
+                ctx.bytes_sent += (HEADER_LEN + data.len()) as u64;
+            }
+        }
+        Xfer::Recv { buf, .. } => {
+            if !recv_header(link, ctx, p, buf.len(), s, &mut moved)? {
+                return Ok(moved);
+            }
+            while s.done < buf.len() {
+                let n = link.try_recv_into(&mut buf[s.done..]).map_err(|e| ctx.lost(p, e))?;
+                if n == 0 {
+                    break;
+                }
+                s.done += n;
+                moved = true;
+            }
+            s.complete = s.done == buf.len();
+        }
+        Xfer::RecvReduce { acc, op, .. } => {
+            if !recv_header(link, ctx, p, acc.len(), s, &mut moved)? {
+                return Ok(moved);
+            }
+            let esz = ctx.dtype.size();
+            let (dtype, op) = (ctx.dtype, *op);
+            while s.done < acc.len() {
+                let done = s.done;
+                let target = &mut acc[done..];
+                let max = target.len();
+                let mut off = 0usize;
+                let n = link
+                    .try_recv_with(max, &mut |piece: &[u8]| {
+                        let whole = piece.len() / esz * esz;
+                        reduce_into(dtype, op, &mut target[off..off + whole], &piece[..whole]);
+                        off += whole;
+                        whole
+                    })
+                    .map_err(|e| ctx.lost(p, e))?;
+                if n == 0 {
+                    break;
+                }
+                s.done += n;
+                moved = true;
+            }
+            s.complete = s.done == acc.len();
+        }
+    }
+    Ok(moved)
+}
+
+/// Reads and checks the header of a receive; returns true once it is complete and valid.
+fn recv_header(link: &mut dyn Link, ctx: &OpCtx, p: usize, len: usize, s: &mut State, moved: &mut bool) -> Result<bool> {
+    while s.hdr_done < HEADER_LEN {
+        let n = link.try_recv_into(&mut s.hdr[s.hdr_done..]).map_err(|e| ctx.lost(p, e))?;
+        if n == 0 {
+            return Ok(false);
+        }
+        s.hdr_done += n;
+        *moved = true;
+        if s.hdr_done == HEADER_LEN {
+            let h = FrameHeader::decode(&s.hdr).map_err(|e| CommError::BadFrame { peer: p, reason: e.to_string() })?;
+            ctx.check(p, s.step, len, &h)?;
+        }
+    }
+    Ok(true)
+}
+
+fn timeout_error(ctx: &OpCtx, xfers: &[Xfer<'_>], st: &[State]) -> CommError {
+    let mut missing: Vec<usize> = xfers
+        .iter()
+        .zip(st)
+        .filter(|(_, s)| !s.complete)
+        .map(|(x, _)| x.peer())
+        .collect();
+    missing.sort_unstable();
+    missing.dedup();
+    CommError::Timeout {
+        op: Box::new(ctx.desc.clone()),
+        timeout: ctx.timeout,
+        missing,
+        cause: None,
+    }
+}

@@ -1,0 +1,171 @@
+//! Measuring α and β per transport when a group is created (well under a second).
+//!
+//! For each transport the group uses, one pair of ranks ping-pongs messages of 8 B, 64 KiB and
+//! 1 MiB; the one-way times (half the median round trip) are fitted to `t(n) = α + n/β` by least
+//! squares (004 eq. 28.10). Rank 0 also times its reduction kernel (γ). The results go through
+//! the store, so every rank selects algorithms from the same numbers.
+
+use super::config::{GroupConfig, TransportPolicy};
+use super::core::ProcessGroup;
+use crate::algo::Ctx;
+use crate::dtype::{DType, ReduceOp, reduce_into};
+use crate::engine::{OpCtx, Xfer};
+use crate::error::{CommError, OpDesc, Result};
+use crate::frame::OpKind;
+use crate::model::{DEFAULT_GAMMA, LinkParams, Topology};
+use crate::transport::LinkKind;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// Message sizes and round trips of the ping-pong.
+const PINGPONG: [(usize, usize); 3] = [(8, 30), (64 << 10, 10), (1 << 20, 5)];
+
+/// The kind of link between group ranks `a` and `b`, from information every rank has.
+pub fn kind_between(a: usize, b: usize, host_of: &[usize], cfg: &GroupConfig) -> LinkKind {
+    if cfg.transport == TransportPolicy::Auto && host_of[a] == host_of[b] { LinkKind::Shm } else { LinkKind::Tcp }
+}
+
+/// The topology with default link parameters (before, or without, calibration).
+pub fn topology(_kinds: &[Option<LinkKind>], host_of: &[usize], size: usize, cfg: &GroupConfig) -> Topology {
+    let hosts = host_of.iter().max().map_or(1, |m| m + 1);
+    let mut per_host = vec![0usize; hosts];
+    host_of.iter().for_each(|&h| per_host[h] += 1);
+    let ranks_per_host = per_host.iter().all(|&c| c == per_host[0]).then_some(per_host[0]);
+    Topology {
+        size,
+        hosts,
+        ranks_per_host,
+        intra: if cfg.transport == TransportPolicy::Auto { LinkKind::Shm } else { LinkKind::Tcp },
+        links: BTreeMap::new(),
+        gamma: DEFAULT_GAMMA,
+    }
+}
+
+/// The pair that measures `kind`, if any pair of ranks uses it.
+fn probe_pair(kind: LinkKind, host_of: &[usize], cfg: &GroupConfig) -> Option<(usize, usize)> {
+    let n = host_of.len();
+    (0..n).flat_map(|a| (a + 1..n).map(move |b| (a, b))).find(|&(a, b)| kind_between(a, b, host_of, cfg) == kind)
+}
+
+/// Least-squares fit of `t = α + n/β` to (bytes, seconds) points.
+pub fn fit(points: &[(f64, f64)]) -> LinkParams {
+    let k = points.len() as f64;
+    let (mx, mt) = points.iter().fold((0.0, 0.0), |(a, b), (x, t)| (a + x / k, b + t / k));
+    let (mut sxy, mut sxx) = (0.0, 0.0);
+    for (x, t) in points {
+        sxy += (x - mx) * (t - mt);
+        sxx += (x - mx) * (x - mx);
+    }
+    let slope = if sxx > 0.0 { (sxy / sxx).max(1e-13) } else { 1e-10 };
+    let smallest = points.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
+    let alpha = (mt - slope * mx).clamp(1e-7, smallest.max(1e-7));
+    LinkParams { alpha, beta: 1.0 / slope }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Measures and publishes (or waits for) the group's link parameters.
+pub(crate) fn calibrate(g: &ProcessGroup) -> Result<Topology> {
+    let inner = &g.inner;
+    let mut topo = inner.topo.clone();
+    let deadline = inner.cfg.connect_timeout;
+    let key = |what: &str| format!("{}/calib/{what}", inner.prefix);
+    let mut kinds = Vec::new();
+    for kind in [LinkKind::Shm, LinkKind::Tcp] {
+        let Some((a, b)) = probe_pair(kind, &inner.host_of, &inner.cfg) else { continue };
+        kinds.push(kind);
+        if inner.rank == a || inner.rank == b {
+            let peer = if inner.rank == a { b } else { a };
+            let points = pingpong(g, peer, inner.rank == a)?;
+            if inner.rank == a {
+                let p = fit(&points);
+                inner.store.set(&key(kind.name()), &serde_json::to_vec(&p).expect("serialises"))?;
+            }
+        }
+    }
+    if inner.rank == 0 {
+        inner.store.set(&key("gamma"), measure_gamma().to_string().as_bytes())?;
+    }
+    for kind in kinds {
+        let v = inner.store.wait_one(&key(kind.name()), deadline)?;
+        let p: LinkParams = serde_json::from_slice(&v).map_err(|e| CommError::Store(format!("calibration of {}: {e}", kind.name())))?;
+        topo.links.insert(kind.name().to_string(), p);
+    }
+    let v = inner.store.wait_one(&key("gamma"), deadline)?;
+    topo.gamma = String::from_utf8_lossy(&v).parse().unwrap_or(DEFAULT_GAMMA);
+    Ok(topo)
+}
+
+/// Ping-pong with `peer`; the initiator returns (bytes, one-way seconds) medians per size.
+fn pingpong(g: &ProcessGroup, peer: usize, initiator: bool) -> Result<Vec<(f64, f64)>> {
+    let inner = &g.inner;
+    let mut core = inner.core.lock().unwrap_or_else(|p| p.into_inner());
+    let desc = OpDesc {
+        group: inner.name.clone(),
+        kind: OpKind::Calibrate.name(),
+        seq: 0,
+        bytes: 0,
+        algo: "pingpong",
+    };
+    let op = OpCtx::new(desc, OpKind::Calibrate, DType::U8, 0, inner.id, inner.generation, inner.rank, inner.size, inner.cfg.connect_timeout);
+    let mut ctx = Ctx { links: core.links.as_mut_slice(), op };
+    let mut buf = vec![0u8; PINGPONG.iter().map(|p| p.0).max().unwrap_or(0)];
+    let mut points = Vec::new();
+    for (bytes, reps) in PINGPONG {
+        let mut rtts = Vec::with_capacity(reps);
+        for i in 0..=reps {
+            let t0 = Instant::now();
+            if initiator {
+                ctx.exchange(&mut [Xfer::Send { peer, data: &buf[..bytes] }])?;
+                ctx.exchange(&mut [Xfer::Recv { peer, buf: &mut buf[..bytes] }])?;
+            } else {
+                ctx.exchange(&mut [Xfer::Recv { peer, buf: &mut buf[..bytes] }])?;
+                ctx.exchange(&mut [Xfer::Send { peer, data: &buf[..bytes] }])?;
+            }
+            if i > 0 {
+                rtts.push(t0.elapsed().as_secs_f64()); // the first round trip warms up
+            }
+        }
+        points.push((bytes as f64, median(&mut rtts) / 2.0));
+    }
+    Ok(points)
+}
+
+/// Seconds per byte of an f32 sum of two 1 MiB buffers (best of 5).
+fn measure_gamma() -> f64 {
+    let n = 1 << 20;
+    let mut a = vec![1u8; n];
+    let b = vec![2u8; n];
+    let mut best = Duration::MAX;
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        reduce_into(DType::F32, ReduceOp::Sum, &mut a, &b);
+        best = best.min(t0.elapsed());
+    }
+    std::hint::black_box(&a);
+    best.as_secs_f64() / n as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fit_recovers_alpha_beta() {
+        let truth = LinkParams { alpha: 20e-6, beta: 2e9 };
+        let pts: Vec<(f64, f64)> = [8.0, 65536.0, 1048576.0].iter().map(|&n| (n, truth.msg(n))).collect();
+        let p = fit(&pts);
+        assert!((p.alpha - 20e-6).abs() < 1e-9 && (p.beta - 2e9).abs() < 1.0, "{p:?}");
+    }
+
+    #[test]
+    fn probe_pairs_follow_hosts() {
+        let cfg = GroupConfig::default();
+        assert_eq!(probe_pair(LinkKind::Shm, &[0, 1, 1, 0], &cfg), Some((0, 3)));
+        assert_eq!(probe_pair(LinkKind::Tcp, &[0, 0, 1, 1], &cfg), Some((0, 2)));
+        assert_eq!(probe_pair(LinkKind::Tcp, &[0, 0], &cfg), None);
+    }
+}

@@ -1,0 +1,155 @@
+//! Typed configuration of a process group, with the environment variables that override it.
+
+use crate::algo::Algo;
+use crate::error::{CommError, Result};
+use crate::frame::OpKind;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Which transports a group may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportPolicy {
+    /// Shared memory between ranks on one host, TCP between hosts.
+    Auto,
+    /// TCP for every pair (what Gloo does).
+    TcpOnly,
+}
+
+/// Configuration of a process group. `Default` plus [`GroupConfig::from_env`] is what a job gets.
+#[derive(Debug, Clone)]
+pub struct GroupConfig {
+    /// Timeout of every op unless the call gives its own. Env `FLOTILLA_TIMEOUT_S`.
+    pub timeout: Duration,
+    /// Timeout of group creation (rendezvous, connections, calibration).
+    pub connect_timeout: Duration,
+    /// Transports allowed. Env `FLOTILLA_TRANSPORT=auto|tcp`.
+    pub transport: TransportPolicy,
+    /// Bytes of each shared-memory ring (one per direction per local pair).
+    pub shm_ring_bytes: usize,
+    /// Directory of shared-memory segments. Env `FLOTILLA_SHM_DIR`.
+    pub shm_dir: PathBuf,
+    /// Host identity override (ranks with equal ids share memory). Env `FLOTILLA_HOST_ID`.
+    pub host_id: Option<String>,
+    /// Address other ranks reach this one at. Env `FLOTILLA_ADDR`; default: the local address
+    /// of the route to the store.
+    pub advertise_addr: Option<IpAddr>,
+    /// Forced algorithm per op. Env `FLOTILLA_ALGO`, e.g. `ring` (every op it serves) or
+    /// `all_reduce=tree,broadcast=ring`.
+    pub algo: HashMap<OpKind, Algo>,
+    /// Measure α and β per transport when the group is created. Env `FLOTILLA_CALIBRATE=0|1`.
+    pub calibrate: bool,
+    /// Ops kept by the flight recorder.
+    pub flight_capacity: usize,
+}
+
+impl Default for GroupConfig {
+    fn default() -> Self {
+        GroupConfig {
+            timeout: Duration::from_secs(300),
+            connect_timeout: Duration::from_secs(120),
+            transport: TransportPolicy::Auto,
+            shm_ring_bytes: 4 << 20,
+            shm_dir: PathBuf::from("/dev/shm"),
+            host_id: None,
+            advertise_addr: None,
+            algo: HashMap::new(),
+            calibrate: true,
+            flight_capacity: crate::flight::DEFAULT_CAPACITY,
+        }
+    }
+}
+
+impl GroupConfig {
+    /// The defaults overridden by `FLOTILLA_*` environment variables.
+    pub fn from_env() -> Result<GroupConfig> {
+        let mut c = GroupConfig::default();
+        c.apply_env(|k| std::env::var(k).ok())?;
+        Ok(c)
+    }
+
+    /// Applies overrides from a variable lookup (testable without touching the environment).
+    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<()> {
+        if let Some(v) = get("FLOTILLA_TIMEOUT_S") {
+            let s: f64 = v
+                .parse()
+                .ok()
+                .filter(|s: &f64| s.is_finite() && *s > 0.0)
+                .ok_or_else(|| CommError::Config(format!("FLOTILLA_TIMEOUT_S='{v}' is not a positive number of seconds")))?;
+            self.timeout = Duration::from_secs_f64(s);
+        }
+        if let Some(v) = get("FLOTILLA_TRANSPORT") {
+            self.transport = match v.as_str() {
+                "auto" | "shm" => TransportPolicy::Auto,
+                "tcp" => TransportPolicy::TcpOnly,
+                _ => return Err(CommError::Config(format!("FLOTILLA_TRANSPORT='{v}' (expected auto or tcp)"))),
+            };
+        }
+        if let Some(v) = get("FLOTILLA_SHM_DIR") {
+            self.shm_dir = PathBuf::from(v);
+        }
+        if let Some(v) = get("FLOTILLA_HOST_ID") {
+            self.host_id = Some(v);
+        }
+        if let Some(v) = get("FLOTILLA_ADDR") {
+            self.advertise_addr = Some(v.parse().map_err(|_| CommError::Config(format!("FLOTILLA_ADDR='{v}' is not an IP address")))?);
+        }
+        if let Some(v) = get("FLOTILLA_ALGO") {
+            self.algo = parse_algo_overrides(&v)?;
+        }
+        if let Some(v) = get("FLOTILLA_CALIBRATE") {
+            self.calibrate = !matches!(v.as_str(), "0" | "false" | "no" | "off");
+        }
+        Ok(())
+    }
+}
+
+/// Parses `ring` or `all_reduce=tree,broadcast=ring` into forced algorithms per op.
+pub fn parse_algo_overrides(v: &str) -> Result<HashMap<OpKind, Algo>> {
+    let mut m = HashMap::new();
+    for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = || CommError::Config(format!("FLOTILLA_ALGO entry '{part}': expected ALGO or OP=ALGO with ALGO one of {:?}", Algo::ALL.map(|a| a.name())));
+        match part.split_once('=') {
+            Some((op, algo)) => {
+                let op = OpKind::ALL.into_iter().find(|k| k.name() == op.trim()).ok_or_else(bad)?;
+                let algo = Algo::parse(algo.trim()).ok_or_else(bad)?;
+                if !algo.serves(op) {
+                    return Err(CommError::Config(format!("FLOTILLA_ALGO: {} does not implement {}", algo.name(), op.name())));
+                }
+                m.insert(op, algo);
+            }
+            None => {
+                let algo = Algo::parse(part).ok_or_else(bad)?;
+                for op in OpKind::ALL.into_iter().filter(|op| algo.serves(*op)) {
+                    m.insert(op, algo);
+                }
+            }
+        }
+    }
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_overrides_and_errors_name_the_variable() {
+        let mut c = GroupConfig::default();
+        c.apply_env(|k| match k {
+            "FLOTILLA_TIMEOUT_S" => Some("2.5".into()),
+            "FLOTILLA_ALGO" => Some("all_reduce=tree, broadcast=ring".into()),
+            "FLOTILLA_TRANSPORT" => Some("tcp".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(c.timeout, Duration::from_millis(2500));
+        assert_eq!(c.algo[&OpKind::AllReduce], Algo::Tree);
+        assert_eq!(c.transport, TransportPolicy::TcpOnly);
+        let e = GroupConfig::default().apply_env(|k| (k == "FLOTILLA_TIMEOUT_S").then(|| "-1".into())).unwrap_err();
+        assert!(e.to_string().contains("FLOTILLA_TIMEOUT_S"));
+        let e = parse_algo_overrides("all_to_all=ring").unwrap_err();
+        assert!(e.to_string().contains("does not implement"), "{e}");
+    }
+}

@@ -1,0 +1,266 @@
+//! The alpha-beta cost model and algorithm selection (NCCL's tuning table, as data).
+//!
+//! A message of n bytes over a link costs `α + n·β⁻¹` (004 eq. 28.10, 000 F3); reducing n bytes
+//! costs `n·γ`. Each algorithm module documents its cost; [`predict`] evaluates those formulas for
+//! a group's topology and [`select`] takes the argmin, recording every candidate so the choice can
+//! be printed and explained. α and β are measured per transport when a group is created
+//! ([`crate::group`]), and all ranks use the same published figures, so they choose alike.
+
+use crate::algo::Algo;
+use crate::frame::OpKind;
+use crate::transport::LinkKind;
+use std::collections::BTreeMap;
+
+/// Parameters of one kind of link.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LinkParams {
+    /// Per-message latency α, seconds.
+    pub alpha: f64,
+    /// Bandwidth β, bytes per second (one direction).
+    pub beta: f64,
+}
+
+impl LinkParams {
+    /// `α + n/β` (004 eq. 28.10).
+    pub fn msg(&self, bytes: f64) -> f64 {
+        self.alpha + bytes / self.beta
+    }
+}
+
+/// Defaults used when a group is created without calibration: loopback figures of the reference
+/// machine (`../shared/peers/results/limits.txt`: TCP 8-byte RTT median 58 µs, one stream
+/// 3-5 GB/s; memcpy 12.4 GB/s per thread, of which a ring transfer gets about half, since it
+/// copies in and out).
+pub const DEFAULT_TCP: LinkParams = LinkParams {
+    alpha: 30e-6,
+    beta: 3.0e9,
+};
+/// See [`DEFAULT_TCP`].
+pub const DEFAULT_SHM: LinkParams = LinkParams {
+    alpha: 5e-6,
+    beta: 6.0e9,
+};
+/// Default reduction cost γ, seconds per byte (f32 sum streams at about 8 GB/s per core when the
+/// operands come from memory).
+pub const DEFAULT_GAMMA: f64 = 1.0 / 8.0e9;
+
+/// Everything the selector knows about a group.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Topology {
+    /// Group size.
+    pub size: usize,
+    /// Number of distinct hosts.
+    pub hosts: usize,
+    /// Ranks per host if every host has the same count, else None.
+    pub ranks_per_host: Option<usize>,
+    /// Link kind used between ranks on one host (shm, or tcp when shm is off).
+    pub intra: LinkKind,
+    /// Measured parameters per link kind.
+    pub links: BTreeMap<String, LinkParams>,
+    /// Reduction cost, seconds per byte.
+    pub gamma: f64,
+}
+
+impl Topology {
+    /// Parameters of a link kind (the defaults if it was not measured).
+    pub fn params(&self, kind: LinkKind) -> LinkParams {
+        self.links.get(kind.name()).copied().unwrap_or(match kind {
+            LinkKind::Tcp => DEFAULT_TCP,
+            LinkKind::Shm => DEFAULT_SHM,
+        })
+    }
+
+    /// The link that bounds a flat algorithm: TCP as soon as the group spans hosts.
+    pub fn flat(&self) -> LinkParams {
+        if self.hosts > 1 { self.params(LinkKind::Tcp) } else { self.params(self.intra) }
+    }
+}
+
+fn log2_ceil(p: usize) -> f64 {
+    (p.max(1) as f64).log2().ceil()
+}
+
+/// Predicted seconds for `algo` running `op` over `bytes` (the per-rank buffer of all-reduce,
+/// broadcast and reduce; the whole gathered/scattered buffer of all-gather, reduce-scatter and
+/// all-to-all), or None if the algorithm does not apply.
+pub fn predict(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64> {
+    if !algo.serves(op) {
+        return None;
+    }
+    let p = t.size;
+    if p <= 1 {
+        return Some(0.0);
+    }
+    let pf = p as f64;
+    let n = bytes as f64;
+    let l = t.flat();
+    let g = t.gamma;
+    let frac = (pf - 1.0) / pf;
+    let lg = log2_ceil(p);
+    use OpKind::*;
+    Some(match (op, algo) {
+        // 004 eq. 28.11/28.12 plus the reduction term.
+        (AllReduce, Algo::Ring) => 2.0 * (pf - 1.0) * l.alpha + 2.0 * frac * n / l.beta + frac * n * g,
+        (ReduceScatter, Algo::Ring) => (pf - 1.0) * l.alpha + frac * n / l.beta + frac * n * g,
+        (AllGather, Algo::Ring) => (pf - 1.0) * l.alpha + frac * n / l.beta,
+        // Rabenseifner: log p steps each way, same bytes as the ring; +2 messages of n/2 to fold
+        // a non-power-of-two group.
+        (AllReduce, Algo::HalvingDoubling) => {
+            let fold = if p.is_power_of_two() { 0.0 } else { 2.0 * l.msg(n / 2.0) + n / 2.0 * g };
+            2.0 * lg * l.alpha + 2.0 * frac * n / l.beta + frac * n * g + fold
+        }
+        (ReduceScatter, Algo::HalvingDoubling) => lg * l.alpha + frac * n / l.beta + frac * n * g,
+        (AllGather, Algo::HalvingDoubling) => lg * l.alpha + frac * n / l.beta,
+        // 004 eq. 28.13: unchunked binomial reduce + broadcast.
+        (AllReduce, Algo::Tree) => 2.0 * lg * (l.alpha + n / l.beta) + lg * n * g,
+        (Reduce, Algo::Tree) => lg * (l.alpha + n / l.beta + n * g),
+        (Broadcast, Algo::Tree) => lg * (l.alpha + n / l.beta),
+        // Two trees carrying n/2 each, run one after the other (no segment pipelining yet).
+        (AllReduce, Algo::DoubleTree) => 2.0 * (2.0 * lg * (l.alpha + n / 2.0 / l.beta) + lg * n / 2.0 * g),
+        (Broadcast, Algo::Ring) => {
+            let s = (n / crate::algo::ring::BCAST_SEGMENT_BYTES as f64).ceil().max(1.0);
+            (s + pf - 2.0) * l.msg(n / s)
+        }
+        (Reduce, Algo::Ring) => 2.0 * (pf - 1.0) * l.alpha + 2.0 * frac * n / l.beta + frac * n * g,
+        // Direct: every rank sends its whole buffer (all-reduce) or one chunk (others) to every
+        // other rank at once; the sender's link serialises p-1 messages.
+        (AllReduce, Algo::Direct) => l.alpha + (pf - 1.0) * n / l.beta + (pf - 1.0) * n * g,
+        (ReduceScatter | AllGather | AllToAll, Algo::Direct) => l.alpha + frac * n / l.beta + frac * n * g * (op == ReduceScatter) as u8 as f64,
+        (AllToAll, Algo::Pairwise) => (pf - 1.0) * l.alpha + frac * n / l.beta,
+        (Barrier, Algo::Direct) => lg * l.alpha,
+        // 004 E10: intra reduce-scatter + all-gather on g ranks, inter ring all-reduce on n/g.
+        (AllReduce, Algo::Hierarchical) => {
+            let gsz = t.ranks_per_host?;
+            if t.hosts < 2 || gsz < 1 {
+                return None;
+            }
+            let li = t.params(t.intra);
+            let lo = t.params(LinkKind::Tcp);
+            let (gf, hf) = (gsz as f64, t.hosts as f64);
+            let intra = if gsz > 1 { 2.0 * (gf - 1.0) * li.alpha + 2.0 * (gf - 1.0) / gf * n / li.beta + (gf - 1.0) / gf * n * g } else { 0.0 };
+            let shard = n / gf;
+            let inter = 2.0 * (hf - 1.0) * lo.alpha + 2.0 * (hf - 1.0) / hf * shard / lo.beta + (hf - 1.0) / hf * shard * g;
+            intra + inter
+        }
+        _ => return None,
+    })
+}
+
+/// One candidate the selector weighed.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Candidate {
+    pub algo: Algo,
+    pub predicted_s: f64,
+}
+
+/// The algorithm chosen for one call, and why.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Selection {
+    pub op: OpKind,
+    pub bytes: usize,
+    pub algo: Algo,
+    /// Predicted seconds of the chosen algorithm (None if it has no formula).
+    pub predicted_s: Option<f64>,
+    /// `forced` (by the call, config or env) or `model`.
+    pub source: &'static str,
+    /// Every applicable candidate with its prediction, cheapest first.
+    pub candidates: Vec<Candidate>,
+}
+
+impl std::fmt::Display for Selection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} B: {} ({})", self.op.name(), self.bytes, self.algo.name(), self.source)?;
+        for c in &self.candidates {
+            write!(f, " {}={:.1}us", c.algo.name(), c.predicted_s * 1e6)?;
+        }
+        Ok(())
+    }
+}
+
+impl serde::Serialize for OpKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+/// Picks the cheapest applicable algorithm for `op`, unless `forced` names one.
+pub fn select(op: OpKind, bytes: usize, t: &Topology, forced: Option<Algo>) -> Selection {
+    let mut candidates: Vec<Candidate> = Algo::ALL
+        .into_iter()
+        .filter_map(|a| predict(op, a, bytes, t).map(|s| Candidate { algo: a, predicted_s: s }))
+        .collect();
+    candidates.sort_by(|a, b| a.predicted_s.total_cmp(&b.predicted_s));
+    let (algo, source) = match forced {
+        Some(a) => (a, "forced"),
+        None => (candidates.first().map(|c| c.algo).unwrap_or(Algo::Direct), "model"),
+    };
+    let predicted_s = candidates.iter().find(|c| c.algo == algo).map(|c| c.predicted_s);
+    Selection {
+        op,
+        bytes,
+        algo,
+        predicted_s,
+        source,
+        candidates,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topo(size: usize, hosts: usize, tcp: LinkParams) -> Topology {
+        let mut links = BTreeMap::new();
+        links.insert("tcp".to_string(), tcp);
+        links.insert("shm".to_string(), DEFAULT_SHM);
+        Topology {
+            size,
+            hosts,
+            ranks_per_host: Some(size / hosts),
+            intra: LinkKind::Shm,
+            links,
+            gamma: 0.0,
+        }
+    }
+
+    /// 004 eq. 28.14 (TV-C1): p = 8, m = 256 MiB, α = 5 µs, β = 25 GiB/s → 0.01757 s.
+    #[test]
+    fn ring_matches_eq_28_14() {
+        let t = topo(8, 8, LinkParams { alpha: 5e-6, beta: 25.0 * (1u64 << 30) as f64 });
+        let s = predict(OpKind::AllReduce, Algo::Ring, 256 << 20, &t).unwrap();
+        assert!((s - 0.01757).abs() < 1e-5, "{s}");
+    }
+
+    /// 000 E62-style: 70B BF16 gradients (140 GB) on 64 GPUs at 50 GB/s with α = 1.5 µs:
+    /// 2·63/64·140e9/50e9 + 2·63·1.5e-6 = 5.5127 s (the text's 5,512.7 ms).
+    #[test]
+    fn ring_matches_70b_example() {
+        let t = topo(64, 64, LinkParams { alpha: 1.5e-6, beta: 50e9 });
+        let s = predict(OpKind::AllReduce, Algo::Ring, 140_000_000_000, &t).unwrap();
+        assert!((s - 5.5127).abs() < 1e-3, "{s}");
+    }
+
+    #[test]
+    fn small_messages_pick_log_steps_large_pick_ring() {
+        let t = topo(8, 1, DEFAULT_TCP);
+        let small = select(OpKind::AllReduce, 64, &t, None);
+        assert!(matches!(small.algo, Algo::HalvingDoubling | Algo::Tree | Algo::Direct), "{small}");
+        let large = select(OpKind::AllReduce, 256 << 20, &t, None);
+        assert!(matches!(large.algo, Algo::Ring | Algo::HalvingDoubling), "{large}");
+    }
+
+    #[test]
+    fn hierarchical_wins_on_slow_inter_host_link() {
+        let t = topo(4, 2, LinkParams { alpha: 50e-6, beta: 125e6 });
+        let s = select(OpKind::AllReduce, 64 << 20, &t, None);
+        assert_eq!(s.algo, Algo::Hierarchical, "{s}");
+    }
+
+    #[test]
+    fn forced_algorithm_is_kept_and_reported() {
+        let t = topo(4, 1, DEFAULT_TCP);
+        let s = select(OpKind::AllReduce, 1024, &t, Some(Algo::Tree));
+        assert_eq!((s.algo, s.source), (Algo::Tree, "forced"));
+        assert!(s.predicted_s.is_some());
+    }
+}

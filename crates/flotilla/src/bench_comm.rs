@@ -1,0 +1,335 @@
+//! `flotilla bench comm`: collective bandwidth and latency, in the manner of nccl-tests.
+//!
+//! Method (the same as `../shared/peers/gloo_allreduce_bench.py`, so figures compare): per op
+//! and size, warm-up calls, then an iteration count chosen by rank 0 to fill `--target-seconds`;
+//! every timed iteration starts after a barrier and its time is the maximum over ranks; the
+//! reported time is the median. `size` is the per-rank buffer for all-reduce, broadcast and
+//! reduce, the gathered output for all-gather, the input for reduce-scatter and the per-rank
+//! buffer for all-to-all. `algbw = size / time`; `busbw = algbw x` 2(W-1)/W (all-reduce),
+//! (W-1)/W (all-gather, reduce-scatter, all-to-all) or 1 (broadcast, reduce). Beside each
+//! measurement: the alpha-beta model's prediction for the algorithm that ran.
+
+use crate::spawn::{NodeSpec, Worker, run_node};
+use anyhow::{Context, Result, bail};
+use comm::algo::Algo;
+use comm::group::{GroupConfig, OpOptions, ProcessGroup, TransportPolicy};
+use comm::{DType, OpKind, ReduceOp};
+use std::time::{Duration, Instant};
+
+/// Options of `flotilla bench comm`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Ranks on this node (processes).
+    #[arg(long, default_value_t = 2)]
+    pub nproc: usize,
+    /// Nodes in the job.
+    #[arg(long, default_value_t = 1)]
+    pub nnodes: usize,
+    /// This node's index.
+    #[arg(long, default_value_t = 0)]
+    pub node_rank: usize,
+    /// Rendezvous address (node 0 hosts the store there).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub rdzv: std::net::SocketAddr,
+    /// Ops: all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all.
+    #[arg(long, value_delimiter = ',', default_value = "all_reduce,all_gather,reduce_scatter,broadcast")]
+    pub ops: Vec<String>,
+    /// Explicit sizes (e.g. 4K,64K,1M,64M); overrides --min-bytes/--max-bytes.
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Vec<String>,
+    /// Smallest size of the sweep.
+    #[arg(long, default_value = "8")]
+    pub min_bytes: String,
+    /// Largest size of the sweep.
+    #[arg(long, default_value = "64M")]
+    pub max_bytes: String,
+    /// Multiply the size by this between steps.
+    #[arg(long, default_value_t = 8)]
+    pub step_factor: usize,
+    /// Element type.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Force an algorithm (ring, tree, double_tree, halving_doubling, direct, pairwise, hierarchical).
+    #[arg(long)]
+    pub algo: Option<String>,
+    /// Transports: auto (shared memory within a host) or tcp.
+    #[arg(long, default_value = "auto")]
+    pub transport: String,
+    /// Seconds of timed iterations per op and size.
+    #[arg(long, default_value_t = 0.5)]
+    pub target_seconds: f64,
+    /// Repeat the whole sweep this many times (iterations of all rounds are pooled).
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
+    /// Bounds of the iteration count.
+    #[arg(long, default_value_t = 3)]
+    pub min_iters: usize,
+    #[arg(long, default_value_t = 200)]
+    pub max_iters: usize,
+    /// Print the calibrated alpha and beta per transport.
+    #[arg(long)]
+    pub calibrate: bool,
+    /// JSON lines instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Stop the job if it runs longer than this many seconds.
+    #[arg(long, default_value_t = 1800)]
+    pub job_timeout_s: u64,
+}
+
+/// Parses `4K`, `64M`, `1G`, `512` (binary multiples).
+pub fn parse_size(s: &str) -> Result<usize> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1usize << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    let n: usize = num.parse().with_context(|| format!("size '{s}' is not a number with an optional K/M/G suffix"))?;
+    n.checked_mul(mul).with_context(|| format!("size '{s}' overflows"))
+}
+
+fn op_kind(name: &str) -> Result<OpKind> {
+    let k = OpKind::ALL.into_iter().find(|k| k.name() == name);
+    match k {
+        Some(k @ (OpKind::AllReduce | OpKind::AllGather | OpKind::ReduceScatter | OpKind::Broadcast | OpKind::Reduce | OpKind::AllToAll)) => Ok(k),
+        _ => bail!("unknown op '{name}' (expected all_reduce, all_gather, reduce_scatter, broadcast, reduce or all_to_all)"),
+    }
+}
+
+fn sizes(a: &Args) -> Result<Vec<usize>> {
+    if !a.sizes.is_empty() {
+        return a.sizes.iter().map(|s| parse_size(s)).collect();
+    }
+    let (lo, hi) = (parse_size(&a.min_bytes)?, parse_size(&a.max_bytes)?);
+    if lo == 0 || hi < lo || a.step_factor < 2 {
+        bail!("need 0 < --min-bytes <= --max-bytes and --step-factor >= 2");
+    }
+    let mut v = Vec::new();
+    let mut s = lo;
+    while s < hi {
+        v.push(s);
+        s = s.saturating_mul(a.step_factor);
+    }
+    v.push(hi);
+    Ok(v)
+}
+
+/// Entry point: in the launching process, spawn the workers; in a worker, run the sweep.
+pub fn run(a: Args) -> Result<()> {
+    // Validate everything before starting processes.
+    let ops: Vec<OpKind> = a.ops.iter().map(|o| op_kind(o)).collect::<Result<_>>()?;
+    let sizes = sizes(&a)?;
+    let dtype = DType::parse(&a.dtype)?;
+    let algo = a.algo.as_deref().map(|s| Algo::parse(s).with_context(|| format!("unknown algorithm '{s}'"))).transpose()?;
+    let transport = match a.transport.as_str() {
+        "auto" | "shm" => TransportPolicy::Auto,
+        "tcp" => TransportPolicy::TcpOnly,
+        t => bail!("unknown transport '{t}' (expected auto or tcp)"),
+    };
+    match Worker::from_env()? {
+        None => {
+            let spec = NodeSpec {
+                nproc: a.nproc,
+                nnodes: a.nnodes,
+                node_rank: a.node_rank,
+                rdzv: a.rdzv,
+                job_timeout: Duration::from_secs(a.job_timeout_s),
+            };
+            let args: Vec<String> = std::env::args().skip(1).collect();
+            run_node(&spec, &args)
+        }
+        Some(w) => {
+            let mut cfg = GroupConfig::from_env()?;
+            cfg.transport = transport;
+            let g = ProcessGroup::new(&w.rdv, "world", w.rank, w.world, cfg)?;
+            sweep(&g, &a, &ops, &sizes, dtype, algo)
+        }
+    }
+}
+
+/// One measured row.
+#[derive(serde::Serialize)]
+struct Row {
+    op: &'static str,
+    world: usize,
+    size_bytes: usize,
+    count: usize,
+    dtype: &'static str,
+    algo: &'static str,
+    time_us: f64,
+    min_us: f64,
+    algbw_gbps: f64,
+    busbw_gbps: f64,
+    predicted_us: Option<f64>,
+    model_error_pct: Option<f64>,
+    iters: usize,
+}
+
+fn bus_factor(op: OpKind, w: usize) -> f64 {
+    let wf = w as f64;
+    match op {
+        OpKind::AllReduce => 2.0 * (wf - 1.0) / wf,
+        OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll => (wf - 1.0) / wf,
+        _ => 1.0,
+    }
+}
+
+fn sweep(g: &ProcessGroup, a: &Args, ops: &[OpKind], sizes: &[usize], dtype: DType, algo: Option<Algo>) -> Result<()> {
+    let lead = g.rank() == 0;
+    if lead && a.calibrate {
+        let t = g.topology();
+        for (kind, p) in &t.links {
+            println!("# calibrated {kind}: alpha {:.2} us, beta {:.3} GB/s (n* = alpha*beta = {:.0} B)", p.alpha * 1e6, p.beta / 1e9, p.alpha * p.beta);
+        }
+        println!("# reduction gamma: {:.3} GB/s; hosts {}, ranks {}", 1.0 / t.gamma / 1e9, t.hosts, t.size);
+    }
+    if lead && !a.json {
+        println!("{:<15} {:>3} {:>11} {:>10} {:<5} {:<17} {:>11} {:>11} {:>8} {:>8} {:>11} {:>7}", "op", "W", "size_B", "count", "dtype", "algo", "time_us", "min_us", "algbw", "busbw", "pred_us", "err%");
+    }
+    let mut rows: Vec<(usize, usize, Vec<f64>, &'static str)> = Vec::new();
+    for round in 0..a.rounds {
+        let mut i = 0;
+        for &op in ops {
+            for &size in sizes {
+                let (times, algo_name) = measure(g, a, op, size, dtype, algo)?;
+                if round == 0 {
+                    rows.push((ops.iter().position(|o| *o == op).unwrap_or(0), size, times, algo_name));
+                } else {
+                    rows[i].2.extend(times);
+                }
+                if a.rounds == 1 && lead {
+                    print_row(g, a, op, size, dtype, &rows[i].2, algo_name);
+                }
+                i += 1;
+            }
+        }
+    }
+    if a.rounds > 1 && lead {
+        for (oi, size, times, algo_name) in &rows {
+            print_row(g, a, ops[*oi], *size, dtype, times, algo_name);
+        }
+    }
+    g.barrier()?;
+    Ok(())
+}
+
+fn print_row(g: &ProcessGroup, a: &Args, op: OpKind, size: usize, dtype: DType, times: &[f64], algo_name: &'static str) {
+    let mut t = times.to_vec();
+    t.sort_by(f64::total_cmp);
+    let med = t[t.len() / 2];
+    let min = t[0];
+    let algbw = size as f64 / med / 1e9;
+    let w = g.size();
+    let sel = g.explain(op, size);
+    let predicted = sel.candidates.iter().find(|c| c.algo.name() == algo_name).map(|c| c.predicted_s);
+    let row = Row {
+        op: op.name(),
+        world: w,
+        size_bytes: size,
+        count: size / dtype.size(),
+        dtype: dtype.name(),
+        algo: algo_name,
+        time_us: med * 1e6,
+        min_us: min * 1e6,
+        algbw_gbps: algbw,
+        busbw_gbps: algbw * bus_factor(op, w),
+        predicted_us: predicted.map(|p| p * 1e6),
+        model_error_pct: predicted.map(|p| (med - p) / p * 100.0),
+        iters: t.len(),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string(&row).expect("row serialises"));
+    } else {
+        println!(
+            "{:<15} {:>3} {:>11} {:>10} {:<5} {:<17} {:>11.1} {:>11.1} {:>8.3} {:>8.3} {:>11} {:>7}",
+            row.op,
+            row.world,
+            row.size_bytes,
+            row.count,
+            row.dtype,
+            row.algo,
+            row.time_us,
+            row.min_us,
+            row.algbw_gbps,
+            row.busbw_gbps,
+            row.predicted_us.map_or("-".into(), |p| format!("{p:.1}")),
+            row.model_error_pct.map_or("-".into(), |e| format!("{e:+.0}")),
+        );
+    }
+}
+
+/// Buffers for one op and size.
+struct Bufs {
+    a: Vec<u8>,
+    b: Vec<u8>,
+}
+
+fn buffers(op: OpKind, size: usize, w: usize, esz: usize, rank: usize) -> Bufs {
+    // Whole elements; all-gather / reduce-scatter / all-to-all need a multiple of W elements.
+    let per = |n: usize| (n / esz / w) * esz;
+    let (a, b) = match op {
+        OpKind::AllGather => (per(size), per(size) * w),
+        OpKind::ReduceScatter => (per(size) * w, per(size)),
+        OpKind::AllToAll => (per(size) * w, per(size) * w),
+        _ => (size / esz * esz, 0),
+    };
+    let mut av = vec![0u8; a];
+    // Small integers in every element's low byte: valid for every dtype and no overflow.
+    for (i, x) in av.iter_mut().enumerate() {
+        if i % esz == 0 {
+            *x = ((rank + i / esz) % 7) as u8;
+        }
+    }
+    Bufs { a: av, b: vec![0u8; b] }
+}
+
+fn call(g: &ProcessGroup, op: OpKind, bufs: &mut Bufs, dtype: DType, opts: &OpOptions) -> comm::Result<()> {
+    let w = g.size();
+    match op {
+        OpKind::AllReduce => g.all_reduce_bytes(&mut bufs.a, dtype, ReduceOp::Sum, opts),
+        OpKind::Broadcast => g.broadcast_bytes(&mut bufs.a, dtype, 0, opts),
+        OpKind::Reduce => g.reduce_bytes(&mut bufs.a, dtype, 0, ReduceOp::Sum, opts),
+        OpKind::AllGather => {
+            let counts = vec![bufs.a.len() / dtype.size(); w];
+            g.all_gather_bytes(&bufs.a, &mut bufs.b, &counts, dtype, opts)
+        }
+        OpKind::ReduceScatter => g.reduce_scatter_bytes(&bufs.a, &mut bufs.b, dtype, ReduceOp::Sum, opts),
+        OpKind::AllToAll => {
+            // Moved as u8 blocks: all-to-all does not look at the element type.
+            let mut out = std::mem::take(&mut bufs.b);
+            let r = g.all_to_all_v_with(&bufs.a, &vec![bufs.a.len() / w; w], &mut out, &vec![bufs.a.len() / w; w], opts);
+            bufs.b = out;
+            r
+        }
+        _ => unreachable!("validated in op_kind"),
+    }
+}
+
+/// Times one op and size; returns per-iteration times (max over ranks) and the algorithm used.
+fn measure(g: &ProcessGroup, a: &Args, op: OpKind, size: usize, dtype: DType, algo: Option<Algo>) -> Result<(Vec<f64>, &'static str)> {
+    let mut bufs = buffers(op, size, g.size(), dtype.size(), g.rank());
+    let opts = OpOptions { algo, timeout: None };
+    // Warm-up: two calls; the last one's time sizes the run.
+    let mut warm = 0.0;
+    for _ in 0..2 {
+        g.barrier()?;
+        let t0 = Instant::now();
+        call(g, op, &mut bufs, dtype, &opts)?;
+        warm = t0.elapsed().as_secs_f64();
+    }
+    let algo_name = g.last_selection().map_or("-", |s| s.algo.name());
+    let mut iters = [((a.target_seconds / warm.max(1e-7)) as i64).clamp(a.min_iters as i64, a.max_iters as i64)];
+    g.broadcast(&mut iters, 0)?;
+    let n = iters[0] as usize;
+    let mut times = vec![0f64; n];
+    for t in times.iter_mut() {
+        g.barrier()?;
+        let t0 = Instant::now();
+        call(g, op, &mut bufs, dtype, &opts)?;
+        *t = t0.elapsed().as_secs_f64();
+    }
+    g.all_reduce(&mut times, ReduceOp::Max)?;
+    Ok((times, algo_name))
+}
