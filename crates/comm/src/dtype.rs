@@ -66,7 +66,11 @@ impl DType {
         DType::ALL
             .into_iter()
             .find(|d| d.name() == s)
-            .ok_or_else(|| CommError::InvalidArgument(format!("unknown dtype '{s}' (expected one of f32, f64, bf16, f16, i32, i64, u8)")))
+            .ok_or_else(|| {
+                CommError::InvalidArgument(format!(
+                    "unknown dtype '{s}' (expected one of f32, f64, bf16, f16, i32, i64, u8)"
+                ))
+            })
     }
 }
 
@@ -209,10 +213,22 @@ fn reduce_typed<T: Element>(acc: &mut [u8], src: &[u8], op: ReduceOp) {
         // Fast path: both aligned; one tight loop per operator so it vectorises.
         let (a, s) = (&mut am[..n], &sm[..n]);
         match op {
-            ReduceOp::Sum | ReduceOp::Avg => a.iter_mut().zip(s).for_each(|(x, y)| *x = T::combine(*x, *y, ReduceOp::Sum)),
-            ReduceOp::Min => a.iter_mut().zip(s).for_each(|(x, y)| *x = T::combine(*x, *y, ReduceOp::Min)),
-            ReduceOp::Max => a.iter_mut().zip(s).for_each(|(x, y)| *x = T::combine(*x, *y, ReduceOp::Max)),
-            ReduceOp::Prod => a.iter_mut().zip(s).for_each(|(x, y)| *x = T::combine(*x, *y, ReduceOp::Prod)),
+            ReduceOp::Sum | ReduceOp::Avg => a
+                .iter_mut()
+                .zip(s)
+                .for_each(|(x, y)| *x = T::combine(*x, *y, ReduceOp::Sum)),
+            ReduceOp::Min => a
+                .iter_mut()
+                .zip(s)
+                .for_each(|(x, y)| *x = T::combine(*x, *y, ReduceOp::Min)),
+            ReduceOp::Max => a
+                .iter_mut()
+                .zip(s)
+                .for_each(|(x, y)| *x = T::combine(*x, *y, ReduceOp::Max)),
+            ReduceOp::Prod => a
+                .iter_mut()
+                .zip(s)
+                .for_each(|(x, y)| *x = T::combine(*x, *y, ReduceOp::Prod)),
         }
         return;
     }
@@ -282,7 +298,12 @@ mod tests {
         let a: Vec<f32> = (0..37).map(|i| i as f32).collect();
         let b: Vec<f32> = (0..37).map(|i| (2 * i) as f32).collect();
         let mut fast = a.clone();
-        reduce_into(DType::F32, ReduceOp::Sum, as_bytes_mut(&mut fast), as_bytes(&b));
+        reduce_into(
+            DType::F32,
+            ReduceOp::Sum,
+            as_bytes_mut(&mut fast),
+            as_bytes(&b),
+        );
         // Shift by one byte to force the slow path.
         let mut raw = vec![0u8; 37 * 4 + 1];
         raw[1..].copy_from_slice(as_bytes(&a));
@@ -297,7 +318,12 @@ mod tests {
     fn bf16_reduces_in_f32() {
         let mut a = [bf16::from_f32(1.0), bf16::from_f32(3.0)];
         let b = [bf16::from_f32(2.0), bf16::from_f32(-1.0)];
-        reduce_into(DType::BF16, ReduceOp::Max, as_bytes_mut(&mut a), as_bytes(&b));
+        reduce_into(
+            DType::BF16,
+            ReduceOp::Max,
+            as_bytes_mut(&mut a),
+            as_bytes(&b),
+        );
         assert_eq!(a, [bf16::from_f32(2.0), bf16::from_f32(3.0)]);
     }
 

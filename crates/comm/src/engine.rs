@@ -34,7 +34,9 @@ pub enum Xfer<'a> {
 impl Xfer<'_> {
     fn peer(&self) -> usize {
         match self {
-            Xfer::Send { peer, .. } | Xfer::Recv { peer, .. } | Xfer::RecvReduce { peer, .. } => *peer,
+            Xfer::Send { peer, .. } | Xfer::Recv { peer, .. } | Xfer::RecvReduce { peer, .. } => {
+                *peer
+            }
         }
     }
     fn is_send(&self) -> bool {
@@ -121,7 +123,14 @@ impl OpCtx {
 
     fn describe(&self, kind: OpKind, seq: u64, dtype: DType, count: u64, len: u64) -> String {
         let _ = self;
-        format!("called {} #{} ({} x {}, {} bytes in this message)", kind.name(), seq, dtype.name(), count, len)
+        format!(
+            "called {} #{} ({} x {}, {} bytes in this message)",
+            kind.name(),
+            seq,
+            dtype.name(),
+            count,
+            len
+        )
     }
 
     fn lost(&self, peer: usize, e: LinkError) -> CommError {
@@ -137,10 +146,16 @@ impl OpCtx {
     fn check(&self, peer: usize, step: u32, len: usize, h: &FrameHeader) -> Result<()> {
         let bad = |reason: String| Err(CommError::BadFrame { peer, reason });
         if h.frame_type != FrameType::Data {
-            return bad(format!("unexpected {:?} frame during {}", h.frame_type, self.desc));
+            return bad(format!(
+                "unexpected {:?} frame during {}",
+                h.frame_type, self.desc
+            ));
         }
         if h.group_id != self.group_id {
-            return bad(format!("frame for group id {:#x}, expected {:#x}", h.group_id, self.group_id));
+            return bad(format!(
+                "frame for group id {:#x}, expected {:#x}",
+                h.group_id, self.group_id
+            ));
         }
         if h.generation < self.generation {
             return Err(CommError::StaleGeneration {
@@ -149,10 +164,16 @@ impl OpCtx {
             });
         }
         if h.generation > self.generation {
-            return bad(format!("frame from future generation {} (this rank is at {})", h.generation, self.generation));
+            return bad(format!(
+                "frame from future generation {} (this rank is at {})",
+                h.generation, self.generation
+            ));
         }
         if h.sender as usize != peer {
-            return bad(format!("frame claims sender {} on the link of rank {peer}", h.sender));
+            return bad(format!(
+                "frame claims sender {} on the link of rank {peer}",
+                h.sender
+            ));
         }
         if h.kind != self.kind
             || h.seq != self.desc.seq
@@ -165,7 +186,13 @@ impl OpCtx {
                 op: Box::new(self.desc.clone()),
                 peer,
                 theirs: self.describe(h.kind, h.seq, h.dtype, h.signature, h.payload_len),
-                ours: self.describe(self.kind, self.desc.seq, self.dtype, self.signature, len as u64),
+                ours: self.describe(
+                    self.kind,
+                    self.desc.seq,
+                    self.dtype,
+                    self.signature,
+                    len as u64,
+                ),
             });
         }
         Ok(())
@@ -187,18 +214,33 @@ const COALESCE_BYTES: usize = 8192;
 
 /// Runs all `xfers` to completion (or to the op's deadline). Transfers to the same peer in the
 /// same direction complete in list order; everything else proceeds concurrently.
-pub fn exchange(links: &mut [Option<Box<dyn Link>>], ctx: &mut OpCtx, xfers: &mut [Xfer<'_>]) -> Result<()> {
+pub fn exchange(
+    links: &mut [Option<Box<dyn Link>>],
+    ctx: &mut OpCtx,
+    xfers: &mut [Xfer<'_>],
+) -> Result<()> {
     let n = links.len();
     let mut st: Vec<State> = Vec::with_capacity(xfers.len());
     for x in xfers.iter() {
         let p = x.peer();
         if p >= n || p == ctx.rank || links[p].is_none() {
-            return Err(CommError::InvalidArgument(format!("transfer with rank {p}: no link (group size {n}, this rank {})", ctx.rank)));
+            return Err(CommError::InvalidArgument(format!(
+                "transfer with rank {p}: no link (group size {n}, this rank {})",
+                ctx.rank
+            )));
         }
-        let counter = if x.is_send() { &mut ctx.sent[p] } else { &mut ctx.recvd[p] };
+        let counter = if x.is_send() {
+            &mut ctx.sent[p]
+        } else {
+            &mut ctx.recvd[p]
+        };
         let step = *counter;
         *counter += 1;
-        let hdr = if x.is_send() { ctx.header(step, x.len()).encode() } else { [0u8; HEADER_LEN] };
+        let hdr = if x.is_send() {
+            ctx.header(step, x.len()).encode()
+        } else {
+            [0u8; HEADER_LEN]
+        };
         st.push(State {
             step,
             hdr,
@@ -223,7 +265,11 @@ pub fn exchange(links: &mut [Option<Box<dyn Link>>], ctx: &mut OpCtx, xfers: &mu
             }
             remaining = true;
             let p = x.peer();
-            let busy = if x.is_send() { &mut busy_send[p] } else { &mut busy_recv[p] };
+            let busy = if x.is_send() {
+                &mut busy_send[p]
+            } else {
+                &mut busy_recv[p]
+            };
             if *busy {
                 continue; // an earlier transfer on this peer and direction goes first
             }
@@ -255,7 +301,11 @@ pub fn exchange(links: &mut [Option<Box<dyn Link>>], ctx: &mut OpCtx, xfers: &mu
             let link = links[p].as_deref_mut().expect("busy implies a link");
             match link.prepare_wait(busy_send[p], busy_recv[p]) {
                 Readiness::Ready => ready = true,
-                Readiness::Fd { fd, events } => pollfds.push(libc::pollfd { fd, events, revents: 0 }),
+                Readiness::Fd { fd, events } => pollfds.push(libc::pollfd {
+                    fd,
+                    events,
+                    revents: 0,
+                }),
             }
             if let Some(fd) = link.death_fd() {
                 pollfds.push(libc::pollfd {
@@ -268,7 +318,8 @@ pub fn exchange(links: &mut [Option<Box<dyn Link>>], ctx: &mut OpCtx, xfers: &mu
         if !ready {
             let wait_ms = (ctx.deadline - now).as_millis().clamp(1, i32::MAX as u128) as i32;
             // SAFETY: pollfds is a valid array of pollfd of the given length.
-            let rc = unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, wait_ms) };
+            let rc =
+                unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, wait_ms) };
             if rc < 0 {
                 let e = std::io::Error::last_os_error();
                 if e.kind() != std::io::ErrorKind::Interrupted {
@@ -278,14 +329,23 @@ pub fn exchange(links: &mut [Option<Box<dyn Link>>], ctx: &mut OpCtx, xfers: &mu
         }
         for p in 0..n {
             if busy_send[p] || busy_recv[p] {
-                links[p].as_deref_mut().expect("busy implies a link").after_wait();
+                links[p]
+                    .as_deref_mut()
+                    .expect("busy implies a link")
+                    .after_wait();
             }
         }
     }
 }
 
 /// Moves one transfer as far as the link allows; returns whether any byte moved.
-fn step_xfer(link: &mut dyn Link, ctx: &mut OpCtx, x: &mut Xfer<'_>, s: &mut State, coalesce: &mut Vec<u8>) -> Result<bool> {
+fn step_xfer(
+    link: &mut dyn Link,
+    ctx: &mut OpCtx,
+    x: &mut Xfer<'_>,
+    s: &mut State,
+    coalesce: &mut Vec<u8>,
+) -> Result<bool> {
     let p = x.peer();
     let mut moved = false;
     match x {
@@ -297,7 +357,8 @@ fn step_xfer(link: &mut dyn Link, ctx: &mut OpCtx, x: &mut Xfer<'_>, s: &mut Sta
                     coalesce.extend_from_slice(data);
                     link.try_send(coalesce).map_err(|e| ctx.lost(p, e))?
                 } else {
-                    link.try_send(&s.hdr[s.hdr_done..]).map_err(|e| ctx.lost(p, e))?
+                    link.try_send(&s.hdr[s.hdr_done..])
+                        .map_err(|e| ctx.lost(p, e))?
                 };
                 let h = n.min(HEADER_LEN - s.hdr_done);
                 s.hdr_done += h;
@@ -322,7 +383,9 @@ fn step_xfer(link: &mut dyn Link, ctx: &mut OpCtx, x: &mut Xfer<'_>, s: &mut Sta
                 return Ok(moved);
             }
             while s.done < buf.len() {
-                let n = link.try_recv_into(&mut buf[s.done..]).map_err(|e| ctx.lost(p, e))?;
+                let n = link
+                    .try_recv_into(&mut buf[s.done..])
+                    .map_err(|e| ctx.lost(p, e))?;
                 if n == 0 {
                     break;
                 }
@@ -363,16 +426,28 @@ fn step_xfer(link: &mut dyn Link, ctx: &mut OpCtx, x: &mut Xfer<'_>, s: &mut Sta
 }
 
 /// Reads and checks the header of a receive; returns true once it is complete and valid.
-fn recv_header(link: &mut dyn Link, ctx: &OpCtx, p: usize, len: usize, s: &mut State, moved: &mut bool) -> Result<bool> {
+fn recv_header(
+    link: &mut dyn Link,
+    ctx: &OpCtx,
+    p: usize,
+    len: usize,
+    s: &mut State,
+    moved: &mut bool,
+) -> Result<bool> {
     while s.hdr_done < HEADER_LEN {
-        let n = link.try_recv_into(&mut s.hdr[s.hdr_done..]).map_err(|e| ctx.lost(p, e))?;
+        let n = link
+            .try_recv_into(&mut s.hdr[s.hdr_done..])
+            .map_err(|e| ctx.lost(p, e))?;
         if n == 0 {
             return Ok(false);
         }
         s.hdr_done += n;
         *moved = true;
         if s.hdr_done == HEADER_LEN {
-            let h = FrameHeader::decode(&s.hdr).map_err(|e| CommError::BadFrame { peer: p, reason: e.to_string() })?;
+            let h = FrameHeader::decode(&s.hdr).map_err(|e| CommError::BadFrame {
+                peer: p,
+                reason: e.to_string(),
+            })?;
             ctx.check(p, s.step, len, &h)?;
         }
     }

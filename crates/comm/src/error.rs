@@ -36,7 +36,7 @@ impl fmt::Display for OpDesc {
 pub enum CommError {
     // === Op-level failures ===
     /// The op did not complete within its timeout.
-    #[error("timeout after {timeout:?} in {op}: waiting for rank(s) {missing:?}{}", cause_suffix(.cause))]
+    #[error("timeout after {timeout:?} in {op}: waiting for {}{}", ranks(.missing), cause_suffix(.cause))]
     Timeout {
         op: Box<OpDesc>,
         timeout: Duration,
@@ -97,6 +97,20 @@ pub enum CommError {
         #[source]
         source: std::io::Error,
     },
+}
+
+fn ranks(r: &[usize]) -> String {
+    match r {
+        [] => "earlier ops on this rank".to_string(),
+        [one] => format!("rank {one}"),
+        many => format!(
+            "ranks {}",
+            many.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
 }
 
 fn cause_suffix(cause: &Option<String>) -> String {

@@ -66,7 +66,14 @@ impl FlightRecorder {
     }
 
     /// Records a new op in state `Queued` (or `Running` when `running`).
-    pub fn record(&self, seq: u64, kind: &'static str, dtype: &'static str, bytes: usize, running: bool) {
+    pub fn record(
+        &self,
+        seq: u64,
+        kind: &'static str,
+        dtype: &'static str,
+        bytes: usize,
+        running: bool,
+    ) {
         let now = Instant::now();
         let mut e = self.lock();
         if e.len() == self.capacity {
@@ -78,7 +85,11 @@ impl FlightRecorder {
             dtype,
             bytes,
             algo: "-",
-            state: if running { OpState::Running } else { OpState::Queued },
+            state: if running {
+                OpState::Running
+            } else {
+                OpState::Queued
+            },
             submitted: now,
             started: running.then_some(now),
             finished: None,
@@ -120,7 +131,9 @@ impl FlightRecorder {
 
     /// The recorded ops as a table, oldest first.
     pub fn dump(&self) -> String {
-        let mut s = String::from("seq    op              dtype  bytes        algo              state     elapsed_us  sent\n");
+        let mut s = String::from(
+            "seq    op              dtype  bytes        algo              state     elapsed_us  sent\n",
+        );
         for x in self.lock().iter() {
             let state = match &x.state {
                 OpState::Queued => "queued".to_string(),
@@ -128,8 +141,15 @@ impl FlightRecorder {
                 OpState::Done => "done".to_string(),
                 OpState::Failed(m) => format!("FAILED: {m}"),
             };
-            let el = x.elapsed().map(|d| d.as_micros().to_string()).unwrap_or_else(|| "-".into());
-            let _ = writeln!(s, "{:<6} {:<15} {:<6} {:<12} {:<17} {:<9} {:<11} {}", x.seq, x.kind, x.dtype, x.bytes, x.algo, state, el, x.bytes_sent);
+            let el = x
+                .elapsed()
+                .map(|d| d.as_micros().to_string())
+                .unwrap_or_else(|| "-".into());
+            let _ = writeln!(
+                s,
+                "{:<6} {:<15} {:<6} {:<12} {:<17} {:<9} {:<11} {}",
+                x.seq, x.kind, x.dtype, x.bytes, x.algo, state, el, x.bytes_sent
+            );
         }
         s
     }

@@ -17,7 +17,10 @@ impl LocalRendezvous {
     /// Starts a store on 127.0.0.1 with a fresh secret, at generation 0.
     pub fn start() -> Result<LocalRendezvous> {
         let secret = Secret::generate()?;
-        let server = StoreServer::bind("127.0.0.1:0".parse().expect("valid address"), secret.clone())?;
+        let server = StoreServer::bind(
+            "127.0.0.1:0".parse().expect("valid address"),
+            secret.clone(),
+        )?;
         let rdv = Rendezvous {
             addr: server.local_addr(),
             secret,
@@ -47,6 +50,9 @@ pub fn run_threads<R: Send + 'static>(
         .collect::<Result<_>>()?;
     Ok(handles
         .into_iter()
-        .map(|h| h.join().unwrap_or_else(|_| Err(CommError::InvalidArgument("rank thread panicked".into()))))
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(CommError::InvalidArgument("rank thread panicked".into())))
+        })
         .collect())
 }

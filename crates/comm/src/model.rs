@@ -72,7 +72,11 @@ impl Topology {
 
     /// The link that bounds a flat algorithm: TCP as soon as the group spans hosts.
     pub fn flat(&self) -> LinkParams {
-        if self.hosts > 1 { self.params(LinkKind::Tcp) } else { self.params(self.intra) }
+        if self.hosts > 1 {
+            self.params(LinkKind::Tcp)
+        } else {
+            self.params(self.intra)
+        }
     }
 }
 
@@ -100,13 +104,19 @@ pub fn predict(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64
     use OpKind::*;
     Some(match (op, algo) {
         // 004 eq. 28.11/28.12 plus the reduction term.
-        (AllReduce, Algo::Ring) => 2.0 * (pf - 1.0) * l.alpha + 2.0 * frac * n / l.beta + frac * n * g,
+        (AllReduce, Algo::Ring) => {
+            2.0 * (pf - 1.0) * l.alpha + 2.0 * frac * n / l.beta + frac * n * g
+        }
         (ReduceScatter, Algo::Ring) => (pf - 1.0) * l.alpha + frac * n / l.beta + frac * n * g,
         (AllGather, Algo::Ring) => (pf - 1.0) * l.alpha + frac * n / l.beta,
         // Rabenseifner: log p steps each way, same bytes as the ring; +2 messages of n/2 to fold
         // a non-power-of-two group.
         (AllReduce, Algo::HalvingDoubling) => {
-            let fold = if p.is_power_of_two() { 0.0 } else { 2.0 * l.msg(n / 2.0) + n / 2.0 * g };
+            let fold = if p.is_power_of_two() {
+                0.0
+            } else {
+                2.0 * l.msg(n / 2.0) + n / 2.0 * g
+            };
             2.0 * lg * l.alpha + 2.0 * frac * n / l.beta + frac * n * g + fold
         }
         (ReduceScatter, Algo::HalvingDoubling) => lg * l.alpha + frac * n / l.beta + frac * n * g,
@@ -116,16 +126,22 @@ pub fn predict(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64
         (Reduce, Algo::Tree) => lg * (l.alpha + n / l.beta + n * g),
         (Broadcast, Algo::Tree) => lg * (l.alpha + n / l.beta),
         // Two trees carrying n/2 each, run one after the other (no segment pipelining yet).
-        (AllReduce, Algo::DoubleTree) => 2.0 * (2.0 * lg * (l.alpha + n / 2.0 / l.beta) + lg * n / 2.0 * g),
+        (AllReduce, Algo::DoubleTree) => {
+            2.0 * (2.0 * lg * (l.alpha + n / 2.0 / l.beta) + lg * n / 2.0 * g)
+        }
         (Broadcast, Algo::Ring) => {
-            let s = (n / crate::algo::ring::BCAST_SEGMENT_BYTES as f64).ceil().max(1.0);
+            let s = (n / crate::algo::ring::BCAST_SEGMENT_BYTES as f64)
+                .ceil()
+                .max(1.0);
             (s + pf - 2.0) * l.msg(n / s)
         }
         (Reduce, Algo::Ring) => 2.0 * (pf - 1.0) * l.alpha + 2.0 * frac * n / l.beta + frac * n * g,
         // Direct: every rank sends its whole buffer (all-reduce) or one chunk (others) to every
         // other rank at once; the sender's link serialises p-1 messages.
         (AllReduce, Algo::Direct) => l.alpha + (pf - 1.0) * n / l.beta + (pf - 1.0) * n * g,
-        (ReduceScatter | AllGather | AllToAll, Algo::Direct) => l.alpha + frac * n / l.beta + frac * n * g * (op == ReduceScatter) as u8 as f64,
+        (ReduceScatter | AllGather | AllToAll, Algo::Direct) => {
+            l.alpha + frac * n / l.beta + frac * n * g * (op == ReduceScatter) as u8 as f64
+        }
         (AllToAll, Algo::Pairwise) => (pf - 1.0) * l.alpha + frac * n / l.beta,
         (Barrier, Algo::Direct) => lg * l.alpha,
         // 004 E10: intra reduce-scatter + all-gather on g ranks, inter ring all-reduce on n/g.
@@ -137,9 +153,17 @@ pub fn predict(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64
             let li = t.params(t.intra);
             let lo = t.params(LinkKind::Tcp);
             let (gf, hf) = (gsz as f64, t.hosts as f64);
-            let intra = if gsz > 1 { 2.0 * (gf - 1.0) * li.alpha + 2.0 * (gf - 1.0) / gf * n / li.beta + (gf - 1.0) / gf * n * g } else { 0.0 };
+            let intra = if gsz > 1 {
+                2.0 * (gf - 1.0) * li.alpha
+                    + 2.0 * (gf - 1.0) / gf * n / li.beta
+                    + (gf - 1.0) / gf * n * g
+            } else {
+                0.0
+            };
             let shard = n / gf;
-            let inter = 2.0 * (hf - 1.0) * lo.alpha + 2.0 * (hf - 1.0) / hf * shard / lo.beta + (hf - 1.0) / hf * shard * g;
+            let inter = 2.0 * (hf - 1.0) * lo.alpha
+                + 2.0 * (hf - 1.0) / hf * shard / lo.beta
+                + (hf - 1.0) / hf * shard * g;
             intra + inter
         }
         _ => return None,
@@ -169,7 +193,14 @@ pub struct Selection {
 
 impl std::fmt::Display for Selection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {} B: {} ({})", self.op.name(), self.bytes, self.algo.name(), self.source)?;
+        write!(
+            f,
+            "{} {} B: {} ({})",
+            self.op.name(),
+            self.bytes,
+            self.algo.name(),
+            self.source
+        )?;
         for c in &self.candidates {
             write!(f, " {}={:.1}us", c.algo.name(), c.predicted_s * 1e6)?;
         }
@@ -187,14 +218,25 @@ impl serde::Serialize for OpKind {
 pub fn select(op: OpKind, bytes: usize, t: &Topology, forced: Option<Algo>) -> Selection {
     let mut candidates: Vec<Candidate> = Algo::ALL
         .into_iter()
-        .filter_map(|a| predict(op, a, bytes, t).map(|s| Candidate { algo: a, predicted_s: s }))
+        .filter_map(|a| {
+            predict(op, a, bytes, t).map(|s| Candidate {
+                algo: a,
+                predicted_s: s,
+            })
+        })
         .collect();
     candidates.sort_by(|a, b| a.predicted_s.total_cmp(&b.predicted_s));
     let (algo, source) = match forced {
         Some(a) => (a, "forced"),
-        None => (candidates.first().map(|c| c.algo).unwrap_or(Algo::Direct), "model"),
+        None => (
+            candidates.first().map(|c| c.algo).unwrap_or(Algo::Direct),
+            "model",
+        ),
     };
-    let predicted_s = candidates.iter().find(|c| c.algo == algo).map(|c| c.predicted_s);
+    let predicted_s = candidates
+        .iter()
+        .find(|c| c.algo == algo)
+        .map(|c| c.predicted_s);
     Selection {
         op,
         bytes,
@@ -226,7 +268,14 @@ mod tests {
     /// 004 eq. 28.14 (TV-C1): p = 8, m = 256 MiB, α = 5 µs, β = 25 GiB/s → 0.01757 s.
     #[test]
     fn ring_matches_eq_28_14() {
-        let t = topo(8, 8, LinkParams { alpha: 5e-6, beta: 25.0 * (1u64 << 30) as f64 });
+        let t = topo(
+            8,
+            8,
+            LinkParams {
+                alpha: 5e-6,
+                beta: 25.0 * (1u64 << 30) as f64,
+            },
+        );
         let s = predict(OpKind::AllReduce, Algo::Ring, 256 << 20, &t).unwrap();
         assert!((s - 0.01757).abs() < 1e-5, "{s}");
     }
@@ -235,7 +284,14 @@ mod tests {
     /// 2·63/64·140e9/50e9 + 2·63·1.5e-6 = 5.5127 s (the text's 5,512.7 ms).
     #[test]
     fn ring_matches_70b_example() {
-        let t = topo(64, 64, LinkParams { alpha: 1.5e-6, beta: 50e9 });
+        let t = topo(
+            64,
+            64,
+            LinkParams {
+                alpha: 1.5e-6,
+                beta: 50e9,
+            },
+        );
         let s = predict(OpKind::AllReduce, Algo::Ring, 140_000_000_000, &t).unwrap();
         assert!((s - 5.5127).abs() < 1e-3, "{s}");
     }
@@ -244,14 +300,30 @@ mod tests {
     fn small_messages_pick_log_steps_large_pick_ring() {
         let t = topo(8, 1, DEFAULT_TCP);
         let small = select(OpKind::AllReduce, 64, &t, None);
-        assert!(matches!(small.algo, Algo::HalvingDoubling | Algo::Tree | Algo::Direct), "{small}");
+        assert!(
+            matches!(
+                small.algo,
+                Algo::HalvingDoubling | Algo::Tree | Algo::Direct
+            ),
+            "{small}"
+        );
         let large = select(OpKind::AllReduce, 256 << 20, &t, None);
-        assert!(matches!(large.algo, Algo::Ring | Algo::HalvingDoubling), "{large}");
+        assert!(
+            matches!(large.algo, Algo::Ring | Algo::HalvingDoubling),
+            "{large}"
+        );
     }
 
     #[test]
     fn hierarchical_wins_on_slow_inter_host_link() {
-        let t = topo(4, 2, LinkParams { alpha: 50e-6, beta: 125e6 });
+        let t = topo(
+            4,
+            2,
+            LinkParams {
+                alpha: 50e-6,
+                beta: 125e6,
+            },
+        );
         let s = select(OpKind::AllReduce, 64 << 20, &t, None);
         assert_eq!(s.algo, Algo::Hierarchical, "{s}");
     }

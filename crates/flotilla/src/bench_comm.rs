@@ -32,7 +32,11 @@ pub struct Args {
     #[arg(long, default_value = "127.0.0.1:0")]
     pub rdzv: std::net::SocketAddr,
     /// Ops: all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all.
-    #[arg(long, value_delimiter = ',', default_value = "all_reduce,all_gather,reduce_scatter,broadcast")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "all_reduce,all_gather,reduce_scatter,broadcast"
+    )]
     pub ops: Vec<String>,
     /// Explicit sizes (e.g. 4K,64K,1M,64M); overrides --min-bytes/--max-bytes.
     #[arg(long, value_delimiter = ',')]
@@ -86,15 +90,27 @@ pub fn parse_size(s: &str) -> Result<usize> {
         Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
         _ => (s, 1),
     };
-    let n: usize = num.parse().with_context(|| format!("size '{s}' is not a number with an optional K/M/G suffix"))?;
-    n.checked_mul(mul).with_context(|| format!("size '{s}' overflows"))
+    let n: usize = num
+        .parse()
+        .with_context(|| format!("size '{s}' is not a number with an optional K/M/G suffix"))?;
+    n.checked_mul(mul)
+        .with_context(|| format!("size '{s}' overflows"))
 }
 
 fn op_kind(name: &str) -> Result<OpKind> {
     let k = OpKind::ALL.into_iter().find(|k| k.name() == name);
     match k {
-        Some(k @ (OpKind::AllReduce | OpKind::AllGather | OpKind::ReduceScatter | OpKind::Broadcast | OpKind::Reduce | OpKind::AllToAll)) => Ok(k),
-        _ => bail!("unknown op '{name}' (expected all_reduce, all_gather, reduce_scatter, broadcast, reduce or all_to_all)"),
+        Some(
+            k @ (OpKind::AllReduce
+            | OpKind::AllGather
+            | OpKind::ReduceScatter
+            | OpKind::Broadcast
+            | OpKind::Reduce
+            | OpKind::AllToAll),
+        ) => Ok(k),
+        _ => bail!(
+            "unknown op '{name}' (expected all_reduce, all_gather, reduce_scatter, broadcast, reduce or all_to_all)"
+        ),
     }
 }
 
@@ -122,7 +138,11 @@ pub fn run(a: Args) -> Result<()> {
     let ops: Vec<OpKind> = a.ops.iter().map(|o| op_kind(o)).collect::<Result<_>>()?;
     let sizes = sizes(&a)?;
     let dtype = DType::parse(&a.dtype)?;
-    let algo = a.algo.as_deref().map(|s| Algo::parse(s).with_context(|| format!("unknown algorithm '{s}'"))).transpose()?;
+    let algo = a
+        .algo
+        .as_deref()
+        .map(|s| Algo::parse(s).with_context(|| format!("unknown algorithm '{s}'")))
+        .transpose()?;
     let transport = match a.transport.as_str() {
         "auto" | "shm" => TransportPolicy::Auto,
         "tcp" => TransportPolicy::TcpOnly,
@@ -176,17 +196,48 @@ fn bus_factor(op: OpKind, w: usize) -> f64 {
     }
 }
 
-fn sweep(g: &ProcessGroup, a: &Args, ops: &[OpKind], sizes: &[usize], dtype: DType, algo: Option<Algo>) -> Result<()> {
+fn sweep(
+    g: &ProcessGroup,
+    a: &Args,
+    ops: &[OpKind],
+    sizes: &[usize],
+    dtype: DType,
+    algo: Option<Algo>,
+) -> Result<()> {
     let lead = g.rank() == 0;
     if lead && a.calibrate {
         let t = g.topology();
         for (kind, p) in &t.links {
-            println!("# calibrated {kind}: alpha {:.2} us, beta {:.3} GB/s (n* = alpha*beta = {:.0} B)", p.alpha * 1e6, p.beta / 1e9, p.alpha * p.beta);
+            println!(
+                "# calibrated {kind}: alpha {:.2} us, beta {:.3} GB/s (n* = alpha*beta = {:.0} B)",
+                p.alpha * 1e6,
+                p.beta / 1e9,
+                p.alpha * p.beta
+            );
         }
-        println!("# reduction gamma: {:.3} GB/s; hosts {}, ranks {}", 1.0 / t.gamma / 1e9, t.hosts, t.size);
+        println!(
+            "# reduction gamma: {:.3} GB/s; hosts {}, ranks {}",
+            1.0 / t.gamma / 1e9,
+            t.hosts,
+            t.size
+        );
     }
     if lead && !a.json {
-        println!("{:<15} {:>3} {:>11} {:>10} {:<5} {:<17} {:>11} {:>11} {:>8} {:>8} {:>11} {:>7}", "op", "W", "size_B", "count", "dtype", "algo", "time_us", "min_us", "algbw", "busbw", "pred_us", "err%");
+        println!(
+            "{:<15} {:>3} {:>11} {:>10} {:<5} {:<17} {:>11} {:>11} {:>8} {:>8} {:>11} {:>7}",
+            "op",
+            "W",
+            "size_B",
+            "count",
+            "dtype",
+            "algo",
+            "time_us",
+            "min_us",
+            "algbw",
+            "busbw",
+            "pred_us",
+            "err%"
+        );
     }
     let mut rows: Vec<(usize, usize, Vec<f64>, &'static str)> = Vec::new();
     for round in 0..a.rounds {
@@ -195,7 +246,12 @@ fn sweep(g: &ProcessGroup, a: &Args, ops: &[OpKind], sizes: &[usize], dtype: DTy
             for &size in sizes {
                 let (times, algo_name) = measure(g, a, op, size, dtype, algo)?;
                 if round == 0 {
-                    rows.push((ops.iter().position(|o| *o == op).unwrap_or(0), size, times, algo_name));
+                    rows.push((
+                        ops.iter().position(|o| *o == op).unwrap_or(0),
+                        size,
+                        times,
+                        algo_name,
+                    ));
                 } else {
                     rows[i].2.extend(times);
                 }
@@ -215,7 +271,15 @@ fn sweep(g: &ProcessGroup, a: &Args, ops: &[OpKind], sizes: &[usize], dtype: DTy
     Ok(())
 }
 
-fn print_row(g: &ProcessGroup, a: &Args, op: OpKind, size: usize, dtype: DType, times: &[f64], algo_name: &'static str) {
+fn print_row(
+    g: &ProcessGroup,
+    a: &Args,
+    op: OpKind,
+    size: usize,
+    dtype: DType,
+    times: &[f64],
+    algo_name: &'static str,
+) {
     let mut t = times.to_vec();
     t.sort_by(f64::total_cmp);
     let med = t[t.len() / 2];
@@ -223,7 +287,11 @@ fn print_row(g: &ProcessGroup, a: &Args, op: OpKind, size: usize, dtype: DType, 
     let algbw = size as f64 / med / 1e9;
     let w = g.size();
     let sel = g.explain(op, size);
-    let predicted = sel.candidates.iter().find(|c| c.algo.name() == algo_name).map(|c| c.predicted_s);
+    let predicted = sel
+        .candidates
+        .iter()
+        .find(|c| c.algo.name() == algo_name)
+        .map(|c| c.predicted_s);
     let row = Row {
         op: op.name(),
         world: w,
@@ -255,7 +323,8 @@ fn print_row(g: &ProcessGroup, a: &Args, op: OpKind, size: usize, dtype: DType, 
             row.algbw_gbps,
             row.busbw_gbps,
             row.predicted_us.map_or("-".into(), |p| format!("{p:.1}")),
-            row.model_error_pct.map_or("-".into(), |e| format!("{e:+.0}")),
+            row.model_error_pct
+                .map_or("-".into(), |e| format!("{e:+.0}")),
         );
     }
 }
@@ -282,10 +351,19 @@ fn buffers(op: OpKind, size: usize, w: usize, esz: usize, rank: usize) -> Bufs {
             *x = ((rank + i / esz) % 7) as u8;
         }
     }
-    Bufs { a: av, b: vec![0u8; b] }
+    Bufs {
+        a: av,
+        b: vec![0u8; b],
+    }
 }
 
-fn call(g: &ProcessGroup, op: OpKind, bufs: &mut Bufs, dtype: DType, opts: &OpOptions) -> comm::Result<()> {
+fn call(
+    g: &ProcessGroup,
+    op: OpKind,
+    bufs: &mut Bufs,
+    dtype: DType,
+    opts: &OpOptions,
+) -> comm::Result<()> {
     let w = g.size();
     match op {
         OpKind::AllReduce => g.all_reduce_bytes(&mut bufs.a, dtype, ReduceOp::Sum, opts),
@@ -295,11 +373,19 @@ fn call(g: &ProcessGroup, op: OpKind, bufs: &mut Bufs, dtype: DType, opts: &OpOp
             let counts = vec![bufs.a.len() / dtype.size(); w];
             g.all_gather_bytes(&bufs.a, &mut bufs.b, &counts, dtype, opts)
         }
-        OpKind::ReduceScatter => g.reduce_scatter_bytes(&bufs.a, &mut bufs.b, dtype, ReduceOp::Sum, opts),
+        OpKind::ReduceScatter => {
+            g.reduce_scatter_bytes(&bufs.a, &mut bufs.b, dtype, ReduceOp::Sum, opts)
+        }
         OpKind::AllToAll => {
             // Moved as u8 blocks: all-to-all does not look at the element type.
             let mut out = std::mem::take(&mut bufs.b);
-            let r = g.all_to_all_v_with(&bufs.a, &vec![bufs.a.len() / w; w], &mut out, &vec![bufs.a.len() / w; w], opts);
+            let r = g.all_to_all_v_with(
+                &bufs.a,
+                &vec![bufs.a.len() / w; w],
+                &mut out,
+                &vec![bufs.a.len() / w; w],
+                opts,
+            );
             bufs.b = out;
             r
         }
@@ -308,9 +394,19 @@ fn call(g: &ProcessGroup, op: OpKind, bufs: &mut Bufs, dtype: DType, opts: &OpOp
 }
 
 /// Times one op and size; returns per-iteration times (max over ranks) and the algorithm used.
-fn measure(g: &ProcessGroup, a: &Args, op: OpKind, size: usize, dtype: DType, algo: Option<Algo>) -> Result<(Vec<f64>, &'static str)> {
+fn measure(
+    g: &ProcessGroup,
+    a: &Args,
+    op: OpKind,
+    size: usize,
+    dtype: DType,
+    algo: Option<Algo>,
+) -> Result<(Vec<f64>, &'static str)> {
     let mut bufs = buffers(op, size, g.size(), dtype.size(), g.rank());
-    let opts = OpOptions { algo, timeout: None };
+    let opts = OpOptions {
+        algo,
+        timeout: None,
+    };
     // Warm-up: two calls; the last one's time sizes the run.
     let mut warm = 0.0;
     for _ in 0..2 {
@@ -320,7 +416,9 @@ fn measure(g: &ProcessGroup, a: &Args, op: OpKind, size: usize, dtype: DType, al
         warm = t0.elapsed().as_secs_f64();
     }
     let algo_name = g.last_selection().map_or("-", |s| s.algo.name());
-    let mut iters = [((a.target_seconds / warm.max(1e-7)) as i64).clamp(a.min_iters as i64, a.max_iters as i64)];
+    let mut iters =
+        [((a.target_seconds / warm.max(1e-7)) as i64)
+            .clamp(a.min_iters as i64, a.max_iters as i64)];
     g.broadcast(&mut iters, 0)?;
     let n = iters[0] as usize;
     let mut times = vec![0f64; n];

@@ -30,12 +30,17 @@ enum BenchCommand {
 
 fn main() {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Bench { what: BenchCommand::Comm(a) } => bench_comm::run(a),
+        Command::Bench {
+            what: BenchCommand::Comm(a),
+        } => bench_comm::run(a),
     };
     if let Err(e) = result {
         eprintln!("flotilla: error: {e:#}");

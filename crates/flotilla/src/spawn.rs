@@ -25,7 +25,8 @@ pub struct Worker {
 
 fn var<T: std::str::FromStr>(name: &str) -> Result<T> {
     let v = std::env::var(name).with_context(|| format!("{name} is not set"))?;
-    v.parse().map_err(|_| anyhow::anyhow!("{name}='{v}' is not valid"))
+    v.parse()
+        .map_err(|_| anyhow::anyhow!("{name}='{v}' is not valid"))
 }
 
 impl Worker {
@@ -65,15 +66,26 @@ pub struct NodeSpec {
 /// Runs this binary's `args` as `nproc` workers of this node and waits for them.
 pub fn run_node(spec: &NodeSpec, args: &[String]) -> Result<()> {
     if spec.nproc == 0 || spec.nnodes == 0 || spec.node_rank >= spec.nnodes {
-        bail!("need nproc >= 1 and node_rank < nnodes (got nproc {}, nnodes {}, node_rank {})", spec.nproc, spec.nnodes, spec.node_rank);
+        bail!(
+            "need nproc >= 1 and node_rank < nnodes (got nproc {}, nnodes {}, node_rank {})",
+            spec.nproc,
+            spec.nnodes,
+            spec.node_rank
+        );
     }
     let secret = match Secret::from_env()? {
         Some(s) => s,
         None if spec.nnodes == 1 => Secret::generate()?,
-        None => bail!("a job across {} nodes needs a shared secret: set {ENV_SECRET} (or FLOTILLA_SECRET_FILE) on every node", spec.nnodes),
+        None => bail!(
+            "a job across {} nodes needs a shared secret: set {ENV_SECRET} (or FLOTILLA_SECRET_FILE) on every node",
+            spec.nnodes
+        ),
     };
     let server = if spec.node_rank == 0 {
-        Some(StoreServer::bind(spec.rdzv, secret.clone()).with_context(|| format!("start the rendezvous store on {}", spec.rdzv))?)
+        Some(
+            StoreServer::bind(spec.rdzv, secret.clone())
+                .with_context(|| format!("start the rendezvous store on {}", spec.rdzv))?,
+        )
     } else {
         None
     };
@@ -119,7 +131,9 @@ fn watch(mut children: Vec<(usize, Child)>, timeout: Duration) -> Result<()> {
                 let _ = c.kill();
                 let _ = c.wait();
             }
-            return Err(anyhow::anyhow!(failed.unwrap_or_else(|| format!("job did not finish within {timeout:?}; workers stopped"))));
+            return Err(anyhow::anyhow!(failed.unwrap_or_else(|| format!(
+                "job did not finish within {timeout:?}; workers stopped"
+            ))));
         }
         // Children exit rarely; a coarse sleep costs nothing on the measured path.
         std::thread::sleep(Duration::from_millis(20));

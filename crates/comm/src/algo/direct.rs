@@ -43,7 +43,10 @@ where
         if r.is_empty() {
             return <&mut [u8]>::default();
         }
-        assert!(r.start >= base, "carve: range {r:?} overlaps or precedes byte {base}");
+        assert!(
+            r.start >= base,
+            "carve: range {r:?} overlaps or precedes byte {base}"
+        );
         let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.start - base);
         let (mine, tail) = tail.split_at_mut(r.len());
         rest = tail;
@@ -103,7 +106,13 @@ impl DirectAllReduce {
     }
 
     /// Runs it in place; `scratch` grows to (p-1)·len bytes.
-    pub fn run(&self, ctx: &mut Ctx<'_>, buf: &mut [u8], op: ReduceOp, scratch: &mut Vec<u8>) -> Result<()> {
+    pub fn run(
+        &self,
+        ctx: &mut Ctx<'_>,
+        buf: &mut [u8],
+        op: ReduceOp,
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
         let p = self.team.size();
         if p == 1 || buf.is_empty() {
             return Ok(());
@@ -143,7 +152,13 @@ impl DirectReduceScatter {
 
     /// Runs it in place on `buf`; afterwards member m's chunk m is reduced. `scratch` grows to
     /// (p-1) times this member's chunk.
-    pub fn run(&self, ctx: &mut Ctx<'_>, buf: &mut [u8], op: ReduceOp, scratch: &mut Vec<u8>) -> Result<()> {
+    pub fn run(
+        &self,
+        ctx: &mut Ctx<'_>,
+        buf: &mut [u8],
+        op: ReduceOp,
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
         let p = self.team.size();
         let me = self.team.me;
         let mine = self.chunks[me].clone();
@@ -157,11 +172,17 @@ impl DirectReduceScatter {
             // Empty chunks are skipped on both sides: every member plans from the same chunks.
             let mut xs = Vec::with_capacity(2 * (p - 1));
             for j in (0..p).filter(|&j| j != me && !self.chunks[j].is_empty()) {
-                xs.push(Xfer::Send { peer: self.team.peer(j), data: &buf[self.chunks[j].clone()] });
+                xs.push(Xfer::Send {
+                    peer: self.team.peer(j),
+                    data: &buf[self.chunks[j].clone()],
+                });
             }
             if n > 0 {
                 for (k, slot) in slots.chunks_mut(n).enumerate() {
-                    xs.push(Xfer::Recv { peer: self.team.peer(other(me, k)), buf: slot });
+                    xs.push(Xfer::Recv {
+                        peer: self.team.peer(other(me, k)),
+                        buf: slot,
+                    });
                 }
             }
             ctx.exchange(&mut xs)?;
@@ -187,7 +208,11 @@ impl DirectAllGather {
         debug_assert_eq!(team.size(), chunks.len());
         let mut by_start: Vec<usize> = (0..chunks.len()).collect();
         by_start.sort_by_key(|&j| chunks[j].start);
-        DirectAllGather { team, chunks, by_start }
+        DirectAllGather {
+            team,
+            chunks,
+            by_start,
+        }
     }
 
     /// Runs it in place on `buf`: member m starts with chunk m, ends with all of them.
@@ -199,16 +224,25 @@ impl DirectAllGather {
         let me = self.team.me;
         let mut xs = Vec::with_capacity(2 * (p - 1));
         let mut own: &[u8] = &[];
-        for (&j, part) in self.by_start.iter().zip(carve(buf, self.by_start.iter().map(|&j| self.chunks[j].clone()))) {
+        for (&j, part) in self.by_start.iter().zip(carve(
+            buf,
+            self.by_start.iter().map(|&j| self.chunks[j].clone()),
+        )) {
             if j == me {
                 own = part;
             } else if !part.is_empty() {
-                xs.push(Xfer::Recv { peer: self.team.peer(j), buf: part });
+                xs.push(Xfer::Recv {
+                    peer: self.team.peer(j),
+                    buf: part,
+                });
             }
         }
         if !own.is_empty() {
             for j in (0..p).filter(|&j| j != me) {
-                xs.push(Xfer::Send { peer: self.team.peer(j), data: own });
+                xs.push(Xfer::Send {
+                    peer: self.team.peer(j),
+                    data: own,
+                });
             }
         }
         ctx.exchange(&mut xs)
@@ -230,13 +264,24 @@ impl AllToAll {
     /// `recv[j]` the byte range of the output that receives member j's block. The caller
     /// guarantees that i's `send[j]` has the length of j's `recv[i]`. `pairwise` selects p-1
     /// rounds of one partner each instead of one step with everyone.
-    pub fn new(team: Team, send: Vec<Range<usize>>, recv: Vec<Range<usize>>, pairwise: bool) -> Self {
+    pub fn new(
+        team: Team,
+        send: Vec<Range<usize>>,
+        recv: Vec<Range<usize>>,
+        pairwise: bool,
+    ) -> Self {
         debug_assert_eq!(team.size(), send.len());
         debug_assert_eq!(team.size(), recv.len());
         let me = team.me;
         let mut recv_by_start: Vec<usize> = (0..recv.len()).filter(|&j| j != me).collect();
         recv_by_start.sort_by_key(|&j| recv[j].start);
-        AllToAll { team, send, recv, pairwise, recv_by_start }
+        AllToAll {
+            team,
+            send,
+            recv,
+            pairwise,
+            recv_by_start,
+        }
     }
 
     /// Runs it from `input` into `output`. Every block travels, empty ones included (as zero-byte
@@ -246,7 +291,10 @@ impl AllToAll {
         let me = self.team.me;
         let in_end = self.send.iter().map(|r| r.end).max().unwrap_or(0);
         let out_end = self.recv.iter().map(|r| r.end).max().unwrap_or(0);
-        if in_end > input.len() || out_end > output.len() || self.send[me].len() != self.recv[me].len() {
+        if in_end > input.len()
+            || out_end > output.len()
+            || self.send[me].len() != self.recv[me].len()
+        {
             return Err(CommError::InvalidArgument(format!(
                 "all_to_all: input {} bytes (ranges need {in_end}), output {} bytes (ranges need {out_end}), own block {} -> {} bytes",
                 input.len(),
@@ -263,19 +311,34 @@ impl AllToAll {
             for k in 1..p {
                 let (to, from) = ((me + k) % p, (me + p - k) % p);
                 ctx.exchange(&mut [
-                    Xfer::Send { peer: self.team.peer(to), data: &input[self.send[to].clone()] },
-                    Xfer::Recv { peer: self.team.peer(from), buf: &mut output[self.recv[from].clone()] },
+                    Xfer::Send {
+                        peer: self.team.peer(to),
+                        data: &input[self.send[to].clone()],
+                    },
+                    Xfer::Recv {
+                        peer: self.team.peer(from),
+                        buf: &mut output[self.recv[from].clone()],
+                    },
                 ])?;
             }
             return Ok(());
         }
         let mut xs = Vec::with_capacity(2 * (p - 1));
         for j in (0..p).filter(|&j| j != me) {
-            xs.push(Xfer::Send { peer: self.team.peer(j), data: &input[self.send[j].clone()] });
+            xs.push(Xfer::Send {
+                peer: self.team.peer(j),
+                data: &input[self.send[j].clone()],
+            });
         }
-        let parts = carve(output, self.recv_by_start.iter().map(|&j| self.recv[j].clone()));
+        let parts = carve(
+            output,
+            self.recv_by_start.iter().map(|&j| self.recv[j].clone()),
+        );
         for (&j, part) in self.recv_by_start.iter().zip(parts) {
-            xs.push(Xfer::Recv { peer: self.team.peer(j), buf: part });
+            xs.push(Xfer::Recv {
+                peer: self.team.peer(j),
+                buf: part,
+            });
         }
         ctx.exchange(&mut xs)
     }
@@ -300,8 +363,14 @@ impl Barrier {
         let mut d = 1;
         while d < p {
             ctx.exchange(&mut [
-                Xfer::Send { peer: self.team.next(d), data: &[] },
-                Xfer::Recv { peer: self.team.prev(d), buf: &mut [] },
+                Xfer::Send {
+                    peer: self.team.next(d),
+                    data: &[],
+                },
+                Xfer::Recv {
+                    peer: self.team.prev(d),
+                    buf: &mut [],
+                },
             ])?;
             d *= 2;
         }
@@ -319,7 +388,10 @@ mod tests {
     fn carve_splits_in_order() {
         let mut b: Vec<u8> = (0..10).collect();
         let parts: Vec<&mut [u8]> = carve(&mut b, [1..3, 3..3, 4..5, 7..10]).collect();
-        assert_eq!(parts.iter().map(|p| p.len()).collect::<Vec<_>>(), vec![2, 0, 1, 3]);
+        assert_eq!(
+            parts.iter().map(|p| p.len()).collect::<Vec<_>>(),
+            vec![2, 0, 1, 3]
+        );
         assert_eq!(parts[3][0], 7);
     }
 
@@ -341,13 +413,20 @@ mod tests {
     #[test]
     fn reduce_scatter_matches_reference() {
         testkit::check_reduce_scatter(1..=8, |team, ctx, chunks, buf, op| {
-            DirectReduceScatter::new(team.clone(), chunks.to_vec()).run(ctx, buf, op, &mut Vec::new())
+            DirectReduceScatter::new(team.clone(), chunks.to_vec()).run(
+                ctx,
+                buf,
+                op,
+                &mut Vec::new(),
+            )
         });
     }
 
     #[test]
     fn all_gather_fills_every_chunk() {
-        testkit::check_all_gather(1..=8, |team, ctx, chunks, buf| DirectAllGather::new(team.clone(), chunks.to_vec()).run(ctx, buf));
+        testkit::check_all_gather(1..=8, |team, ctx, chunks, buf| {
+            DirectAllGather::new(team.clone(), chunks.to_vec()).run(ctx, buf)
+        });
     }
 
     /// Block sizes vary with (sender, receiver), including empty blocks; output ranges are laid
@@ -371,14 +450,22 @@ mod tests {
                     off += size(j, me);
                 }
                 let mut output = vec![0xffu8; off];
-                AllToAll::new(team, send, recv.clone(), pairwise).run(ctx, &input, &mut output).unwrap();
+                AllToAll::new(team, send, recv.clone(), pairwise)
+                    .run(ctx, &input, &mut output)
+                    .unwrap();
                 (output, recv)
             });
             for (me, (output, recv)) in outs.iter().enumerate() {
                 for j in 0..p {
                     let start: usize = (0..me).map(|k| size(j, k)).sum();
-                    let want: Vec<u8> = (start..start + size(j, me)).map(|b| (j * 50 + b) as u8).collect();
-                    assert_eq!(&output[recv[j].clone()], &want[..], "p={p} pairwise={pairwise} {j}->{me}");
+                    let want: Vec<u8> = (start..start + size(j, me))
+                        .map(|b| (j * 50 + b) as u8)
+                        .collect();
+                    assert_eq!(
+                        &output[recv[j].clone()],
+                        &want[..],
+                        "p={p} pairwise={pairwise} {j}->{me}"
+                    );
                 }
             }
         }
@@ -406,7 +493,12 @@ mod tests {
             });
             let lg = (p as f64).log2().ceil() as u64;
             // Three barriers of ⌈log2 p⌉ header-only messages each.
-            assert!(rounds.iter().all(|&b| b == 3 * lg * crate::frame::HEADER_LEN as u64), "p={p} {rounds:?}");
+            assert!(
+                rounds
+                    .iter()
+                    .all(|&b| b == 3 * lg * crate::frame::HEADER_LEN as u64),
+                "p={p} {rounds:?}"
+            );
         }
     }
 
@@ -425,7 +517,9 @@ mod tests {
             let chunks = partition(6, 3, 8);
             let mut scratch = vec![0u8; 1000];
             let mut buf = testkit::input(DType::I64, me, 6, 0);
-            DirectReduceScatter::new(Team::world(me, 3), chunks).run(ctx, &mut buf, ReduceOp::Sum, &mut scratch).unwrap();
+            DirectReduceScatter::new(Team::world(me, 3), chunks)
+                .run(ctx, &mut buf, ReduceOp::Sum, &mut scratch)
+                .unwrap();
             scratch.len()
         });
         assert_eq!(outs, vec![1000; 3]);

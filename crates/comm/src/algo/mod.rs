@@ -11,7 +11,8 @@ pub mod double_tree;
 pub mod halving_doubling;
 pub mod hierarchical;
 pub mod ring;
-#[cfg(test)] pub(crate) mod testkit;
+#[cfg(test)]
+pub(crate) mod testkit;
 pub mod tree;
 
 use crate::dtype::DType;
@@ -73,11 +74,17 @@ impl Algo {
     pub fn serves(self, op: crate::frame::OpKind) -> bool {
         use crate::frame::OpKind::*;
         match self {
-            Algo::Ring => matches!(op, AllReduce | ReduceScatter | AllGather | Broadcast | Reduce),
+            Algo::Ring => matches!(
+                op,
+                AllReduce | ReduceScatter | AllGather | Broadcast | Reduce
+            ),
             Algo::Tree => matches!(op, AllReduce | Broadcast | Reduce),
             Algo::DoubleTree => matches!(op, AllReduce),
             Algo::HalvingDoubling => matches!(op, AllReduce | ReduceScatter | AllGather),
-            Algo::Direct => matches!(op, AllReduce | ReduceScatter | AllGather | AllToAll | Barrier),
+            Algo::Direct => matches!(
+                op,
+                AllReduce | ReduceScatter | AllGather | AllToAll | Barrier
+            ),
             Algo::Pairwise => matches!(op, AllToAll),
             Algo::Hierarchical => matches!(op, AllReduce),
         }
@@ -166,7 +173,10 @@ pub fn partition(count: usize, parts: usize, esz: usize) -> Vec<Range<usize>> {
 ///
 /// Panics if the ranges overlap (a planning bug, never input-driven).
 pub fn split_ref_mut(buf: &mut [u8], a: Range<usize>, b: Range<usize>) -> (&[u8], &mut [u8]) {
-    assert!(a.end <= b.start || b.end <= a.start || a.is_empty() || b.is_empty(), "overlapping ranges {a:?} {b:?}");
+    assert!(
+        a.end <= b.start || b.end <= a.start || a.is_empty() || b.is_empty(),
+        "overlapping ranges {a:?} {b:?}"
+    );
     if a.is_empty() {
         return (&[], &mut buf[b]);
     }
@@ -200,7 +210,10 @@ mod tests {
 
     #[test]
     fn team_neighbours_wrap() {
-        let t = Team { ranks: vec![4, 6, 9], me: 0 };
+        let t = Team {
+            ranks: vec![4, 6, 9],
+            me: 0,
+        };
         assert_eq!(t.next(1), 6);
         assert_eq!(t.prev(1), 9);
         assert_eq!(t.prev(3), 4);

@@ -50,7 +50,14 @@ impl RingReduceScatter {
             let send = self.chunks[(m + 2 * p - s - 1) % p].clone();
             let recv = self.chunks[(m + 2 * p - s - 2) % p].clone();
             let (data, acc) = split_ref_mut(buf, send, recv);
-            ctx.exchange(&mut [Xfer::Send { peer: next, data }, Xfer::RecvReduce { peer: prev, acc, op }])?;
+            ctx.exchange(&mut [
+                Xfer::Send { peer: next, data },
+                Xfer::RecvReduce {
+                    peer: prev,
+                    acc,
+                    op,
+                },
+            ])?;
         }
         Ok(())
     }
@@ -81,7 +88,13 @@ impl RingAllGather {
             let send = self.chunks[(m + p - s) % p].clone();
             let recv = self.chunks[(m + 2 * p - s - 1) % p].clone();
             let (data, dst) = split_ref_mut(buf, send, recv);
-            ctx.exchange(&mut [Xfer::Send { peer: next, data }, Xfer::Recv { peer: prev, buf: dst }])?;
+            ctx.exchange(&mut [
+                Xfer::Send { peer: next, data },
+                Xfer::Recv {
+                    peer: prev,
+                    buf: dst,
+                },
+            ])?;
         }
         Ok(())
     }
@@ -125,8 +138,14 @@ impl RingBroadcast {
     pub fn new(team: Team, root: usize, len: usize, esz: usize) -> Self {
         let seg = (BCAST_SEGMENT_BYTES / esz).max(1) * esz;
         let nseg = len.div_ceil(seg).max(1);
-        let segments = (0..nseg).map(|i| (i * seg).min(len)..((i + 1) * seg).min(len)).collect();
-        RingBroadcast { team, root, segments }
+        let segments = (0..nseg)
+            .map(|i| (i * seg).min(len)..((i + 1) * seg).min(len))
+            .collect();
+        RingBroadcast {
+            team,
+            root,
+            segments,
+        }
     }
 
     /// Runs it in place on `buf`.
@@ -141,7 +160,10 @@ impl RingBroadcast {
         let nseg = self.segments.len();
         if pos == 0 {
             for seg in &self.segments {
-                ctx.exchange(&mut [Xfer::Send { peer: next, data: &buf[seg.clone()] }])?;
+                ctx.exchange(&mut [Xfer::Send {
+                    peer: next,
+                    data: &buf[seg.clone()],
+                }])?;
             }
             return Ok(());
         }
@@ -154,10 +176,19 @@ impl RingBroadcast {
                 (Some(f), Some(r)) => {
                     let (data, dst) = split_ref_mut(buf, f, r);
                     xs.push(Xfer::Send { peer: next, data });
-                    xs.push(Xfer::Recv { peer: prev, buf: dst });
+                    xs.push(Xfer::Recv {
+                        peer: prev,
+                        buf: dst,
+                    });
                 }
-                (Some(f), None) => xs.push(Xfer::Send { peer: next, data: &buf[f] }),
-                (None, Some(r)) => xs.push(Xfer::Recv { peer: prev, buf: &mut buf[r] }),
+                (Some(f), None) => xs.push(Xfer::Send {
+                    peer: next,
+                    data: &buf[f],
+                }),
+                (None, Some(r)) => xs.push(Xfer::Recv {
+                    peer: prev,
+                    buf: &mut buf[r],
+                }),
                 (None, None) => {}
             }
             if !xs.is_empty() {
@@ -205,13 +236,19 @@ impl RingReduce {
                 rest = tail;
                 base = c.end;
                 if i != self.root {
-                    xs.push(Xfer::Recv { peer: self.team.peer(i), buf: mine });
+                    xs.push(Xfer::Recv {
+                        peer: self.team.peer(i),
+                        buf: mine,
+                    });
                 }
             }
             ctx.exchange(&mut xs)
         } else {
             let c = self.chunks[self.team.me].clone();
-            ctx.exchange(&mut [Xfer::Send { peer: self.team.peer(self.root), data: &buf[c] }])
+            ctx.exchange(&mut [Xfer::Send {
+                peer: self.team.peer(self.root),
+                data: &buf[c],
+            }])
         }
     }
 }

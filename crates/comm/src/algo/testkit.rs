@@ -32,12 +32,14 @@ const OPS: &[ReduceOp] = &[ReduceOp::Sum, ReduceOp::Max];
 type Links = Vec<Option<Box<dyn Link>>>;
 
 /// A full mesh of TCP loopback links: entry `[i][j]` is rank i's link to rank j.
+#[allow(clippy::needless_range_loop)] // both [i][j] and [j][i] are filled
 pub(crate) fn mesh(p: usize) -> Vec<Links> {
     let mut links: Vec<Links> = (0..p).map(|_| (0..p).map(|_| None).collect()).collect();
     for i in 0..p {
         for j in i + 1..p {
             let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
-            let a = TcpStream::connect(listener.local_addr().expect("local addr")).expect("connect");
+            let a =
+                TcpStream::connect(listener.local_addr().expect("local addr")).expect("connect");
             let (b, _) = listener.accept().expect("accept");
             links[i][j] = Some(Box::new(TcpLink::new(a).expect("tcp link")));
             links[j][i] = Some(Box::new(TcpLink::new(b).expect("tcp link")));
@@ -57,14 +59,36 @@ pub(crate) fn run_ranks<T: Send>(p: usize, f: impl Fn(usize, &mut Ctx<'_>) -> T 
             .map(|(rank, mut links)| {
                 let f = &f;
                 s.spawn(move || {
-                    let desc = OpDesc { group: "test".into(), kind: "test", seq: 0, bytes: 0, algo: "test" };
-                    let op = OpCtx::new(desc, OpKind::AllReduce, DType::F32, 0, 7, 1, rank, p, CASE_TIMEOUT);
-                    let mut ctx = Ctx { links: &mut links, op };
+                    let desc = OpDesc {
+                        group: "test".into(),
+                        kind: "test",
+                        seq: 0,
+                        bytes: 0,
+                        algo: "test",
+                    };
+                    let op = OpCtx::new(
+                        desc,
+                        OpKind::AllReduce,
+                        DType::F32,
+                        0,
+                        7,
+                        1,
+                        rank,
+                        p,
+                        CASE_TIMEOUT,
+                    );
+                    let mut ctx = Ctx {
+                        links: &mut links,
+                        op,
+                    };
                     f(rank, &mut ctx)
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("a rank panicked")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank panicked"))
+            .collect()
     })
 }
 
@@ -90,7 +114,22 @@ fn encode(dtype: DType, v: i64, out: &mut Vec<u8>) {
 pub(crate) fn input(dtype: DType, rank: usize, count: usize, salt: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(count * dtype.size());
     for i in 0..count {
-        encode(dtype, ((rank * 131 + i * 29 + salt * 17) % 23) as i64 - 11, &mut out);
+        encode(
+            dtype,
+            ((rank * 131 + i * 29 + salt * 17) % 23) as i64 - 11,
+            &mut out,
+        );
+    }
+    out
+}
+
+/// Rank `rank`'s f32 input with fractions and magnitudes from 1e-3 to 1e3, so that sums in
+/// different orders round differently: for checking that all ranks end with identical bytes.
+pub(crate) fn input_noisy(rank: usize, count: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(count * 4);
+    for i in 0..count {
+        let v = ((rank * 7919 + i * 104_729) % 10_007) as f32 / 10_007.0 - 0.37;
+        out.extend_from_slice(&(v * 10f32.powi((i + rank) as i32 % 7 - 3)).to_ne_bytes());
     }
     out
 }
@@ -116,7 +155,10 @@ pub(crate) fn counts(p: usize) -> Vec<usize> {
 /// balanced partitions of each of [`counts`], uneven sizes with gaps (and empty chunks), and
 /// chunks laid out in reverse member order.
 pub(crate) fn layouts(p: usize, esz: usize) -> Vec<Vec<Range<usize>>> {
-    let mut out: Vec<Vec<Range<usize>>> = counts(p).into_iter().map(|c| partition(c, p, esz)).collect();
+    let mut out: Vec<Vec<Range<usize>>> = counts(p)
+        .into_iter()
+        .map(|c| partition(c, p, esz))
+        .collect();
     let (mut gaps, mut off) = (Vec::new(), 0);
     for j in 0..p {
         off += (j % 2) * esz;
@@ -149,7 +191,10 @@ where
         let mut cases = Vec::new();
         for count in counts(p) {
             for &dtype in dtypes {
-                for &op in OPS.iter().filter(|&&o| dtype != DType::BF16 || o == ReduceOp::Sum) {
+                for &op in OPS
+                    .iter()
+                    .filter(|&&o| dtype != DType::BF16 || o == ReduceOp::Sum)
+                {
                     cases.push((count, dtype, op));
                 }
             }
@@ -160,7 +205,9 @@ where
             for (i, &(count, dtype, op)) in cases.iter().enumerate() {
                 begin(ctx, dtype);
                 let mut buf = input(dtype, me, count, i);
-                run(&team, ctx, count, &mut buf, op).unwrap_or_else(|e| panic!("p={p} count={count} {dtype:?} {op:?} rank {me}: {e}"));
+                run(&team, ctx, count, &mut buf, op).unwrap_or_else(|e| {
+                    panic!("p={p} count={count} {dtype:?} {op:?} rank {me}: {e}")
+                });
                 res.push(buf);
             }
             res
@@ -169,10 +216,71 @@ where
             let inputs: Vec<Vec<u8>> = (0..p).map(|r| input(dtype, r, count, i)).collect();
             let want = reference(dtype, op, &inputs);
             for (r, out) in outs.iter().enumerate() {
-                assert!(out[i] == outs[0][i], "p={p} count={count} {dtype:?} {op:?}: rank {r} differs from rank 0");
-                assert!(out[i] == want, "p={p} count={count} {dtype:?} {op:?}: rank {r} differs from the reference");
+                assert!(
+                    out[i] == outs[0][i],
+                    "p={p} count={count} {dtype:?} {op:?}: rank {r} differs from rank 0"
+                );
+                assert!(
+                    out[i] == want,
+                    "p={p} count={count} {dtype:?} {op:?}: rank {r} differs from the reference"
+                );
             }
         }
+        // Inexact f32 sums: every rank must still hold the same bytes, close to the reference.
+        let count = 1001;
+        let outs = run_ranks(p, |me, ctx| {
+            begin(ctx, DType::F32);
+            let mut buf = input_noisy(me, count);
+            run(&Team::world(me, p), ctx, count, &mut buf, ReduceOp::Sum)
+                .unwrap_or_else(|e| panic!("p={p} noisy rank {me}: {e}"));
+            buf
+        });
+        let want = reference(
+            DType::F32,
+            ReduceOp::Sum,
+            &(0..p).map(|r| input_noisy(r, count)).collect::<Vec<_>>(),
+        );
+        for (r, out) in outs.iter().enumerate() {
+            assert!(
+                *out == outs[0],
+                "p={p} noisy f32 sum: rank {r} is not bit-identical to rank 0"
+            );
+            for (a, b) in out.chunks(4).zip(want.chunks(4)) {
+                let (a, b) = (
+                    f32::from_ne_bytes(a.try_into().unwrap()),
+                    f32::from_ne_bytes(b.try_into().unwrap()),
+                );
+                assert!(
+                    (a - b).abs() <= 1e-5 * (1.0 + b.abs()) * p as f32,
+                    "p={p} noisy f32 sum: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
+
+/// Runs one large i64 sum all-reduce (megabytes per rank: messages far beyond the socket buffers)
+/// on p ranks and checks it.
+pub(crate) fn check_large<R>(p: usize, count: usize, run: R)
+where
+    R: Fn(&Team, &mut Ctx<'_>, usize, &mut [u8], ReduceOp) -> Result<()> + Sync,
+{
+    let outs = run_ranks(p, |me, ctx| {
+        begin(ctx, DType::I64);
+        let mut buf = input(DType::I64, me, count, 3);
+        run(&Team::world(me, p), ctx, count, &mut buf, ReduceOp::Sum)
+            .unwrap_or_else(|e| panic!("large p={p} rank {me}: {e}"));
+        buf
+    });
+    let want = reference(
+        DType::I64,
+        ReduceOp::Sum,
+        &(0..p)
+            .map(|r| input(DType::I64, r, count, 3))
+            .collect::<Vec<_>>(),
+    );
+    for (r, out) in outs.iter().enumerate() {
+        assert!(*out == want, "large p={p} count={count}: rank {r} is wrong");
     }
 }
 
@@ -185,18 +293,26 @@ where
     let ranks = vec![1, 3, 4];
     let cases: Vec<(usize, DType, ReduceOp)> = [0, 1, 2, 37, 1001]
         .into_iter()
-        .flat_map(|c| DTYPES.iter().flat_map(move |&d| OPS.iter().map(move |&o| (c, d, o))))
+        .flat_map(|c| {
+            DTYPES
+                .iter()
+                .flat_map(move |&d| OPS.iter().map(move |&o| (c, d, o)))
+        })
         .collect();
     let outs = run_ranks(5, |rank, ctx| {
         let Some(me) = ranks.iter().position(|&r| r == rank) else {
             return Vec::new();
         };
-        let team = Team { ranks: ranks.clone(), me };
+        let team = Team {
+            ranks: ranks.clone(),
+            me,
+        };
         let mut res = Vec::new();
         for (i, &(count, dtype, op)) in cases.iter().enumerate() {
             begin(ctx, dtype);
             let mut buf = input(dtype, me, count, i);
-            run(&team, ctx, count, &mut buf, op).unwrap_or_else(|e| panic!("sub-team count={count} rank {rank}: {e}"));
+            run(&team, ctx, count, &mut buf, op)
+                .unwrap_or_else(|e| panic!("sub-team count={count} rank {rank}: {e}"));
             res.push(buf);
         }
         res
@@ -205,7 +321,10 @@ where
         let inputs: Vec<Vec<u8>> = (0..3).map(|m| input(dtype, m, count, i)).collect();
         let want = reference(dtype, op, &inputs);
         for &r in &ranks {
-            assert!(outs[r][i] == want, "sub-team count={count} {dtype:?} {op:?}: group rank {r} is wrong");
+            assert!(
+                outs[r][i] == want,
+                "sub-team count={count} {dtype:?} {op:?}: group rank {r} is wrong"
+            );
         }
         assert!(outs[0].is_empty() && outs[2].is_empty());
     }
@@ -232,17 +351,23 @@ where
             for (i, (chunks, dtype, op)) in cases.iter().enumerate() {
                 begin(ctx, *dtype);
                 let mut buf = input(*dtype, me, span(chunks) / dtype.size(), i);
-                run(&team, ctx, chunks, &mut buf, *op).unwrap_or_else(|e| panic!("p={p} {chunks:?} rank {me}: {e}"));
+                run(&team, ctx, chunks, &mut buf, *op)
+                    .unwrap_or_else(|e| panic!("p={p} {chunks:?} rank {me}: {e}"));
                 res.push(buf);
             }
             res
         });
         for (i, (chunks, dtype, op)) in cases.iter().enumerate() {
-            let inputs: Vec<Vec<u8>> = (0..p).map(|r| input(*dtype, r, span(chunks) / dtype.size(), i)).collect();
+            let inputs: Vec<Vec<u8>> = (0..p)
+                .map(|r| input(*dtype, r, span(chunks) / dtype.size(), i))
+                .collect();
             let want = reference(*dtype, *op, &inputs);
             for (m, out) in outs.iter().enumerate() {
                 let c = chunks[m].clone();
-                assert!(out[i][c.clone()] == want[c], "p={p} {chunks:?} {dtype:?} {op:?}: member {m}'s chunk is wrong");
+                assert!(
+                    out[i][c.clone()] == want[c],
+                    "p={p} {chunks:?} {dtype:?} {op:?}: member {m}'s chunk is wrong"
+                );
             }
         }
     }
@@ -269,7 +394,8 @@ where
                 for b in chunks[me].clone() {
                     buf[b] = pattern(me, b);
                 }
-                run(&team, ctx, chunks, &mut buf).unwrap_or_else(|e| panic!("p={p} {chunks:?} rank {me}: {e}"));
+                run(&team, ctx, chunks, &mut buf)
+                    .unwrap_or_else(|e| panic!("p={p} {chunks:?} rank {me}: {e}"));
                 res.push(buf);
             }
             res
@@ -282,7 +408,10 @@ where
                 }
             }
             for (m, out) in outs.iter().enumerate() {
-                assert!(out[i] == want, "p={p} {chunks:?}: member {m} did not gather everything");
+                assert!(
+                    out[i] == want,
+                    "p={p} {chunks:?}: member {m} did not gather everything"
+                );
             }
         }
     }

@@ -22,20 +22,36 @@ const PINGPONG: [(usize, usize); 3] = [(8, 30), (64 << 10, 10), (1 << 20, 5)];
 
 /// The kind of link between group ranks `a` and `b`, from information every rank has.
 pub fn kind_between(a: usize, b: usize, host_of: &[usize], cfg: &GroupConfig) -> LinkKind {
-    if cfg.transport == TransportPolicy::Auto && host_of[a] == host_of[b] { LinkKind::Shm } else { LinkKind::Tcp }
+    if cfg.transport == TransportPolicy::Auto && host_of[a] == host_of[b] {
+        LinkKind::Shm
+    } else {
+        LinkKind::Tcp
+    }
 }
 
 /// The topology with default link parameters (before, or without, calibration).
-pub fn topology(_kinds: &[Option<LinkKind>], host_of: &[usize], size: usize, cfg: &GroupConfig) -> Topology {
+pub fn topology(
+    _kinds: &[Option<LinkKind>],
+    host_of: &[usize],
+    size: usize,
+    cfg: &GroupConfig,
+) -> Topology {
     let hosts = host_of.iter().max().map_or(1, |m| m + 1);
     let mut per_host = vec![0usize; hosts];
     host_of.iter().for_each(|&h| per_host[h] += 1);
-    let ranks_per_host = per_host.iter().all(|&c| c == per_host[0]).then_some(per_host[0]);
+    let ranks_per_host = per_host
+        .iter()
+        .all(|&c| c == per_host[0])
+        .then_some(per_host[0]);
     Topology {
         size,
         hosts,
         ranks_per_host,
-        intra: if cfg.transport == TransportPolicy::Auto { LinkKind::Shm } else { LinkKind::Tcp },
+        intra: if cfg.transport == TransportPolicy::Auto {
+            LinkKind::Shm
+        } else {
+            LinkKind::Tcp
+        },
         links: BTreeMap::new(),
         gamma: DEFAULT_GAMMA,
     }
@@ -44,22 +60,33 @@ pub fn topology(_kinds: &[Option<LinkKind>], host_of: &[usize], size: usize, cfg
 /// The pair that measures `kind`, if any pair of ranks uses it.
 fn probe_pair(kind: LinkKind, host_of: &[usize], cfg: &GroupConfig) -> Option<(usize, usize)> {
     let n = host_of.len();
-    (0..n).flat_map(|a| (a + 1..n).map(move |b| (a, b))).find(|&(a, b)| kind_between(a, b, host_of, cfg) == kind)
+    (0..n)
+        .flat_map(|a| (a + 1..n).map(move |b| (a, b)))
+        .find(|&(a, b)| kind_between(a, b, host_of, cfg) == kind)
 }
 
 /// Least-squares fit of `t = α + n/β` to (bytes, seconds) points.
 pub fn fit(points: &[(f64, f64)]) -> LinkParams {
     let k = points.len() as f64;
-    let (mx, mt) = points.iter().fold((0.0, 0.0), |(a, b), (x, t)| (a + x / k, b + t / k));
+    let (mx, mt) = points
+        .iter()
+        .fold((0.0, 0.0), |(a, b), (x, t)| (a + x / k, b + t / k));
     let (mut sxy, mut sxx) = (0.0, 0.0);
     for (x, t) in points {
         sxy += (x - mx) * (t - mt);
         sxx += (x - mx) * (x - mx);
     }
-    let slope = if sxx > 0.0 { (sxy / sxx).max(1e-13) } else { 1e-10 };
+    let slope = if sxx > 0.0 {
+        (sxy / sxx).max(1e-13)
+    } else {
+        1e-10
+    };
     let smallest = points.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
     let alpha = (mt - slope * mx).clamp(1e-7, smallest.max(1e-7));
-    LinkParams { alpha, beta: 1.0 / slope }
+    LinkParams {
+        alpha,
+        beta: 1.0 / slope,
+    }
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -75,23 +102,31 @@ pub(crate) fn calibrate(g: &ProcessGroup) -> Result<Topology> {
     let key = |what: &str| format!("{}/calib/{what}", inner.prefix);
     let mut kinds = Vec::new();
     for kind in [LinkKind::Shm, LinkKind::Tcp] {
-        let Some((a, b)) = probe_pair(kind, &inner.host_of, &inner.cfg) else { continue };
+        let Some((a, b)) = probe_pair(kind, &inner.host_of, &inner.cfg) else {
+            continue;
+        };
         kinds.push(kind);
         if inner.rank == a || inner.rank == b {
             let peer = if inner.rank == a { b } else { a };
             let points = pingpong(g, peer, inner.rank == a)?;
             if inner.rank == a {
                 let p = fit(&points);
-                inner.store.set(&key(kind.name()), &serde_json::to_vec(&p).expect("serialises"))?;
+                inner.store.set(
+                    &key(kind.name()),
+                    &serde_json::to_vec(&p).expect("serialises"),
+                )?;
             }
         }
     }
     if inner.rank == 0 {
-        inner.store.set(&key("gamma"), measure_gamma().to_string().as_bytes())?;
+        inner
+            .store
+            .set(&key("gamma"), measure_gamma().to_string().as_bytes())?;
     }
     for kind in kinds {
         let v = inner.store.wait_one(&key(kind.name()), deadline)?;
-        let p: LinkParams = serde_json::from_slice(&v).map_err(|e| CommError::Store(format!("calibration of {}: {e}", kind.name())))?;
+        let p: LinkParams = serde_json::from_slice(&v)
+            .map_err(|e| CommError::Store(format!("calibration of {}: {e}", kind.name())))?;
         topo.links.insert(kind.name().to_string(), p);
     }
     let v = inner.store.wait_one(&key("gamma"), deadline)?;
@@ -110,8 +145,21 @@ fn pingpong(g: &ProcessGroup, peer: usize, initiator: bool) -> Result<Vec<(f64, 
         bytes: 0,
         algo: "pingpong",
     };
-    let op = OpCtx::new(desc, OpKind::Calibrate, DType::U8, 0, inner.id, inner.generation, inner.rank, inner.size, inner.cfg.connect_timeout);
-    let mut ctx = Ctx { links: core.links.as_mut_slice(), op };
+    let op = OpCtx::new(
+        desc,
+        OpKind::Calibrate,
+        DType::U8,
+        0,
+        inner.id,
+        inner.generation,
+        inner.rank,
+        inner.size,
+        inner.cfg.connect_timeout,
+    );
+    let mut ctx = Ctx {
+        links: core.links.as_mut_slice(),
+        op,
+    };
     let mut buf = vec![0u8; PINGPONG.iter().map(|p| p.0).max().unwrap_or(0)];
     let mut points = Vec::new();
     for (bytes, reps) in PINGPONG {
@@ -119,11 +167,23 @@ fn pingpong(g: &ProcessGroup, peer: usize, initiator: bool) -> Result<Vec<(f64, 
         for i in 0..=reps {
             let t0 = Instant::now();
             if initiator {
-                ctx.exchange(&mut [Xfer::Send { peer, data: &buf[..bytes] }])?;
-                ctx.exchange(&mut [Xfer::Recv { peer, buf: &mut buf[..bytes] }])?;
+                ctx.exchange(&mut [Xfer::Send {
+                    peer,
+                    data: &buf[..bytes],
+                }])?;
+                ctx.exchange(&mut [Xfer::Recv {
+                    peer,
+                    buf: &mut buf[..bytes],
+                }])?;
             } else {
-                ctx.exchange(&mut [Xfer::Recv { peer, buf: &mut buf[..bytes] }])?;
-                ctx.exchange(&mut [Xfer::Send { peer, data: &buf[..bytes] }])?;
+                ctx.exchange(&mut [Xfer::Recv {
+                    peer,
+                    buf: &mut buf[..bytes],
+                }])?;
+                ctx.exchange(&mut [Xfer::Send {
+                    peer,
+                    data: &buf[..bytes],
+                }])?;
             }
             if i > 0 {
                 rtts.push(t0.elapsed().as_secs_f64()); // the first round trip warms up
@@ -155,10 +215,19 @@ mod tests {
 
     #[test]
     fn fit_recovers_alpha_beta() {
-        let truth = LinkParams { alpha: 20e-6, beta: 2e9 };
-        let pts: Vec<(f64, f64)> = [8.0, 65536.0, 1048576.0].iter().map(|&n| (n, truth.msg(n))).collect();
+        let truth = LinkParams {
+            alpha: 20e-6,
+            beta: 2e9,
+        };
+        let pts: Vec<(f64, f64)> = [8.0, 65536.0, 1048576.0]
+            .iter()
+            .map(|&n| (n, truth.msg(n)))
+            .collect();
         let p = fit(&pts);
-        assert!((p.alpha - 20e-6).abs() < 1e-9 && (p.beta - 2e9).abs() < 1.0, "{p:?}");
+        assert!(
+            (p.alpha - 20e-6).abs() < 1e-9 && (p.beta - 2e9).abs() < 1.0,
+            "{p:?}"
+        );
     }
 
     #[test]

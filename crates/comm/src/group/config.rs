@@ -76,14 +76,22 @@ impl GroupConfig {
                 .parse()
                 .ok()
                 .filter(|s: &f64| s.is_finite() && *s > 0.0)
-                .ok_or_else(|| CommError::Config(format!("FLOTILLA_TIMEOUT_S='{v}' is not a positive number of seconds")))?;
+                .ok_or_else(|| {
+                    CommError::Config(format!(
+                        "FLOTILLA_TIMEOUT_S='{v}' is not a positive number of seconds"
+                    ))
+                })?;
             self.timeout = Duration::from_secs_f64(s);
         }
         if let Some(v) = get("FLOTILLA_TRANSPORT") {
             self.transport = match v.as_str() {
                 "auto" | "shm" => TransportPolicy::Auto,
                 "tcp" => TransportPolicy::TcpOnly,
-                _ => return Err(CommError::Config(format!("FLOTILLA_TRANSPORT='{v}' (expected auto or tcp)"))),
+                _ => {
+                    return Err(CommError::Config(format!(
+                        "FLOTILLA_TRANSPORT='{v}' (expected auto or tcp)"
+                    )));
+                }
             };
         }
         if let Some(v) = get("FLOTILLA_SHM_DIR") {
@@ -93,7 +101,9 @@ impl GroupConfig {
             self.host_id = Some(v);
         }
         if let Some(v) = get("FLOTILLA_ADDR") {
-            self.advertise_addr = Some(v.parse().map_err(|_| CommError::Config(format!("FLOTILLA_ADDR='{v}' is not an IP address")))?);
+            self.advertise_addr = Some(v.parse().map_err(|_| {
+                CommError::Config(format!("FLOTILLA_ADDR='{v}' is not an IP address"))
+            })?);
         }
         if let Some(v) = get("FLOTILLA_ALGO") {
             self.algo = parse_algo_overrides(&v)?;
@@ -109,13 +119,25 @@ impl GroupConfig {
 pub fn parse_algo_overrides(v: &str) -> Result<HashMap<OpKind, Algo>> {
     let mut m = HashMap::new();
     for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let bad = || CommError::Config(format!("FLOTILLA_ALGO entry '{part}': expected ALGO or OP=ALGO with ALGO one of {:?}", Algo::ALL.map(|a| a.name())));
+        let bad = || {
+            CommError::Config(format!(
+                "FLOTILLA_ALGO entry '{part}': expected ALGO or OP=ALGO with ALGO one of {:?}",
+                Algo::ALL.map(|a| a.name())
+            ))
+        };
         match part.split_once('=') {
             Some((op, algo)) => {
-                let op = OpKind::ALL.into_iter().find(|k| k.name() == op.trim()).ok_or_else(bad)?;
+                let op = OpKind::ALL
+                    .into_iter()
+                    .find(|k| k.name() == op.trim())
+                    .ok_or_else(bad)?;
                 let algo = Algo::parse(algo.trim()).ok_or_else(bad)?;
                 if !algo.serves(op) {
-                    return Err(CommError::Config(format!("FLOTILLA_ALGO: {} does not implement {}", algo.name(), op.name())));
+                    return Err(CommError::Config(format!(
+                        "FLOTILLA_ALGO: {} does not implement {}",
+                        algo.name(),
+                        op.name()
+                    )));
                 }
                 m.insert(op, algo);
             }
@@ -147,7 +169,9 @@ mod tests {
         assert_eq!(c.timeout, Duration::from_millis(2500));
         assert_eq!(c.algo[&OpKind::AllReduce], Algo::Tree);
         assert_eq!(c.transport, TransportPolicy::TcpOnly);
-        let e = GroupConfig::default().apply_env(|k| (k == "FLOTILLA_TIMEOUT_S").then(|| "-1".into())).unwrap_err();
+        let e = GroupConfig::default()
+            .apply_env(|k| (k == "FLOTILLA_TIMEOUT_S").then(|| "-1".into()))
+            .unwrap_err();
         assert!(e.to_string().contains("FLOTILLA_TIMEOUT_S"));
         let e = parse_algo_overrides("all_to_all=ring").unwrap_err();
         assert!(e.to_string().contains("does not implement"), "{e}");

@@ -47,19 +47,28 @@ pub(crate) struct Wiring {
 pub fn default_host_id() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    let netns = std::fs::read_link("/proc/self/ns/net").map(|p| p.display().to_string()).unwrap_or_default();
+    let netns = std::fs::read_link("/proc/self/ns/net")
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
     format!("{}/{}/{}", host.trim(), boot.trim(), netns)
 }
 
 /// The local address of the route towards `store` (what peers can most likely reach).
 fn route_addr(store: SocketAddr) -> IpAddr {
-    UdpSocket::bind(SocketAddr::new(if store.is_ipv4() { [0, 0, 0, 0].into() } else { [0u16; 8].into() }, 0))
-        .and_then(|s| {
-            s.connect(store)?;
-            s.local_addr()
-        })
-        .map(|a| a.ip())
-        .unwrap_or(store.ip())
+    UdpSocket::bind(SocketAddr::new(
+        if store.is_ipv4() {
+            [0, 0, 0, 0].into()
+        } else {
+            [0u16; 8].into()
+        },
+        0,
+    ))
+    .and_then(|s| {
+        s.connect(store)?;
+        s.local_addr()
+    })
+    .map(|a| a.ip())
+    .unwrap_or(store.ip())
 }
 
 fn hex(b: &[u8]) -> String {
@@ -68,7 +77,8 @@ fn hex(b: &[u8]) -> String {
 
 fn random_nonce() -> Result<String> {
     let mut b = [0u8; 16];
-    getrandom::getrandom(&mut b).map_err(|e| CommError::Config(format!("no randomness for a nonce: {e}")))?;
+    getrandom::getrandom(&mut b)
+        .map_err(|e| CommError::Config(format!("no randomness for a nonce: {e}")))?;
     Ok(hex(&b))
 }
 
@@ -89,11 +99,23 @@ fn hello_parts(nonce: &str, group_id: u64, generation: u64, sender: usize) -> He
     tail[..8].copy_from_slice(&group_id.to_le_bytes());
     tail[8..16].copy_from_slice(&generation.to_le_bytes());
     tail[16..].copy_from_slice(&(sender as u64).to_le_bytes());
-    HelloParts { nonce: nonce.as_bytes().to_vec(), tail }
+    HelloParts {
+        nonce: nonce.as_bytes().to_vec(),
+        tail,
+    }
 }
 
-fn hello_mac(secret: &Secret, nonce: &str, group_id: u64, generation: u64, sender: usize) -> [u8; 32] {
-    hmac_sha256(secret.as_bytes(), &hello_parts(nonce, group_id, generation, sender).as_slices())
+fn hello_mac(
+    secret: &Secret,
+    nonce: &str,
+    group_id: u64,
+    generation: u64,
+    sender: usize,
+) -> [u8; 32] {
+    hmac_sha256(
+        secret.as_bytes(),
+        &hello_parts(nonce, group_id, generation, sender).as_slices(),
+    )
 }
 
 /// Parameters of one wiring.
@@ -113,26 +135,55 @@ pub(crate) struct WireSpec<'a> {
 pub(crate) fn wire(w: &WireSpec<'_>) -> Result<Wiring> {
     let deadline = Instant::now() + w.cfg.connect_timeout;
     let host = w.cfg.host_id.clone().unwrap_or_else(default_host_id);
-    let ip = w.cfg.advertise_addr.unwrap_or_else(|| route_addr(w.store_addr));
-    let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| CommError::io(format!("listen on {ip}"), e))?;
-    let addr = listener.local_addr().map_err(|e| CommError::io("listener address", e))?;
+    let ip = w
+        .cfg
+        .advertise_addr
+        .unwrap_or_else(|| route_addr(w.store_addr));
+    let listener = TcpListener::bind(SocketAddr::new(ip, 0))
+        .map_err(|e| CommError::io(format!("listen on {ip}"), e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| CommError::io("listener address", e))?;
     let nonce = random_nonce()?;
 
     // Who shares this host? Publish host first so the shm domain can be sized for local peers.
     let host_key = |r: usize| format!("{}/host/{r}", w.prefix);
     w.store.set(&host_key(w.rank), host.as_bytes())?;
     let hosts: Vec<String> = (0..w.size)
-        .map(|r| w.store.wait_one(&host_key(r), remaining(deadline)).map(|v| String::from_utf8_lossy(&v).into_owned()))
+        .map(|r| {
+            w.store
+                .wait_one(&host_key(r), remaining(deadline))
+                .map(|v| String::from_utf8_lossy(&v).into_owned())
+        })
         .collect::<Result<_>>()?;
-    let use_shm = |a: usize, b: usize| w.cfg.transport == TransportPolicy::Auto && hosts[a] == hosts[b];
-    let local_peers: Vec<usize> = (0..w.size).filter(|&r| r != w.rank && use_shm(w.rank, r)).collect();
+    let use_shm =
+        |a: usize, b: usize| w.cfg.transport == TransportPolicy::Auto && hosts[a] == hosts[b];
+    let local_peers: Vec<usize> = (0..w.size)
+        .filter(|&r| r != w.rank && use_shm(w.rank, r))
+        .collect();
     let shm = if local_peers.is_empty() {
         None
     } else {
-        let name = format!("flotilla-{}-{:x}-g{}", std::process::id(), w.group_id, w.generation);
+        let name = format!(
+            "flotilla-{}-{:x}-g{}",
+            std::process::id(),
+            w.group_id,
+            w.generation
+        );
         Some(
-            ShmDomain::create(&w.cfg.shm_dir, &name, w.rank, &local_peers, w.cfg.shm_ring_bytes)
-                .map_err(|e| CommError::io(format!("create shared memory in {}", w.cfg.shm_dir.display()), e))?,
+            ShmDomain::create(
+                &w.cfg.shm_dir,
+                &name,
+                w.rank,
+                &local_peers,
+                w.cfg.shm_ring_bytes,
+            )
+            .map_err(|e| {
+                CommError::io(
+                    format!("create shared memory in {}", w.cfg.shm_dir.display()),
+                    e,
+                )
+            })?,
         )
     };
     let me = RankInfo {
@@ -144,11 +195,16 @@ pub(crate) fn wire(w: &WireSpec<'_>) -> Result<Wiring> {
         shm: shm.as_ref().map(|d| d.endpoint().clone()),
     };
     let info_key = |r: usize| format!("{}/info/{r}", w.prefix);
-    w.store.set(&info_key(w.rank), &serde_json::to_vec(&me).expect("RankInfo serialises"))?;
+    w.store.set(
+        &info_key(w.rank),
+        &serde_json::to_vec(&me).expect("RankInfo serialises"),
+    )?;
     let infos: Vec<RankInfo> = (0..w.size)
         .map(|r| {
             let v = w.store.wait_one(&info_key(r), remaining(deadline))?;
-            serde_json::from_slice(&v).map_err(|e| CommError::Store(format!("rank {r}'s published info is not valid: {e}")))
+            serde_json::from_slice(&v).map_err(|e| {
+                CommError::Store(format!("rank {r}'s published info is not valid: {e}"))
+            })
         })
         .collect::<Result<_>>()?;
 
@@ -157,17 +213,23 @@ pub(crate) fn wire(w: &WireSpec<'_>) -> Result<Wiring> {
     // Shared memory with local peers.
     if let Some(d) = &shm {
         for &p in &local_peers {
-            let ep = infos[p]
-                .shm
-                .as_ref()
-                .ok_or_else(|| CommError::Store(format!("rank {p} shares host '{}' but published no shared-memory endpoint", hosts[p])))?;
-            let link = d.connect(ep).map_err(|e| CommError::io(format!("map shared memory of rank {p}"), e))?;
+            let ep = infos[p].shm.as_ref().ok_or_else(|| {
+                CommError::Store(format!(
+                    "rank {p} shares host '{}' but published no shared-memory endpoint",
+                    hosts[p]
+                ))
+            })?;
+            let link = d
+                .connect(ep)
+                .map_err(|e| CommError::io(format!("map shared memory of rank {p}"), e))?;
             links[p] = Some(Box::new(link));
             kinds[p] = Some(LinkKind::Shm);
         }
     }
     // TCP: connect to lower ranks, accept from higher ranks.
-    let tcp_peers: Vec<usize> = (0..w.size).filter(|&r| r != w.rank && !use_shm(w.rank, r)).collect();
+    let tcp_peers: Vec<usize> = (0..w.size)
+        .filter(|&r| r != w.rank && !use_shm(w.rank, r))
+        .collect();
     let expect_accept: Vec<usize> = tcp_peers.iter().copied().filter(|&r| r > w.rank).collect();
     let acceptor = {
         let secret = w.secret.clone();
@@ -175,17 +237,33 @@ pub(crate) fn wire(w: &WireSpec<'_>) -> Result<Wiring> {
         let nonce = nonce.clone();
         std::thread::Builder::new()
             .name(format!("flotilla-accept-{rank}"))
-            .spawn(move || accept_peers(listener, &secret, &nonce, gid, generation, &expect_accept, deadline))
+            .spawn(move || {
+                accept_peers(
+                    listener,
+                    &secret,
+                    &nonce,
+                    gid,
+                    generation,
+                    &expect_accept,
+                    deadline,
+                )
+            })
             .map_err(|e| CommError::io("spawn acceptor thread", e))?
     };
     for &p in tcp_peers.iter().filter(|&&r| r < w.rank) {
         let s = dial(&infos[p], w, deadline)?;
-        links[p] = Some(Box::new(TcpLink::new(s).map_err(|e| CommError::io(format!("configure socket to rank {p}"), e))?));
+        links[p] = Some(Box::new(TcpLink::new(s).map_err(|e| {
+            CommError::io(format!("configure socket to rank {p}"), e)
+        })?));
         kinds[p] = Some(LinkKind::Tcp);
     }
-    let accepted = acceptor.join().map_err(|_| CommError::Store("acceptor thread panicked".into()))??;
+    let accepted = acceptor
+        .join()
+        .map_err(|_| CommError::Store("acceptor thread panicked".into()))??;
     for (p, s) in accepted {
-        links[p] = Some(Box::new(TcpLink::new(s).map_err(|e| CommError::io(format!("configure socket from rank {p}"), e))?));
+        links[p] = Some(Box::new(TcpLink::new(s).map_err(|e| {
+            CommError::io(format!("configure socket from rank {p}"), e)
+        })?));
         kinds[p] = Some(LinkKind::Tcp);
     }
 
@@ -219,7 +297,9 @@ pub(crate) fn wire(w: &WireSpec<'_>) -> Result<Wiring> {
 }
 
 fn remaining(deadline: Instant) -> Duration {
-    deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1))
 }
 
 fn hello_header(group_id: u64, generation: u64, sender: usize) -> FrameHeader {
@@ -241,21 +321,40 @@ fn hello_header(group_id: u64, generation: u64, sender: usize) -> FrameHeader {
 fn dial(peer: &RankInfo, w: &WireSpec<'_>, deadline: Instant) -> Result<TcpStream> {
     let mut backoff = Duration::from_millis(5);
     let mut s = loop {
-        match TcpStream::connect_timeout(&peer.addr, remaining(deadline).min(Duration::from_secs(5))) {
+        match TcpStream::connect_timeout(
+            &peer.addr,
+            remaining(deadline).min(Duration::from_secs(5)),
+        ) {
             Ok(s) => break s,
             Err(e) if Instant::now() + backoff < deadline => {
-                tracing::debug!("connect to rank {} at {}: {e}; retrying", peer.rank, peer.addr);
+                tracing::debug!(
+                    "connect to rank {} at {}: {e}; retrying",
+                    peer.rank,
+                    peer.addr
+                );
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(Duration::from_millis(500));
             }
-            Err(e) => return Err(CommError::io(format!("connect to rank {} at {}", peer.rank, peer.addr), e)),
+            Err(e) => {
+                return Err(CommError::io(
+                    format!("connect to rank {} at {}", peer.rank, peer.addr),
+                    e,
+                ));
+            }
         }
     };
     let mut msg = Vec::with_capacity(HEADER_LEN + 32);
     msg.extend_from_slice(&hello_header(w.group_id, w.generation, w.rank).encode());
-    msg.extend_from_slice(&hello_mac(w.secret, &peer.nonce, w.group_id, w.generation, w.rank));
+    msg.extend_from_slice(&hello_mac(
+        w.secret,
+        &peer.nonce,
+        w.group_id,
+        w.generation,
+        w.rank,
+    ));
     s.set_write_timeout(Some(remaining(deadline))).ok();
-    s.write_all(&msg).map_err(|e| CommError::io(format!("hello to rank {}", peer.rank), e))?;
+    s.write_all(&msg)
+        .map_err(|e| CommError::io(format!("hello to rank {}", peer.rank), e))?;
     Ok(s)
 }
 
@@ -280,15 +379,22 @@ fn accept_peers(
         // SAFETY: one valid pollfd.
         let rc = unsafe { libc::poll(&mut pfd, 1, wait_ms) };
         if rc == 0 || Instant::now() >= deadline {
-            let missing: Vec<usize> = expect.iter().copied().filter(|r| !got.iter().any(|(g, _)| g == r)).collect();
-            return Err(CommError::Store(format!("timed out waiting for connections from rank(s) {missing:?}")));
+            let missing: Vec<usize> = expect
+                .iter()
+                .copied()
+                .filter(|r| !got.iter().any(|(g, _)| g == r))
+                .collect();
+            return Err(CommError::Store(format!(
+                "timed out waiting for connections from rank(s) {missing:?}"
+            )));
         }
         let (mut s, from) = match listener.accept() {
             Ok(x) => x,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(CommError::io("accept", e)),
         };
-        s.set_read_timeout(Some(remaining(deadline).min(Duration::from_secs(10)))).ok();
+        s.set_read_timeout(Some(remaining(deadline).min(Duration::from_secs(10))))
+            .ok();
         let mut buf = [0u8; HEADER_LEN + 32];
         if let Err(e) = s.read_exact(&mut buf) {
             tracing::warn!("dropping connection from {from}: no complete hello ({e})");
@@ -299,12 +405,22 @@ fn accept_peers(
             .and_then(|h| {
                 let sender = h.sender as usize;
                 if h.frame_type != FrameType::Hello || h.group_id != group_id {
-                    Err(format!("not a hello for this group ({:?}, group {:#x})", h.frame_type, h.group_id))
+                    Err(format!(
+                        "not a hello for this group ({:?}, group {:#x})",
+                        h.frame_type, h.group_id
+                    ))
                 } else if h.generation != generation {
-                    Err(format!("generation {} (this group is at {generation})", h.generation))
+                    Err(format!(
+                        "generation {} (this group is at {generation})",
+                        h.generation
+                    ))
                 } else if !expect.contains(&sender) || got.iter().any(|(g, _)| *g == sender) {
                     Err(format!("unexpected rank {sender}"))
-                } else if !verify_hmac_sha256(secret.as_bytes(), &hello_parts(nonce, group_id, generation, sender).as_slices(), &buf[HEADER_LEN..]) {
+                } else if !verify_hmac_sha256(
+                    secret.as_bytes(),
+                    &hello_parts(nonce, group_id, generation, sender).as_slices(),
+                    &buf[HEADER_LEN..],
+                ) {
                     Err(format!("rank {sender} failed authentication"))
                 } else {
                     Ok(sender)

@@ -45,6 +45,11 @@ pub struct OpOptions {
     pub timeout: Option<Duration>,
 }
 
+/// How long a failing rank waits for the other ranks' failure reports before it names the
+/// silent ones (capped by the op timeout). Live ranks fail within milliseconds of each other
+/// once links close, so one second is ample and keeps the error within timeout + 2 s.
+pub const DIAGNOSIS_GRACE: Duration = Duration::from_secs(1);
+
 /// An op's place in the order: local ticket and wire sequence number.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Turn {
@@ -127,12 +132,22 @@ impl ProcessGroup {
     /// Creates (collectively) the group `name` of `size` ranks, this one being `rank`: every
     /// member calls this with the same name and size. Publishes this rank's addresses through the
     /// store, connects to every peer, and measures α and β per transport.
-    pub fn new(rdv: &Rendezvous, name: &str, rank: usize, size: usize, cfg: GroupConfig) -> Result<ProcessGroup> {
+    pub fn new(
+        rdv: &Rendezvous,
+        name: &str,
+        rank: usize,
+        size: usize,
+        cfg: GroupConfig,
+    ) -> Result<ProcessGroup> {
         if size == 0 || rank >= size {
-            return Err(CommError::InvalidArgument(format!("rank {rank} is not in a group of size {size}")));
+            return Err(CommError::InvalidArgument(format!(
+                "rank {rank} is not in a group of size {size}"
+            )));
         }
         if name.is_empty() || name.contains('/') {
-            return Err(CommError::InvalidArgument(format!("group name '{name}' must be non-empty and contain no '/'")));
+            return Err(CommError::InvalidArgument(format!(
+                "group name '{name}' must be non-empty and contain no '/'"
+            )));
         }
         let store = rdv.connect(cfg.connect_timeout)?;
         let id = group_id(name);
@@ -177,7 +192,9 @@ impl ProcessGroup {
             worker: Mutex::new(None),
             cfg,
         };
-        let mut g = ProcessGroup { inner: Arc::new(inner) };
+        let mut g = ProcessGroup {
+            inner: Arc::new(inner),
+        };
         if g.inner.cfg.calibrate && size > 1 {
             let topo = super::calibrate::calibrate(&g)?;
             Arc::get_mut(&mut g.inner).expect("not shared yet").topo = topo;
@@ -219,12 +236,21 @@ impl ProcessGroup {
     /// The algorithm the group would pick for `op` over `bytes`, with every candidate's
     /// predicted time (the same choice every rank makes).
     pub fn explain(&self, op: OpKind, bytes: usize) -> Selection {
-        select(op, bytes, &self.inner.topo, self.inner.cfg.algo.get(&op).copied())
+        select(
+            op,
+            bytes,
+            &self.inner.topo,
+            self.inner.cfg.algo.get(&op).copied(),
+        )
     }
 
     /// The selection made for the most recent op.
     pub fn last_selection(&self) -> Option<Selection> {
-        self.inner.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.inner
+            .last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The flight recorder's table of recent ops.
@@ -249,7 +275,10 @@ impl ProcessGroup {
         let mut seen = vec![false; self.size()];
         for &r in ranks {
             if r >= self.size() || std::mem::replace(&mut seen[r], true) {
-                return Err(CommError::InvalidArgument(format!("sub-group '{name}': rank list {ranks:?} has a rank outside 0..{} or a duplicate", self.size())));
+                return Err(CommError::InvalidArgument(format!(
+                    "sub-group '{name}': rank list {ranks:?} has a rank outside 0..{} or a duplicate",
+                    self.size()
+                )));
             }
         }
         // Agree that everyone asked for the same thing before anyone starts connecting.
@@ -258,12 +287,22 @@ impl ProcessGroup {
         let mine = group_id(&spec).to_le_bytes();
         self.all_gather(&mine, &mut all)?;
         if all.chunks(8).any(|c| c != mine) {
-            return Err(CommError::InvalidArgument(format!("sub-group '{name}': members of '{}' passed different rank lists", self.name())));
+            return Err(CommError::InvalidArgument(format!(
+                "sub-group '{name}': members of '{}' passed different rank lists",
+                self.name()
+            )));
         }
         match ranks.iter().position(|&r| r == self.rank()) {
             Some(me) => {
                 let full = format!("{}.{name}", self.name());
-                ProcessGroup::new(&self.inner.rdv, &full, me, ranks.len(), self.inner.cfg.clone()).map(Some)
+                ProcessGroup::new(
+                    &self.inner.rdv,
+                    &full,
+                    me,
+                    ranks.len(),
+                    self.inner.cfg.clone(),
+                )
+                .map(Some)
             }
             None => Ok(None),
         }
@@ -304,24 +343,35 @@ impl ProcessGroup {
             bytes,
             algo: algo.name(),
         };
-        inner.flight.record(seq, kind.name(), dtype.name(), bytes, false);
+        inner
+            .flight
+            .record(seq, kind.name(), dtype.name(), bytes, false);
         if let Some(a) = forced.filter(|a| !a.serves(kind)) {
             inner.flight.finish(seq, 0, Err("invalid algorithm".into()));
             self.skip_turn(ticket, timeout);
-            return Err(CommError::InvalidArgument(format!("algorithm {} does not implement {}", a.name(), kind.name())));
+            return Err(CommError::InvalidArgument(format!(
+                "algorithm {} does not implement {}",
+                a.name(),
+                kind.name()
+            )));
         }
         match inner.gate.wait_turn(ticket, timeout) {
             Ok(()) => {}
             Err(TurnError::Poisoned(reason)) => {
                 inner.flight.finish(seq, 0, Err("group aborted".into()));
-                return Err(CommError::Aborted { group: inner.name.clone(), reason });
+                return Err(CommError::Aborted {
+                    group: inner.name.clone(),
+                    reason,
+                });
             }
             Err(TurnError::Timeout { waiting_for }) => {
                 let e = CommError::Timeout {
                     op: Box::new(desc),
                     timeout,
                     missing: vec![],
-                    cause: Some(format!("this rank's earlier op (ticket {waiting_for}) is still running")),
+                    cause: Some(format!(
+                        "this rank's earlier op (ticket {waiting_for}) is still running"
+                    )),
                 };
                 inner.flight.finish(seq, 0, Err(e.to_string()));
                 self.fail(&e);
@@ -333,8 +383,21 @@ impl ProcessGroup {
         inner.flight.start(seq, algo.name());
         let mut core = inner.core.lock().unwrap_or_else(|p| p.into_inner());
         let Core { links, scratch, .. } = &mut *core;
-        let op = OpCtx::new(desc, kind, dtype, signature, inner.id, inner.generation, inner.rank, inner.size, timeout);
-        let mut ctx = Ctx { links: links.as_mut_slice(), op };
+        let op = OpCtx::new(
+            desc,
+            kind,
+            dtype,
+            signature,
+            inner.id,
+            inner.generation,
+            inner.rank,
+            inner.size,
+            timeout,
+        );
+        let mut ctx = Ctx {
+            links: links.as_mut_slice(),
+            op,
+        };
         let result = body(&mut ctx, algo, scratch);
         let sent = ctx.op.bytes_sent;
         drop(core);
@@ -345,7 +408,7 @@ impl ProcessGroup {
                 Ok(())
             }
             Err(e) => {
-                let e = self.attach_cause(e);
+                let e = self.diagnose(e);
                 inner.flight.finish(seq, sent, Err(e.to_string()));
                 self.fail(&e);
                 inner.gate.done();
@@ -360,38 +423,77 @@ impl ProcessGroup {
         }
     }
 
-    fn abort_key(&self) -> String {
-        format!("{}/abort", self.inner.prefix)
-    }
-
-    /// Fills in the root cause another rank published, or publishes ours if we are first.
-    fn attach_cause(&self, mut e: CommError) -> CommError {
-        let ours = format!("rank {}: {e}", self.inner.rank);
-        let published = self
-            .inner
-            .abort_store
-            .compare_set(&self.abort_key(), None, ours.as_bytes())
+    /// Works out who is really to blame for a failed op.
+    ///
+    /// The rank's own view is local ("waiting for rank 0"), but rank 0 may itself be waiting for
+    /// a dead or stopped rank. So every failing rank (1) publishes its error under
+    /// `{prefix}/fail/{rank}` and offers it as the group's root cause (first writer wins),
+    /// (2) closes its links so that ranks waiting on it fail at once instead of at their
+    /// deadline, then (3) waits up to [`DIAGNOSIS_GRACE`] for the other ranks' reports. Live ranks
+    /// all fail within that window; the ranks that never report are dead or stopped, and the
+    /// error names them.
+    fn diagnose(&self, mut e: CommError) -> CommError {
+        let inner = &self.inner;
+        let st = &inner.abort_store;
+        let key = |r: usize| format!("{}/fail/{r}", inner.prefix);
+        let ours = format!("rank {}: {e}", inner.rank);
+        let _ = st.set(&key(inner.rank), ours.as_bytes());
+        let first = st
+            .compare_set(&format!("{}/abort", inner.prefix), None, ours.as_bytes())
             .ok()
             .flatten()
-            .map(|v| String::from_utf8_lossy(&v).into_owned());
-        if let Some(cause) = published.filter(|c| *c != ours) {
-            match &mut e {
-                CommError::Timeout { cause: c, .. } | CommError::PeerLost { cause: c, .. } => *c = Some(cause),
-                _ => {}
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
+            .filter(|c| *c != ours);
+        self.shutdown_links();
+        let keys: Vec<String> = (0..inner.size).map(key).collect();
+        let grace = DIAGNOSIS_GRACE.min(inner.cfg.timeout);
+        let silent: Vec<usize> = match st.wait(&keys, grace) {
+            Ok(_) => Vec::new(),
+            Err(_) => (0..inner.size)
+                .filter(|&r| !matches!(st.get(&key(r)), Ok(Some(_))))
+                .collect(),
+        };
+        let mut cause: Vec<String> = Vec::new();
+        if !silent.is_empty() {
+            let who = silent
+                .iter()
+                .map(|r| format!("rank {r}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            cause.push(format!(
+                "{who} sent no failure report: dead, stopped or unreachable"
+            ));
+        }
+        cause.extend(first);
+        let cause = (!cause.is_empty()).then(|| cause.join("; first failure: "));
+        match &mut e {
+            CommError::Timeout {
+                cause: c, missing, ..
+            } => {
+                if !silent.is_empty() {
+                    *missing = silent;
+                }
+                *c = cause;
             }
+            CommError::PeerLost { cause: c, .. } => *c = cause,
+            _ => {}
         }
         e
+    }
+
+    fn shutdown_links(&self) {
+        if let Ok(mut core) = self.inner.core.try_lock() {
+            for l in core.links.iter_mut().flatten() {
+                l.shutdown();
+            }
+        }
     }
 
     /// Poisons the group, closes every link so peers notice at once, and prints the flight log.
     pub(crate) fn fail(&self, e: &CommError) {
         let inner = &self.inner;
         inner.gate.poison(e.to_string());
-        if let Ok(mut core) = inner.core.try_lock() {
-            for l in core.links.iter_mut().flatten() {
-                l.shutdown();
-            }
-        }
+        self.shutdown_links();
         tracing::error!(group = %inner.name, rank = inner.rank, "collective failed: {e}\nflight recorder (rank {}):\n{}", inner.rank, inner.flight.dump());
     }
 

@@ -63,9 +63,15 @@ impl Gate {
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(TurnError::Timeout { waiting_for: s.serving });
+                return Err(TurnError::Timeout {
+                    waiting_for: s.serving,
+                });
             }
-            s = self.cv.wait_timeout(s, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+            s = self
+                .cv
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 

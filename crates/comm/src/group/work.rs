@@ -25,7 +25,11 @@ pub struct Work<T> {
 impl<T> Work<T> {
     /// Whether the op has finished (successfully or not).
     pub fn is_done(&self) -> bool {
-        self.slot.value.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+        self.slot
+            .value
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
     }
 
     /// Blocks until the op finishes and returns its result (the buffer, for ops that own one).
@@ -44,15 +48,26 @@ impl<T> Work<T> {
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(CommError::InvalidArgument(format!("async op still running after waiting {timeout:?}")));
+                return Err(CommError::InvalidArgument(format!(
+                    "async op still running after waiting {timeout:?}"
+                )));
             }
-            v = self.slot.cv.wait_timeout(v, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+            v = self
+                .slot
+                .cv
+                .wait_timeout(v, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 }
 
 impl ProcessGroup {
-    fn submit<T: Send + 'static>(&self, timeout: Option<Duration>, job: impl FnOnce(&ProcessGroup) -> Result<T> + Send + 'static) -> Result<Work<T>> {
+    fn submit<T: Send + 'static>(
+        &self,
+        timeout: Option<Duration>,
+        job: impl FnOnce(&ProcessGroup) -> Result<T> + Send + 'static,
+    ) -> Result<Work<T>> {
         let slot = Arc::new(Slot {
             value: Mutex::new(None),
             cv: Condvar::new(),
@@ -71,7 +86,12 @@ impl ProcessGroup {
     }
 
     /// Background [`all_reduce`](Self::all_reduce): returns the reduced buffer on `wait`.
-    pub fn all_reduce_async<T: Element>(&self, mut buf: Vec<T>, op: ReduceOp, opts: OpOptions) -> Result<Work<Vec<T>>> {
+    pub fn all_reduce_async<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        op: ReduceOp,
+        opts: OpOptions,
+    ) -> Result<Work<Vec<T>>> {
         let turn = self.collective_turn();
         self.submit(opts.timeout, move |g| {
             g.all_reduce_turn(turn, as_bytes_mut(&mut buf), T::DTYPE, op, &opts)?;
@@ -80,26 +100,61 @@ impl ProcessGroup {
     }
 
     /// Background [`reduce_scatter`](Self::reduce_scatter): returns `output` on `wait`.
-    pub fn reduce_scatter_async<T: Element>(&self, input: Vec<T>, mut output: Vec<T>, op: ReduceOp, opts: OpOptions) -> Result<Work<Vec<T>>> {
+    pub fn reduce_scatter_async<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+        op: ReduceOp,
+        opts: OpOptions,
+    ) -> Result<Work<Vec<T>>> {
         if input.len() != output.len() * self.size() {
-            return Err(CommError::InvalidArgument(format!("reduce_scatter_async: input {} != size {} x output {}", input.len(), self.size(), output.len())));
+            return Err(CommError::InvalidArgument(format!(
+                "reduce_scatter_async: input {} != size {} x output {}",
+                input.len(),
+                self.size(),
+                output.len()
+            )));
         }
         let turn = self.collective_turn();
         self.submit(opts.timeout, move |g| {
-            g.reduce_scatter_turn(turn, as_bytes(&input), as_bytes_mut(&mut output), T::DTYPE, op, &opts)?;
+            g.reduce_scatter_turn(
+                turn,
+                as_bytes(&input),
+                as_bytes_mut(&mut output),
+                T::DTYPE,
+                op,
+                &opts,
+            )?;
             Ok(output)
         })
     }
 
     /// Background [`all_gather`](Self::all_gather) (equal sizes): returns `output` on `wait`.
-    pub fn all_gather_async<T: Element>(&self, input: Vec<T>, mut output: Vec<T>, opts: OpOptions) -> Result<Work<Vec<T>>> {
+    pub fn all_gather_async<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+        opts: OpOptions,
+    ) -> Result<Work<Vec<T>>> {
         if output.len() != input.len() * self.size() {
-            return Err(CommError::InvalidArgument(format!("all_gather_async: output {} != size {} x input {}", output.len(), self.size(), input.len())));
+            return Err(CommError::InvalidArgument(format!(
+                "all_gather_async: output {} != size {} x input {}",
+                output.len(),
+                self.size(),
+                input.len()
+            )));
         }
         let counts = vec![input.len(); self.size()];
         let turn = self.collective_turn();
         self.submit(opts.timeout, move |g| {
-            g.all_gather_turn(turn, as_bytes(&input), as_bytes_mut(&mut output), &counts, T::DTYPE, &opts)?;
+            g.all_gather_turn(
+                turn,
+                as_bytes(&input),
+                as_bytes_mut(&mut output),
+                &counts,
+                T::DTYPE,
+                &opts,
+            )?;
             Ok(output)
         })
     }

@@ -68,7 +68,11 @@ pub trait Link: Send {
     /// first where the transport allows it (shared memory); `sink` returns how many bytes of each
     /// piece it consumed (it may leave a partial element, which is offered again next time).
     /// Returns the number of bytes consumed.
-    fn try_recv_with(&mut self, max: usize, sink: &mut dyn FnMut(&[u8]) -> usize) -> Result<usize, LinkError>;
+    fn try_recv_with(
+        &mut self,
+        max: usize,
+        sink: &mut dyn FnMut(&[u8]) -> usize,
+    ) -> Result<usize, LinkError>;
 
     /// Called when no transfer can move: arms whatever wake-up the link needs for sending
     /// (`want_send`) and/or receiving (`want_recv`) and says what to sleep on. Must re-check the

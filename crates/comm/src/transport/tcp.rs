@@ -61,9 +61,10 @@ fn set_buffer_sizes(fd: RawFd, bytes: usize) {
 fn map_err(e: std::io::Error) -> Result<usize, LinkError> {
     match e.kind() {
         ErrorKind::WouldBlock | ErrorKind::Interrupted => Ok(0),
-        ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::ConnectionAborted | ErrorKind::UnexpectedEof => {
-            Err(LinkError::Closed(e.to_string()))
-        }
+        ErrorKind::ConnectionReset
+        | ErrorKind::BrokenPipe
+        | ErrorKind::ConnectionAborted
+        | ErrorKind::UnexpectedEof => Err(LinkError::Closed(e.to_string())),
         _ => Err(LinkError::Io(e)),
     }
 }
@@ -102,7 +103,11 @@ impl Link for TcpLink {
         }
     }
 
-    fn try_recv_with(&mut self, max: usize, sink: &mut dyn FnMut(&[u8]) -> usize) -> Result<usize, LinkError> {
+    fn try_recv_with(
+        &mut self,
+        max: usize,
+        sink: &mut dyn FnMut(&[u8]) -> usize,
+    ) -> Result<usize, LinkError> {
         if max == 0 {
             return Ok(0);
         }
