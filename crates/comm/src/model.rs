@@ -59,6 +59,11 @@ pub struct Topology {
     pub links: BTreeMap<String, LinkParams>,
     /// Reduction cost, seconds per byte.
     pub gamma: f64,
+    /// CPU cores per host (ranks beyond this share cores, and copies slow down in proportion).
+    pub cores: usize,
+    /// Single-core cross-memory-attach copy rate (bytes/s), when every rank may read its local
+    /// peers' memory (the [`Algo::DirectRead`] algorithms); None where it is not permitted.
+    pub direct_read: Option<f64>,
 }
 
 impl Topology {
@@ -77,6 +82,15 @@ impl Topology {
         } else {
             self.params(self.intra)
         }
+    }
+
+    /// Ranks sharing one core on the busiest host (at least 1): every copy, reduction and
+    /// socket transfer is CPU work, so per-rank rates divide by this when ranks outnumber cores.
+    pub fn oversubscription(&self) -> f64 {
+        let per_host = self
+            .ranks_per_host
+            .unwrap_or(self.size.div_ceil(self.hosts.max(1)));
+        (per_host as f64 / self.cores.max(1) as f64).max(1.0)
     }
 }
 
@@ -97,8 +111,10 @@ pub fn predict(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64
     }
     let pf = p as f64;
     let n = bytes as f64;
-    let l = t.flat();
-    let g = t.gamma;
+    let ov = t.oversubscription();
+    let mut l = t.flat();
+    l.beta /= ov;
+    let g = t.gamma * ov;
     let frac = (pf - 1.0) / pf;
     let lg = log2_ceil(p);
     use OpKind::*;
@@ -144,13 +160,30 @@ pub fn predict(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64
         }
         (AllToAll, Algo::Pairwise) => (pf - 1.0) * l.alpha + frac * n / l.beta,
         (Barrier, Algo::Direct) => lg * l.alpha,
+        // Single copy within one host (see algo::direct_read for the derivation).
+        (AllReduce | ReduceScatter | AllGather | Broadcast, Algo::DirectRead) => {
+            let br = t.direct_read?;
+            if t.hosts != 1 {
+                return None;
+            }
+            let a = t.params(LinkKind::Shm).alpha;
+            match op {
+                AllReduce => (2.0 + 2.0 * lg) * a + ov * frac * n * (2.0 / br + t.gamma),
+                ReduceScatter => {
+                    (1.0 + lg) * a + ov * (frac * n * (1.0 / br + t.gamma) + n / pf / br)
+                }
+                AllGather => (1.0 + lg) * a + ov * frac * n / br,
+                _ => (1.0 + lg) * a + (pf - 1.0) * n / (br * (pf - 1.0).min(t.cores.max(1) as f64)),
+            }
+        }
         // 004 E10: intra reduce-scatter + all-gather on g ranks, inter ring all-reduce on n/g.
         (AllReduce, Algo::Hierarchical) => {
             let gsz = t.ranks_per_host?;
             if t.hosts < 2 || gsz < 1 {
                 return None;
             }
-            let li = t.params(t.intra);
+            let mut li = t.params(t.intra);
+            li.beta /= ov;
             let lo = t.params(LinkKind::Tcp);
             let (gf, hf) = (gsz as f64, t.hosts as f64);
             let intra = if gsz > 1 {
@@ -262,6 +295,8 @@ mod tests {
             intra: LinkKind::Shm,
             links,
             gamma: 0.0,
+            cores: 64,
+            direct_read: None,
         }
     }
 

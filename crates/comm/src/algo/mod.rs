@@ -7,6 +7,7 @@
 //! cross-host team.
 
 pub mod direct;
+pub mod direct_read;
 pub mod double_tree;
 pub mod halving_doubling;
 pub mod hierarchical;
@@ -38,11 +39,13 @@ pub enum Algo {
     Pairwise,
     /// Intra-host reduce-scatter, inter-host all-reduce of the shard, intra-host all-gather.
     Hierarchical,
+    /// Single copy within a host: ranks read each other's buffers in place (cross-memory attach).
+    DirectRead,
 }
 
 impl Algo {
     /// Every algorithm.
-    pub const ALL: [Algo; 7] = [
+    pub const ALL: [Algo; 8] = [
         Algo::Ring,
         Algo::Tree,
         Algo::DoubleTree,
@@ -50,6 +53,7 @@ impl Algo {
         Algo::Direct,
         Algo::Pairwise,
         Algo::Hierarchical,
+        Algo::DirectRead,
     ];
 
     /// snake_case name.
@@ -62,6 +66,7 @@ impl Algo {
             Algo::Direct => "direct",
             Algo::Pairwise => "pairwise",
             Algo::Hierarchical => "hierarchical",
+            Algo::DirectRead => "direct_read",
         }
     }
 
@@ -87,6 +92,7 @@ impl Algo {
             ),
             Algo::Pairwise => matches!(op, AllToAll),
             Algo::Hierarchical => matches!(op, AllReduce),
+            Algo::DirectRead => matches!(op, AllReduce | ReduceScatter | AllGather | Broadcast),
         }
     }
 }

@@ -13,6 +13,18 @@ use crate::engine::{OpCtx, Xfer};
 use crate::error::{CommError, OpDesc, Result};
 use crate::frame::OpKind;
 use crate::model::{DEFAULT_GAMMA, LinkParams, Topology};
+
+/// Default single-core cross-memory-attach copy rate, bytes/s (memcpy of 256 MiB on one core of
+/// the reference machine: 12.4 GB/s, `../shared/peers/results/limits.txt`).
+const DEFAULT_DIRECT_READ: f64 = 12.4e9;
+
+/// What rank 0 measures of its host and publishes for everyone.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct HostCalibration {
+    gamma: f64,
+    cores: usize,
+    direct_read: Option<f64>,
+}
 use crate::transport::LinkKind;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -30,12 +42,7 @@ pub fn kind_between(a: usize, b: usize, host_of: &[usize], cfg: &GroupConfig) ->
 }
 
 /// The topology with default link parameters (before, or without, calibration).
-pub fn topology(
-    _kinds: &[Option<LinkKind>],
-    host_of: &[usize],
-    size: usize,
-    cfg: &GroupConfig,
-) -> Topology {
+pub fn topology(host_of: &[usize], size: usize, direct_read: bool, cfg: &GroupConfig) -> Topology {
     let hosts = host_of.iter().max().map_or(1, |m| m + 1);
     let mut per_host = vec![0usize; hosts];
     host_of.iter().for_each(|&h| per_host[h] += 1);
@@ -54,6 +61,8 @@ pub fn topology(
         },
         links: BTreeMap::new(),
         gamma: DEFAULT_GAMMA,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        direct_read: direct_read.then_some(DEFAULT_DIRECT_READ),
     }
 }
 
@@ -119,9 +128,14 @@ pub(crate) fn calibrate(g: &ProcessGroup) -> Result<Topology> {
         }
     }
     if inner.rank == 0 {
+        let hc = HostCalibration {
+            gamma: measure_gamma(),
+            cores: topo.cores,
+            direct_read: topo.direct_read.map(|_| measure_direct_read()),
+        };
         inner
             .store
-            .set(&key("gamma"), measure_gamma().to_string().as_bytes())?;
+            .set(&key("host"), &serde_json::to_vec(&hc).expect("serialises"))?;
     }
     for kind in kinds {
         let v = inner.store.wait_one(&key(kind.name()), deadline)?;
@@ -129,8 +143,12 @@ pub(crate) fn calibrate(g: &ProcessGroup) -> Result<Topology> {
             .map_err(|e| CommError::Store(format!("calibration of {}: {e}", kind.name())))?;
         topo.links.insert(kind.name().to_string(), p);
     }
-    let v = inner.store.wait_one(&key("gamma"), deadline)?;
-    topo.gamma = String::from_utf8_lossy(&v).parse().unwrap_or(DEFAULT_GAMMA);
+    let v = inner.store.wait_one(&key("host"), deadline)?;
+    let hc: HostCalibration = serde_json::from_slice(&v)
+        .map_err(|e| CommError::Store(format!("host calibration: {e}")))?;
+    topo.gamma = hc.gamma;
+    topo.cores = hc.cores;
+    topo.direct_read = hc.direct_read;
     Ok(topo)
 }
 
@@ -207,6 +225,24 @@ fn measure_gamma() -> f64 {
     }
     std::hint::black_box(&a);
     best.as_secs_f64() / n as f64
+}
+
+/// Bytes per second of a 4 MiB cross-memory-attach read of this process's own memory (best of
+/// 3): the per-core copy rate of the single-copy algorithms.
+fn measure_direct_read() -> f64 {
+    let n = 4 << 20;
+    let src = vec![1u8; n];
+    let mut dst = vec![0u8; n];
+    let pid = std::process::id() as i32;
+    let mut best = Duration::MAX;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        if crate::algo::direct_read::read_remote(pid, src.as_ptr() as usize, &mut dst).is_err() {
+            return DEFAULT_DIRECT_READ;
+        }
+        best = best.min(t0.elapsed());
+    }
+    n as f64 / best.as_secs_f64().max(1e-9)
 }
 
 #[cfg(test)]

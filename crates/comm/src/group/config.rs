@@ -42,6 +42,9 @@ pub struct GroupConfig {
     pub calibrate: bool,
     /// Ops kept by the flight recorder.
     pub flight_capacity: usize,
+    /// Allow single-copy reads of local peers' memory (cross-memory attach) where the OS
+    /// permits it. Env `FLOTILLA_DIRECT_READ=0|1`.
+    pub direct_read: bool,
 }
 
 impl Default for GroupConfig {
@@ -57,6 +60,7 @@ impl Default for GroupConfig {
             algo: HashMap::new(),
             calibrate: true,
             flight_capacity: crate::flight::DEFAULT_CAPACITY,
+            direct_read: true,
         }
     }
 }
@@ -109,10 +113,17 @@ impl GroupConfig {
             self.algo = parse_algo_overrides(&v)?;
         }
         if let Some(v) = get("FLOTILLA_CALIBRATE") {
-            self.calibrate = !matches!(v.as_str(), "0" | "false" | "no" | "off");
+            self.calibrate = !is_off(&v);
+        }
+        if let Some(v) = get("FLOTILLA_DIRECT_READ") {
+            self.direct_read = !is_off(&v);
         }
         Ok(())
     }
+}
+
+fn is_off(v: &str) -> bool {
+    matches!(v, "0" | "false" | "no" | "off")
 }
 
 /// Parses `ring` or `all_reduce=tree,broadcast=ring` into forced algorithms per op.

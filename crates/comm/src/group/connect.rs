@@ -7,6 +7,7 @@
 //! of another group or a rank of an older generation cannot take a peer's place.
 
 use super::config::{GroupConfig, TransportPolicy};
+use crate::algo::direct_read::{PROBE_BYTE, probe};
 use crate::dtype::DType;
 use crate::error::{CommError, Result};
 use crate::frame::{FrameHeader, FrameType, HEADER_LEN, OpKind};
@@ -28,6 +29,8 @@ pub(crate) struct RankInfo {
     pub pid: u32,
     pub nonce: String,
     pub shm: Option<ShmEndpoint>,
+    /// Address of this process's [`PROBE_BYTE`], for the cross-memory-attach permission test.
+    pub probe_addr: usize,
 }
 
 /// The connected links of one rank in a group.
@@ -38,6 +41,10 @@ pub(crate) struct Wiring {
     pub host_of: Vec<usize>,
     /// Host identity strings, by host index.
     pub host_names: Vec<String>,
+    /// Process id of every group rank.
+    pub pids: Vec<i32>,
+    /// Whether every rank may read the memory of every rank on its host (agreed by all ranks).
+    pub direct_read: bool,
     /// Kept alive so the doorbell fd stays open.
     pub _shm: Option<ShmDomain>,
 }
@@ -164,12 +171,9 @@ pub(crate) fn wire(w: &WireSpec<'_>) -> Result<Wiring> {
     let shm = if local_peers.is_empty() {
         None
     } else {
-        let name = format!(
-            "flotilla-{}-{:x}-g{}",
-            std::process::id(),
-            w.group_id,
-            w.generation
-        );
+        // Unique per group creation: the same group name and generation can exist in several
+        // jobs (or tests) of one process.
+        let name = format!("flotilla-{}-{nonce}", std::process::id());
         Some(
             ShmDomain::create(
                 &w.cfg.shm_dir,
@@ -193,6 +197,7 @@ pub(crate) fn wire(w: &WireSpec<'_>) -> Result<Wiring> {
         pid: std::process::id(),
         nonce: nonce.clone(),
         shm: shm.as_ref().map(|d| d.endpoint().clone()),
+        probe_addr: &PROBE_BYTE as *const u8 as usize,
     };
     let info_key = |r: usize| format!("{}/info/{r}", w.prefix);
     w.store.set(
@@ -267,11 +272,20 @@ pub(crate) fn wire(w: &WireSpec<'_>) -> Result<Wiring> {
         kinds[p] = Some(LinkKind::Tcp);
     }
 
-    // Everyone is connected: the shared-memory files can go (mappings stay valid).
+    // Everyone is connected: the shared-memory files can go (mappings stay valid). Each rank
+    // also reports whether it may read its local peers' memory; single-copy algorithms are used
+    // only if all can.
+    let may_read = w.cfg.direct_read
+        && !local_peers.is_empty()
+        && local_peers
+            .iter()
+            .all(|&p| probe(infos[p].pid as i32, infos[p].probe_addr));
     let ready_key = |r: usize| format!("{}/wired/{r}", w.prefix);
-    w.store.set(&ready_key(w.rank), b"1")?;
+    w.store
+        .set(&ready_key(w.rank), if may_read { b"1" } else { b"0" })?;
+    let mut direct_read = true;
     for r in 0..w.size {
-        w.store.wait_one(&ready_key(r), remaining(deadline))?;
+        direct_read &= w.store.wait_one(&ready_key(r), remaining(deadline))? == b"1";
     }
     if let Some(d) = &shm {
         let _ = d.unlink_files();
@@ -292,6 +306,8 @@ pub(crate) fn wire(w: &WireSpec<'_>) -> Result<Wiring> {
         kinds,
         host_of,
         host_names,
+        pids: infos.iter().map(|i| i.pid as i32).collect(),
+        direct_read,
         _shm: shm,
     })
 }

@@ -99,6 +99,8 @@ pub(crate) struct Inner {
     pub kinds: Vec<Option<LinkKind>>,
     pub host_of: Vec<usize>,
     pub host_names: Vec<String>,
+    /// Process id of every rank.
+    pub pids: Vec<i32>,
     pub topo: Topology,
     pub core: Mutex<Core>,
     pub gate: Gate,
@@ -163,7 +165,7 @@ impl ProcessGroup {
             size,
             cfg: &cfg,
         })?;
-        let topo = super::calibrate::topology(&w.kinds, &w.host_of, size, &cfg);
+        let topo = super::calibrate::topology(&w.host_of, size, w.direct_read, &cfg);
         let inner = Inner {
             name: name.to_string(),
             id,
@@ -177,6 +179,7 @@ impl ProcessGroup {
             kinds: w.kinds,
             host_of: w.host_of,
             host_names: w.host_names,
+            pids: w.pids,
             topo,
             core: Mutex::new(Core {
                 links: w.links,

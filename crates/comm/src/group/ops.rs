@@ -5,6 +5,7 @@ use super::core::{OpOptions, ProcessGroup, Turn};
 use crate::algo::direct::{
     AllToAll, Barrier, DirectAllGather, DirectAllReduce, DirectReduceScatter,
 };
+use crate::algo::direct_read::{DrAllGather, DrAllReduce, DrBroadcast, DrReduceScatter, Peers};
 use crate::algo::double_tree::DoubleTreeAllReduce;
 use crate::algo::halving_doubling::{HdAllGather, HdAllReduce, HdReduceScatter};
 use crate::algo::hierarchical::HierAllReduce;
@@ -60,6 +61,10 @@ impl ProcessGroup {
         Team::world(self.rank(), self.size())
     }
 
+    fn peers(&self) -> Peers {
+        Peers::new(self.team(), self.inner.pids.clone())
+    }
+
     fn check_root(&self, root: usize) -> Result<()> {
         if root >= self.size() {
             return Err(CommError::InvalidArgument(format!(
@@ -112,6 +117,7 @@ impl ProcessGroup {
         let team = self.team();
         let host_of = self.host_of().to_vec();
         let rank = self.rank();
+        let peers = self.peers();
         self.run_op(turn, OpKind::AllReduce, dtype, count as u64, buf.len(), opts, |ctx, algo, s| {
             match algo {
                 Algo::Ring => RingAllReduce::new(team, count, esz).run(ctx, buf, op),
@@ -119,6 +125,7 @@ impl ProcessGroup {
                 Algo::DoubleTree => DoubleTreeAllReduce::new(team, count, esz).run(ctx, buf, op, &mut s.algo),
                 Algo::HalvingDoubling => HdAllReduce::new(team, count, esz).run(ctx, buf, op, &mut s.algo),
                 Algo::Direct => DirectAllReduce::new(team, buf.len()).run(ctx, buf, op, &mut s.algo),
+                Algo::DirectRead => DrAllReduce::new(peers, count, esz).run(ctx, buf, op, &mut s.algo),
                 Algo::Hierarchical => HierAllReduce::new(rank, &host_of, count, esz)
                     .ok_or_else(|| CommError::InvalidArgument("hierarchical all_reduce needs at least 2 hosts with the same number of ranks each".into()))?
                     .run(ctx, buf, op),
@@ -185,6 +192,7 @@ impl ProcessGroup {
         let (esz, size, rank) = (dtype.size(), self.size(), self.rank());
         let count = input.len() / esz;
         let team = self.team();
+        let peers = self.peers();
         self.run_op(
             turn,
             OpKind::ReduceScatter,
@@ -194,6 +202,12 @@ impl ProcessGroup {
             opts,
             |ctx, algo, s| {
                 let chunks = partition(count, size, esz);
+                if algo == Algo::DirectRead {
+                    // Single copy: reads the peers' inputs in place, no staging.
+                    DrReduceScatter::new(peers, chunks).run(ctx, input, output, op, &mut s.algo)?;
+                    finish_reduce(dtype, op, output, size);
+                    return Ok(());
+                }
                 let stage = s.stage(input.len());
                 stage.copy_from_slice(input);
                 let stage = &mut s.stage[..input.len()];
@@ -290,6 +304,7 @@ impl ProcessGroup {
         let team = self.team();
         let total: usize = counts.iter().sum();
         let mine = chunks[self.rank()].clone();
+        let peers = self.peers();
         self.run_op(
             turn,
             OpKind::AllGather,
@@ -303,6 +318,7 @@ impl ProcessGroup {
                     Algo::Ring => RingAllGather::new(team, chunks).run(ctx, output),
                     Algo::HalvingDoubling => HdAllGather::new(team, chunks).run(ctx, output),
                     Algo::Direct => DirectAllGather::new(team, chunks).run(ctx, output),
+                    Algo::DirectRead => DrAllGather::new(peers, chunks).run(ctx, output),
                     a => Err(unsupported(a, OpKind::AllGather)),
                 }
             },
@@ -327,6 +343,7 @@ impl ProcessGroup {
         let count = check_elems("broadcast", buf.len(), dtype)?;
         self.check_root(root)?;
         let team = self.team();
+        let peers = self.peers();
         self.run_op(
             self.collective_turn(),
             OpKind::Broadcast,
@@ -337,6 +354,7 @@ impl ProcessGroup {
             |ctx, algo, _| match algo {
                 Algo::Ring => RingBroadcast::new(team, root, buf.len(), dtype.size()).run(ctx, buf),
                 Algo::Tree => TreeBroadcast::new(team, root).run(ctx, buf),
+                Algo::DirectRead => DrBroadcast::new(peers, root).run(ctx, buf),
                 a => Err(unsupported(a, OpKind::Broadcast)),
             },
         )
