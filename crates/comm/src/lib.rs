@@ -10,6 +10,7 @@
 //! group's [`flight`] recorder printed beside it.
 
 pub mod algo;
+pub mod buffer;
 pub mod dtype;
 pub mod engine;
 pub mod error;

@@ -176,27 +176,32 @@ pub fn predict(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64
                 _ => (1.0 + lg) * a + (pf - 1.0) * n / (br * (pf - 1.0).min(t.cores.max(1) as f64)),
             }
         }
-        // 004 E10: intra reduce-scatter + all-gather on g ranks, inter ring all-reduce on n/g.
+        // 004 E10 / 000 F66: intra-host reduce-scatter and all-gather on g ranks (single-copy
+        // reads where permitted, else rings) and an inter-host ring all-reduce of each rank's
+        // n/g shard. The g shards of a host leave through the same host link, so that link
+        // carries 2(h-1)/h·n bytes, not 2(h-1)/h·n/g.
         (AllReduce, Algo::Hierarchical) => {
             let gsz = t.ranks_per_host?;
             if t.hosts < 2 || gsz < 1 {
                 return None;
             }
-            let mut li = t.params(t.intra);
-            li.beta /= ov;
-            let lo = t.params(LinkKind::Tcp);
             let (gf, hf) = (gsz as f64, t.hosts as f64);
-            let intra = if gsz > 1 {
-                2.0 * (gf - 1.0) * li.alpha
-                    + 2.0 * (gf - 1.0) / gf * n / li.beta
-                    + (gf - 1.0) / gf * n * g
-            } else {
-                0.0
+            let li = t.params(t.intra);
+            let lo = t.params(LinkKind::Tcp);
+            let intra = match t.direct_read {
+                _ if gsz == 1 => 0.0,
+                Some(br) => {
+                    (2.0 + 2.0 * log2_ceil(gsz)) * li.alpha
+                        + ov * (gf - 1.0) / gf * n * (2.0 / br + t.gamma)
+                }
+                None => {
+                    2.0 * (gf - 1.0) * li.alpha
+                        + ov * (2.0 * (gf - 1.0) / gf * n / li.beta + (gf - 1.0) / gf * n * t.gamma)
+                }
             };
-            let shard = n / gf;
             let inter = 2.0 * (hf - 1.0) * lo.alpha
-                + 2.0 * (hf - 1.0) / hf * shard / lo.beta
-                + (hf - 1.0) / hf * shard * g;
+                + 2.0 * (hf - 1.0) / hf * n / lo.beta
+                + (hf - 1.0) / hf * n / gf * g;
             intra + inter
         }
         _ => return None,

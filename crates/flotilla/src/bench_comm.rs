@@ -12,6 +12,7 @@
 use crate::spawn::{NodeSpec, Worker, run_node};
 use anyhow::{Context, Result, bail};
 use comm::algo::Algo;
+use comm::buffer::HostBuffer;
 use comm::group::{GroupConfig, OpOptions, ProcessGroup, TransportPolicy};
 use comm::{DType, OpKind, ReduceOp};
 use std::time::{Duration, Instant};
@@ -334,9 +335,12 @@ fn print_row(
 }
 
 /// Buffers for one op and size.
+///
+/// Large buffers are huge-page aligned and advised ([`HostBuffer`]), as numpy (the MPI peer's
+/// buffers) does for large arrays.
 struct Bufs {
-    a: Vec<u8>,
-    b: Vec<u8>,
+    a: HostBuffer,
+    b: HostBuffer,
 }
 
 fn buffers(op: OpKind, size: usize, w: usize, esz: usize, rank: usize) -> Bufs {
@@ -348,16 +352,14 @@ fn buffers(op: OpKind, size: usize, w: usize, esz: usize, rank: usize) -> Bufs {
         OpKind::AllToAll => (per(size) * w, per(size) * w),
         _ => (size / esz * esz, 0),
     };
-    let mut av = vec![0u8; a];
+    let mut av = HostBuffer::zeroed(a);
     // Small integers in every element's low byte: valid for every dtype and no overflow.
-    for (i, x) in av.iter_mut().enumerate() {
-        if i % esz == 0 {
-            *x = ((rank + i / esz) % 7) as u8;
-        }
+    for (i, e) in av.chunks_exact_mut(esz).enumerate() {
+        e[0] = ((rank + i) % 7) as u8;
     }
     Bufs {
         a: av,
-        b: vec![0u8; b],
+        b: HostBuffer::zeroed(b),
     }
 }
 
@@ -382,16 +384,9 @@ fn call(
         }
         OpKind::AllToAll => {
             // Moved as u8 blocks: all-to-all does not look at the element type.
-            let mut out = std::mem::take(&mut bufs.b);
-            let r = g.all_to_all_v_with(
-                &bufs.a,
-                &vec![bufs.a.len() / w; w],
-                &mut out,
-                &vec![bufs.a.len() / w; w],
-                opts,
-            );
-            bufs.b = out;
-            r
+            let counts = vec![bufs.a.len() / w; w];
+            let Bufs { a, b } = bufs;
+            g.all_to_all_v_with(&a[..], &counts, &mut b[..], &counts, opts)
         }
         _ => unreachable!("validated in op_kind"),
     }
@@ -657,23 +652,24 @@ mod tests {
                 b.iter_mut().for_each(|x| x.a = s.clone());
             }
             OpKind::AllGather => {
-                let s: Vec<u8> = b.iter().flat_map(|x| x.a.clone()).collect();
-                b.iter_mut().for_each(|x| x.b = s.clone());
+                let s: Vec<u8> = b.iter().flat_map(|x| x.a.to_vec()).collect();
+                b.iter_mut().for_each(|x| x.b = HostBuffer::from(&s[..]));
             }
             OpKind::ReduceScatter => {
                 let s = total(&b);
                 let per = b[0].b.len();
                 for (r, x) in b.iter_mut().enumerate() {
-                    x.b = s[r * per..(r + 1) * per].to_vec();
+                    x.b = HostBuffer::from(&s[r * per..(r + 1) * per]);
                 }
             }
             OpKind::AllToAll => {
                 let blk = b[0].a.len() / w;
-                let ins: Vec<Vec<u8>> = b.iter().map(|x| x.a.clone()).collect();
+                let ins: Vec<Vec<u8>> = b.iter().map(|x| x.a.to_vec()).collect();
                 for (r, x) in b.iter_mut().enumerate() {
-                    x.b = (0..w)
+                    let v: Vec<u8> = (0..w)
                         .flat_map(|s| ins[s][r * blk..(r + 1) * blk].to_vec())
                         .collect();
+                    x.b = HostBuffer::from(&v[..]);
                 }
             }
             _ => unreachable!(),
@@ -763,9 +759,14 @@ mod tests {
                 .flat_map(|c| (u32::from_le_bytes(c.try_into().unwrap()) as u16).to_le_bytes())
                 .collect()
         };
+        let copy = |v: Vec<u8>| {
+            let mut h = HostBuffer::zeroed(v.len());
+            h.copy_from_slice(&v);
+            h
+        };
         Bufs {
-            a: pack(&b.a),
-            b: pack(&b.b),
+            a: copy(pack(&b.a)),
+            b: copy(pack(&b.b)),
         }
     }
 }

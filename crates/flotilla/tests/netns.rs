@@ -151,15 +151,54 @@ fn two_hosts_two_ranks_check_every_op() {
     eprintln!("auto-selected all_reduce algorithm for 1 MiB over 2 hosts x 2 ranks: {algo}");
     // Only node 0's rank 0 prints rows.
     assert!(json_rows(&out[1].stdout).is_empty());
+    // Integer (bytes compared) and half-precision (values compared) elements, every op; then
+    // TCP between every pair, as Gloo does.
+    for dtype in ["i32", "bf16"] {
+        bench(
+            &hosts,
+            2,
+            &[
+                "--check",
+                "--dtype",
+                dtype,
+                "--sizes",
+                "4K,100000",
+                "--ops",
+                "all_reduce,all_gather,reduce_scatter,broadcast,reduce,all_to_all",
+            ],
+        );
+    }
+    bench(
+        &hosts,
+        2,
+        &[
+            &[
+                "--check",
+                "--transport",
+                "tcp",
+                "--ops",
+                "all_reduce,all_gather",
+            ][..],
+            &sizes,
+        ]
+        .concat(),
+    );
 }
 
 #[test]
-fn three_hosts_one_rank_all_reduce_check() {
+fn three_hosts_all_reduce_check() {
     let _serial = serial();
-    let Some(hosts) = Hosts::up_or_skip("three_hosts_one_rank_all_reduce_check", 3, None) else {
+    let Some(hosts) = Hosts::up_or_skip("three_hosts_all_reduce_check", 3, None) else {
         return;
     };
-    for algo in [None, Some("ring"), Some("hierarchical")] {
+    // An odd host count, with one rank per host and then two (hierarchical with g = 2, h = 3).
+    for (nproc, algo) in [
+        (1, None),
+        (1, Some("ring")),
+        (1, Some("hierarchical")),
+        (2, None),
+        (2, Some("hierarchical")),
+    ] {
         let mut args = vec![
             "--check",
             "--json",
@@ -171,11 +210,11 @@ fn three_hosts_one_rank_all_reduce_check() {
         if let Some(a) = algo {
             args.extend(["--algo", a]);
         }
-        let out = bench(&hosts, 1, &args);
+        let out = bench(&hosts, nproc, &args);
         let rows = json_rows(&out[0].stdout);
         assert_eq!(rows.len(), 4, "{}", out[0].stdout);
         for r in &rows {
-            assert_eq!(r["world"], 3, "{r}");
+            assert_eq!(r["world"], 3 * nproc, "{r}");
             if let Some(a) = algo {
                 assert_eq!(r["algo"], a, "{r}");
             }
@@ -184,47 +223,102 @@ fn three_hosts_one_rank_all_reduce_check() {
 }
 
 #[test]
-fn namespaces_are_separate_hosts_and_cleaned_up() {
+fn namespaces_are_separate_hosts_and_cleaned_up_on_panic() {
     let _serial = serial();
-    let Some(hosts) = Hosts::up_or_skip(
-        "namespaces_are_separate_hosts_and_cleaned_up",
-        2,
-        Some("1gbit"),
-    ) else {
-        return;
-    };
-    let names: Vec<String> = (0..2).map(|i| hosts.ns(i)).collect();
-    // Host 1 reaches host 0 over the bridge, and the tbf qdisc is installed.
-    let mut ping = hosts.command(1, "ping");
-    ping.args(["-c", "1", "-W", "2", &hosts.ip(0).to_string()]);
-    let mut tc = hosts.command(0, "tc");
-    tc.args(["qdisc", "show", "dev", "eth0"]);
-    let out = run_all(vec![tc], Duration::from_secs(10));
-    assert!(
-        out[0].success() && out[0].stdout.contains("tbf"),
-        "{}",
-        out[0].stdout
-    );
-    if std::process::Command::new("ping")
-        .arg("-V")
-        .output()
-        .is_ok()
-    {
-        let out = run_all(vec![ping], Duration::from_secs(10));
+    let test = "namespaces_are_separate_hosts_and_cleaned_up_on_panic";
+    let mut names = Vec::new();
+    let mut sleeper = None;
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let Some(hosts) = Hosts::up_or_skip(test, 2, Some("1gbit")) else {
+            return;
+        };
+        names = (0..2).map(|i| hosts.ns(i)).collect();
+        // The tbf qdisc is installed, and host 1 reaches host 0 over the bridge.
+        let mut tc = hosts.command(0, "tc");
+        tc.args(["qdisc", "show", "dev", "eth0"]);
+        let out = run_all(vec![tc], Duration::from_secs(10));
         assert!(
-            out[0].success(),
-            "ping: {} {}",
-            out[0].stdout,
-            out[0].stderr
+            out[0].success() && out[0].stdout.contains("tbf"),
+            "{}",
+            out[0].stdout
         );
+        if std::process::Command::new("ping")
+            .arg("-V")
+            .output()
+            .is_ok()
+        {
+            let mut ping = hosts.command(1, "ping");
+            ping.args(["-c", "1", "-W", "2", &hosts.ip(0).to_string()]);
+            let out = run_all(vec![ping], Duration::from_secs(10));
+            assert!(
+                out[0].success(),
+                "ping: {} {}",
+                out[0].stdout,
+                out[0].stderr
+            );
+        }
+        // Something left running when the test panics.
+        sleeper = Some(
+            hosts
+                .command(1, "sleep")
+                .arg("600")
+                .spawn()
+                .expect("spawn sleep"),
+        );
+        panic!("deliberate panic: the namespaces must still go away");
+    }));
+    if names.is_empty() {
+        return; // skipped
     }
-    drop(hosts);
+    assert!(r.is_err(), "the closure panicked");
     let list = std::process::Command::new("ip")
         .args(["netns", "list"])
         .output()
         .expect("ip netns list");
     let list = String::from_utf8_lossy(&list.stdout);
-    for n in names {
-        assert!(!list.contains(&n), "{n} left behind:\n{list}");
+    for n in &names {
+        assert!(!list.contains(n.as_str()), "{n} left behind:\n{list}");
+    }
+    let mut sleeper = sleeper.expect("sleep started");
+    let t0 = Instant::now();
+    while sleeper.try_wait().expect("try_wait").is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "process inside a dropped host survives"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_stuck_job_is_killed_with_its_workers() {
+    let _serial = serial();
+    let Some(hosts) = Hosts::up_or_skip("a_stuck_job_is_killed_with_its_workers", 2, None) else {
+        return;
+    };
+    // Node 1 never starts: node 0's two workers wait at the rendezvous until the test's limit.
+    let mut c = hosts.command(0, BIN);
+    c.args([
+        "bench",
+        "comm",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "0",
+        "--nproc",
+        "2",
+    ])
+    .args(["--rdzv", &format!("{}:{PORT}", hosts.ip(0))])
+    .env("FLOTILLA_SECRET", "netns-test-secret-0123456789abcdef");
+    let out = run_all(vec![c], Duration::from_secs(2));
+    assert!(out[0].timed_out && !out[0].success());
+    let t0 = Instant::now();
+    while !hosts.pids(0).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "workers survived the kill: {:?}",
+            hosts.pids(0)
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -183,14 +183,40 @@ impl DrAllReduce {
         op: ReduceOp,
         scratch: &mut Vec<u8>,
     ) -> Result<()> {
-        let p = &self.peers;
-        if p.team.size() == 1 {
+        if self.peers.team.size() == 1 {
             return Ok(());
         }
+        let addrs = self.reduce_own_chunk(ctx, buf, op, scratch)?;
+        self.gather_chunks(ctx, buf, &addrs)
+    }
+
+    /// The byte range of `buf` this rank reduces.
+    pub fn own_chunk(&self) -> Range<usize> {
+        self.chunks[self.peers.team.me].clone()
+    }
+
+    /// First half: publishes `buf`'s address and reduces this rank's chunk in place from every
+    /// member's copy. Afterwards this rank may keep working on its own chunk (the hierarchical
+    /// all-reduce runs its cross-host step there): no member reads it until `gather_chunks`.
+    pub fn reduce_own_chunk(
+        &self,
+        ctx: &mut Ctx<'_>,
+        buf: &mut [u8],
+        op: ReduceOp,
+        scratch: &mut Vec<u8>,
+    ) -> Result<Vec<usize>> {
+        let p = &self.peers;
         let addrs = p.exchange_addrs(ctx, buf.as_ptr() as usize)?;
-        let mine = self.chunks[p.team.me].clone();
+        let mine = self.own_chunk();
         let tmp = piece_buf(scratch, mine.len());
         p.reduce_range(ctx, &addrs, mine.clone(), &mut buf[mine], op, tmp)?;
+        Ok(addrs)
+    }
+
+    /// Second half: once every member's chunk is final (barrier), copies each from its owner;
+    /// a last barrier keeps buffers alive until all reads are done.
+    pub fn gather_chunks(&self, ctx: &mut Ctx<'_>, buf: &mut [u8], addrs: &[usize]) -> Result<()> {
+        let p = &self.peers;
         p.barrier(ctx)?;
         for (m, c) in self
             .chunks
@@ -198,7 +224,7 @@ impl DrAllReduce {
             .enumerate()
             .filter(|(m, _)| *m != p.team.me)
         {
-            p.read(ctx, &addrs, m, c.start, &mut buf[c.clone()])?;
+            p.read(ctx, addrs, m, c.start, &mut buf[c.clone()])?;
         }
         p.barrier(ctx)
     }

@@ -23,6 +23,7 @@
 //! links whose earlier messages its peer has already consumed or will consume first (links are
 //! FIFO, and host-team and cross-host links are different links).
 
+use super::direct_read::{DrAllReduce, Peers};
 use super::ring::{RingAllGather, RingAllReduce, RingReduceScatter};
 use super::{Ctx, Team, partition};
 use crate::dtype::ReduceOp;
@@ -37,6 +38,11 @@ pub struct HierAllReduce {
     intra_ag: RingAllGather,
     /// This rank's shard of the buffer (bytes).
     shard: Range<usize>,
+    /// Single-copy intra-host phases, when local peers' memory may be read.
+    intra_dr: Option<DrAllReduce>,
+    host_team: Team,
+    count: usize,
+    esz: usize,
 }
 
 impl HierAllReduce {
@@ -74,15 +80,44 @@ impl HierAllReduce {
         Some(HierAllReduce {
             intra_rs: RingReduceScatter::new(host_team.clone(), shards.clone()),
             inter: RingAllReduce::new(cross_team, shard.len() / esz, esz),
-            intra_ag: RingAllGather::new(host_team, shards),
+            intra_ag: RingAllGather::new(host_team.clone(), shards),
             shard,
+            intra_dr: None,
+            host_team,
+            count,
+            esz,
         })
     }
 
+    /// Runs the intra-host phases as single-copy reads (see [`super::direct_read`]);
+    /// `pids[r]` is the process of group rank r.
+    pub fn with_direct_read(mut self, pids: &[i32]) -> Self {
+        let local: Vec<i32> = self.host_team.ranks.iter().map(|&r| pids[r]).collect();
+        self.intra_dr = Some(DrAllReduce::new(
+            Peers::new(self.host_team.clone(), local),
+            self.count,
+            self.esz,
+        ));
+        self
+    }
+
     /// Runs it in place (the caller applies the final average, if any).
-    pub fn run(&self, ctx: &mut Ctx<'_>, buf: &mut [u8], op: ReduceOp) -> Result<()> {
+    pub fn run(
+        &self,
+        ctx: &mut Ctx<'_>,
+        buf: &mut [u8],
+        op: ReduceOp,
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
         if buf.is_empty() {
             return Ok(());
+        }
+        if let Some(dr) = &self.intra_dr {
+            // Single copy: reduce my shard from the local peers' buffers, all-reduce it across
+            // hosts (nobody on this host reads it meanwhile), then gather the finished shards.
+            let addrs = dr.reduce_own_chunk(ctx, buf, op, scratch)?;
+            self.inter.run(ctx, &mut buf[dr.own_chunk()], op)?;
+            return dr.gather_chunks(ctx, buf, &addrs);
         }
         self.intra_rs.run(ctx, buf, op)?;
         self.inter.run(ctx, &mut buf[self.shard.clone()], op)?;
@@ -117,7 +152,7 @@ mod tests {
                 let mut buf = testkit::input(dtype, me, count, i);
                 let algo =
                     HierAllReduce::new(me, host_of, count, dtype.size()).expect("even layout");
-                algo.run(ctx, &mut buf, op).unwrap();
+                algo.run(ctx, &mut buf, op, &mut Vec::new()).unwrap();
                 res.push(buf);
             }
             res

@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 /// Message sizes and round trips of the ping-pong.
-const PINGPONG: [(usize, usize); 3] = [(8, 30), (64 << 10, 10), (1 << 20, 5)];
+const PINGPONG: [(usize, usize); 3] = [(8, 30), (64 << 10, 8), (4 << 20, 3)];
 
 /// The kind of link between group ranks `a` and `b`, from information every rank has.
 pub fn kind_between(a: usize, b: usize, host_of: &[usize], cfg: &GroupConfig) -> LinkKind {
@@ -74,28 +74,18 @@ fn probe_pair(kind: LinkKind, host_of: &[usize], cfg: &GroupConfig) -> Option<(u
         .find(|&(a, b)| kind_between(a, b, host_of, cfg) == kind)
 }
 
-/// Least-squares fit of `t = α + n/β` to (bytes, seconds) points.
+/// α and β from (bytes, one-way seconds) points sorted by size: α is the smallest message's
+/// time, β the slope between the two largest. A least-squares line is wrong here: on a
+/// rate-limited link the first burst goes at wire speed, the curve is not straight, and the
+/// fitted intercept goes negative.
 pub fn fit(points: &[(f64, f64)]) -> LinkParams {
-    let k = points.len() as f64;
-    let (mx, mt) = points
-        .iter()
-        .fold((0.0, 0.0), |(a, b), (x, t)| (a + x / k, b + t / k));
-    let (mut sxy, mut sxx) = (0.0, 0.0);
-    for (x, t) in points {
-        sxy += (x - mx) * (t - mt);
-        sxx += (x - mx) * (x - mx);
-    }
-    let slope = if sxx > 0.0 {
-        (sxy / sxx).max(1e-13)
-    } else {
-        1e-10
+    let alpha = points.first().map_or(1e-6, |p| p.1).max(1e-7);
+    let beta = match points {
+        [.., (n1, t1), (n2, t2)] if n2 > n1 && t2 > t1 => (n2 - n1) / (t2 - t1),
+        [.., (n, t)] if *t > alpha => n / (t - alpha),
+        _ => 1e9,
     };
-    let smallest = points.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
-    let alpha = (mt - slope * mx).clamp(1e-7, smallest.max(1e-7));
-    LinkParams {
-        alpha,
-        beta: 1.0 / slope,
-    }
+    LinkParams { alpha, beta }
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -261,9 +251,18 @@ mod tests {
             .collect();
         let p = fit(&pts);
         assert!(
-            (p.alpha - 20e-6).abs() < 1e-9 && (p.beta - 2e9).abs() < 1.0,
+            (p.alpha - 20e-6).abs() < 1e-8 && (p.beta - 2e9).abs() < 1e3,
             "{p:?}"
         );
+        // A token-bucket link: the first 256 KB at wire speed, then 125 MB/s. The slope between
+        // the two largest probes recovers the sustained rate.
+        let tbf = |n: f64| 50e-6 + n.min(262144.0) / 3e9 + (n - 262144.0).max(0.0) / 125e6;
+        let p = fit(&[
+            (8.0, tbf(8.0)),
+            (65536.0, tbf(65536.0)),
+            (4194304.0, tbf(4194304.0)),
+        ]);
+        assert!((p.beta - 125e6).abs() / 125e6 < 0.1, "{p:?}");
     }
 
     #[test]

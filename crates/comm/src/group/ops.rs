@@ -118,6 +118,10 @@ impl ProcessGroup {
         let host_of = self.host_of().to_vec();
         let rank = self.rank();
         let peers = self.peers();
+        let (direct_read, pids) = (
+            self.inner.topo.direct_read.is_some(),
+            self.inner.pids.clone(),
+        );
         self.run_op(turn, OpKind::AllReduce, dtype, count as u64, buf.len(), opts, |ctx, algo, s| {
             match algo {
                 Algo::Ring => RingAllReduce::new(team, count, esz).run(ctx, buf, op),
@@ -127,8 +131,9 @@ impl ProcessGroup {
                 Algo::Direct => DirectAllReduce::new(team, buf.len()).run(ctx, buf, op, &mut s.algo),
                 Algo::DirectRead => DrAllReduce::new(peers, count, esz).run(ctx, buf, op, &mut s.algo),
                 Algo::Hierarchical => HierAllReduce::new(rank, &host_of, count, esz)
+                    .map(|h| if direct_read { h.with_direct_read(&pids) } else { h })
                     .ok_or_else(|| CommError::InvalidArgument("hierarchical all_reduce needs at least 2 hosts with the same number of ranks each".into()))?
-                    .run(ctx, buf, op),
+                    .run(ctx, buf, op, &mut s.algo),
                 a => Err(unsupported(a, OpKind::AllReduce)),
             }?;
             finish_reduce(dtype, op, buf, size);

@@ -31,7 +31,9 @@ impl TcpLink {
     pub fn new(stream: TcpStream) -> std::io::Result<TcpLink> {
         stream.set_nodelay(true)?;
         stream.set_nonblocking(true)?;
-        set_buffer_sizes(stream.as_raw_fd(), SOCKET_BUFFER_BYTES);
+        if std::env::var_os("FLOTILLA_TCP_AUTOTUNE").is_none() {
+            set_buffer_sizes(stream.as_raw_fd(), SOCKET_BUFFER_BYTES);
+        }
         Ok(TcpLink {
             stream,
             scratch: Vec::new(),

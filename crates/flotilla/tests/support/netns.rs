@@ -158,7 +158,6 @@ impl Hosts {
             }
             Err(why) => {
                 eprintln!("SKIP: {test}: network namespaces unavailable: {why}");
-                println!("SKIP: {test}: network namespaces unavailable: {why}");
                 None
             }
         }
