@@ -13,6 +13,7 @@
 //!
 //! Receives reduce each piece as it arrives (see [`crate::engine`]), so receive and reduce overlap.
 
+use super::direct::carve;
 use super::{Ctx, Team, partition, split_ref_mut};
 use crate::dtype::ReduceOp;
 use crate::engine::Xfer;
@@ -44,23 +45,101 @@ impl RingReduceScatter {
         if p == 1 {
             return Ok(());
         }
-        let (next, prev) = (self.team.next(1), self.team.prev(1));
         let m = self.team.me;
-        for s in 0..p - 1 {
-            let send = self.chunks[(m + 2 * p - s - 1) % p].clone();
-            let recv = self.chunks[(m + 2 * p - s - 2) % p].clone();
-            let (data, acc) = split_ref_mut(buf, send, recv);
-            ctx.exchange(&mut [
-                Xfer::Send { peer: next, data },
-                Xfer::RecvReduce {
-                    peer: prev,
-                    acc,
-                    op,
-                },
-            ])?;
-        }
-        Ok(())
+        pipelined(
+            ctx,
+            &self.team,
+            &self.chunks,
+            buf,
+            |s| (m + 2 * p - s - 1) % p,
+            |s| (m + 2 * p - s - 2) % p,
+            Some(op),
+        )
     }
+}
+
+/// Segment size of the pipelined ring: chunks move in segments of this size, so a segment
+/// reduced (or received) in one step is forwarded in the next while later segments are still
+/// arriving, and no step waits for a whole chunk.
+pub const RING_SEGMENT_BYTES: usize = 2 << 20;
+
+/// Drives p-1 ring steps over segments of `chunks`. Step s sends chunk `send_of(s)` to the
+/// successor and receives chunk `recv_of(s)` from the predecessor (reducing it with `op`, or
+/// copying it when `op` is None); `send_of(s+1) == recv_of(s)` is what makes it a ring.
+///
+/// Exchange k carries, for every step s, segment j = k - s of that step's chunks, so segment j
+/// of step s is forwarded by step s+1 one exchange after it arrived: a software pipeline of
+/// S + p - 2 exchanges for S segments per chunk. The ranges of one exchange are disjoint: step
+/// s+1 sends segment j-1 of the chunk whose segment j step s is receiving.
+fn pipelined(
+    ctx: &mut Ctx<'_>,
+    team: &Team,
+    chunks: &[Range<usize>],
+    buf: &mut [u8],
+    send_of: impl Fn(usize) -> usize,
+    recv_of: impl Fn(usize) -> usize,
+    op: Option<ReduceOp>,
+) -> Result<()> {
+    let p = team.size();
+    let esz = ctx.esz();
+    let seg = (RING_SEGMENT_BYTES / esz).max(1) * esz;
+    let seg_of = |c: &Range<usize>, j: usize| {
+        (c.start + j * seg).min(c.end)..(c.start + (j + 1) * seg).min(c.end)
+    };
+    let nseg = chunks
+        .iter()
+        .map(|c| c.len().div_ceil(seg))
+        .max()
+        .unwrap_or(0);
+    let (next, prev) = (team.next(1), team.prev(1));
+    let mut ranges: Vec<(Range<usize>, bool)> = Vec::with_capacity(2 * p);
+    for k in 0..nseg + p - 2 {
+        ranges.clear();
+        for s in 0..p - 1 {
+            let Some(j) = k.checked_sub(s).filter(|&j| j < nseg) else {
+                continue;
+            };
+            ranges.push((seg_of(&chunks[send_of(s)], j), true));
+            ranges.push((seg_of(&chunks[recv_of(s)], j), false));
+        }
+        ranges.retain(|(r, _)| !r.is_empty());
+        if ranges.is_empty() {
+            continue;
+        }
+        let mut order: Vec<usize> = (0..ranges.len()).collect();
+        order.sort_by_key(|&i| ranges[i].0.start);
+        let mut slices: Vec<Option<&mut [u8]>> = (0..ranges.len()).map(|_| None).collect();
+        for (i, sl) in order
+            .iter()
+            .zip(carve(buf, order.iter().map(|&i| ranges[i].0.clone())))
+        {
+            slices[*i] = Some(sl);
+        }
+        let mut xs: Vec<Xfer<'_>> = ranges
+            .iter()
+            .zip(slices)
+            .map(|((_, is_send), sl)| {
+                let sl = sl.expect("every range carved");
+                match (is_send, op) {
+                    (true, _) => Xfer::Send {
+                        peer: next,
+                        data: sl,
+                    },
+                    (false, Some(op)) => Xfer::RecvReduce {
+                        peer: prev,
+                        acc: sl,
+                        op,
+                    },
+                    (false, None) => Xfer::Recv {
+                        peer: prev,
+                        buf: sl,
+                    },
+                }
+            })
+            .collect();
+        ctx.exchange(&mut xs)?;
+    }
+    Ok(())
 }
 
 /// Ring all-gather over byte `chunks`; member m starts with chunk m, ends with all of them.
@@ -82,21 +161,16 @@ impl RingAllGather {
         if p == 1 {
             return Ok(());
         }
-        let (next, prev) = (self.team.next(1), self.team.prev(1));
         let m = self.team.me;
-        for s in 0..p - 1 {
-            let send = self.chunks[(m + p - s) % p].clone();
-            let recv = self.chunks[(m + 2 * p - s - 1) % p].clone();
-            let (data, dst) = split_ref_mut(buf, send, recv);
-            ctx.exchange(&mut [
-                Xfer::Send { peer: next, data },
-                Xfer::Recv {
-                    peer: prev,
-                    buf: dst,
-                },
-            ])?;
-        }
-        Ok(())
+        pipelined(
+            ctx,
+            &self.team,
+            &self.chunks,
+            buf,
+            |s| (m + p - s) % p,
+            |s| (m + 2 * p - s - 1) % p,
+            None,
+        )
     }
 }
 

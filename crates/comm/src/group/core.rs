@@ -231,6 +231,11 @@ impl ProcessGroup {
         &self.inner.host_of
     }
 
+    /// Identity string of every host, by host index (see [`host_of`](Self::host_of)).
+    pub fn host_names(&self) -> &[String] {
+        &self.inner.host_names
+    }
+
     /// What the selector knows: sizes, hosts, calibrated α/β per transport and γ.
     pub fn topology(&self) -> &Topology {
         &self.inner.topo
