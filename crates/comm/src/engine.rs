@@ -69,6 +69,10 @@ pub struct OpCtx {
     /// The op's timeout and absolute deadline.
     pub timeout: Duration,
     pub deadline: Instant,
+    /// How long to keep retrying (yielding the CPU between tries) before sleeping in `poll`.
+    /// Waking a sleeping rank costs tens of microseconds on a virtual machine whose idle vCPU
+    /// halts; a short spin avoids that for peers that answer quickly. Zero: sleep at once.
+    pub spin: Duration,
     /// Messages sent to / received from each peer so far in this op (the header's `step`).
     sent: Vec<u32>,
     recvd: Vec<u32>,
@@ -103,6 +107,7 @@ impl OpCtx {
             sent: vec![0; size],
             recvd: vec![0; size],
             bytes_sent: 0,
+            spin: Duration::ZERO,
         }
     }
 
@@ -253,6 +258,7 @@ pub fn exchange(
     let mut busy_recv = vec![false; n];
     let mut coalesce: Vec<u8> = Vec::new();
     let mut pollfds: Vec<libc::pollfd> = Vec::new();
+    let mut idle_since: Option<Instant> = None;
     loop {
         // One pass: move every active transfer as far as it goes.
         let mut moved = false;
@@ -285,13 +291,22 @@ pub fn exchange(
             return Ok(());
         }
         if moved {
+            idle_since = None;
             continue;
         }
-        // Nothing moved: sleep until a link can move or the deadline passes.
         let now = Instant::now();
         if now >= ctx.deadline {
             return Err(timeout_error(ctx, xfers, &st));
         }
+        // Nothing moved. First a short yielding spin (see `OpCtx::spin`): it keeps this CPU
+        // awake for a peer that is about to answer, while `yield_now` hands the CPU to any
+        // co-located rank that can run, so nobody is starved.
+        let idle = *idle_since.get_or_insert(now);
+        if now - idle < ctx.spin {
+            std::thread::yield_now();
+            continue;
+        }
+        // Then sleep until a link can move or the deadline passes.
         pollfds.clear();
         let mut ready = false;
         for p in 0..n {

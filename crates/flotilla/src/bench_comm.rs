@@ -221,10 +221,14 @@ fn sweep(
             );
         }
         println!(
-            "# reduction gamma: {:.3} GB/s; hosts {}, ranks {}",
+            "# reduction gamma: {:.3} GB/s; group round {:.2} us; direct read {}; hosts {}, ranks {}, cores {}",
             1.0 / t.gamma / 1e9,
+            t.round * 1e6,
+            t.direct_read
+                .map_or("off".to_string(), |b| format!("{:.3} GB/s", b / 1e9)),
             t.hosts,
-            t.size
+            t.size,
+            t.cores
         );
     }
     if lead && !a.json {
@@ -406,9 +410,9 @@ fn measure(
         algo,
         timeout: None,
     };
-    // Warm-up: two calls; the last one's time sizes the run.
+    // Warm-up: five calls; the last one's time sizes the run.
     let mut warm = 0.0;
-    for _ in 0..2 {
+    for _ in 0..5 {
         g.barrier()?;
         let t0 = Instant::now();
         call(g, op, &mut bufs, dtype, &opts)?;

@@ -63,6 +63,7 @@ pub fn topology(host_of: &[usize], size: usize, direct_read: bool, cfg: &GroupCo
         gamma: DEFAULT_GAMMA,
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         direct_read: direct_read.then_some(DEFAULT_DIRECT_READ),
+        round: 0.0,
     }
 }
 
@@ -139,7 +140,26 @@ pub(crate) fn calibrate(g: &ProcessGroup) -> Result<Topology> {
     topo.gamma = hc.gamma;
     topo.cores = hc.cores;
     topo.direct_read = hc.direct_read;
+    topo.round = measure_round(g)?;
     Ok(topo)
+}
+
+/// Seconds per synchronised round of the whole group: the median of 20 barriers (after 3 to
+/// warm up) divided by their ⌈log2 p⌉ rounds, as rank 0 measured it (every rank uses rank 0's
+/// figure, so selections agree).
+fn measure_round(g: &ProcessGroup) -> Result<f64> {
+    let rounds = (g.size() as f64).log2().ceil().max(1.0);
+    let mut times = Vec::with_capacity(20);
+    for i in 0..23 {
+        let t0 = Instant::now();
+        g.barrier()?;
+        if i >= 3 {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    let mut r = [median(&mut times) / rounds];
+    g.broadcast(&mut r, 0)?;
+    Ok(r[0])
 }
 
 /// Ping-pong with `peer`; the initiator returns (bytes, one-way seconds) medians per size.
@@ -168,6 +188,7 @@ fn pingpong(g: &ProcessGroup, peer: usize, initiator: bool) -> Result<Vec<(f64, 
         links: core.links.as_mut_slice(),
         op,
     };
+    ctx.op.spin = inner.cfg.spin;
     let mut buf = vec![0u8; PINGPONG.iter().map(|p| p.0).max().unwrap_or(0)];
     let mut points = Vec::new();
     for (bytes, reps) in PINGPONG {

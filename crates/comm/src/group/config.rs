@@ -17,6 +17,10 @@ pub enum TransportPolicy {
     TcpOnly,
 }
 
+/// Default spin before sleeping: longer than a typical peer round trip on shared memory (a few
+/// microseconds), shorter than waking a halted vCPU (tens of microseconds on the reference VM).
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(20);
+
 /// Configuration of a process group. `Default` plus [`GroupConfig::from_env`] is what a job gets.
 #[derive(Debug, Clone)]
 pub struct GroupConfig {
@@ -42,6 +46,9 @@ pub struct GroupConfig {
     pub calibrate: bool,
     /// Ops kept by the flight recorder.
     pub flight_capacity: usize,
+    /// Spin (yielding the CPU) this long before sleeping when an op waits; zero sleeps at once.
+    /// Env `FLOTILLA_SPIN_US`.
+    pub spin: Duration,
     /// Allow single-copy reads of local peers' memory (cross-memory attach) where the OS
     /// permits it. Env `FLOTILLA_DIRECT_READ=0|1`.
     pub direct_read: bool,
@@ -61,6 +68,7 @@ impl Default for GroupConfig {
             calibrate: true,
             flight_capacity: crate::flight::DEFAULT_CAPACITY,
             direct_read: true,
+            spin: DEFAULT_SPIN,
         }
     }
 }
@@ -114,6 +122,14 @@ impl GroupConfig {
         }
         if let Some(v) = get("FLOTILLA_CALIBRATE") {
             self.calibrate = !is_off(&v);
+        }
+        if let Some(v) = get("FLOTILLA_SPIN_US") {
+            let us: u64 = v.parse().map_err(|_| {
+                CommError::Config(format!(
+                    "FLOTILLA_SPIN_US='{v}' is not a whole number of microseconds"
+                ))
+            })?;
+            self.spin = Duration::from_micros(us);
         }
         if let Some(v) = get("FLOTILLA_DIRECT_READ") {
             self.direct_read = !is_off(&v);

@@ -406,6 +406,7 @@ impl ProcessGroup {
             links: links.as_mut_slice(),
             op,
         };
+        ctx.op.spin = inner.cfg.spin;
         let result = body(&mut ctx, algo, scratch);
         let sent = ctx.op.bytes_sent;
         drop(core);
