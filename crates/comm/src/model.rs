@@ -44,6 +44,13 @@ pub const DEFAULT_SHM: LinkParams = LinkParams {
 /// operands come from memory).
 pub const DEFAULT_GAMMA: f64 = 1.0 / 8.0e9;
 
+/// Bandwidth-term factor of algorithms that move whole chunks per step (halving-doubling)
+/// against the pipelined ring, whose segments overlap receive, reduce and forward. Measured on
+/// the reference machine with 4 ranks on 2 cores at 64 MiB: reduce-scatter over shared memory
+/// ring 58 ms vs halving-doubling 67 ms; all-reduce over TCP ring 112-131 ms vs
+/// halving-doubling 138-169 ms.
+pub const STORE_AND_FORWARD: f64 = 1.25;
+
 /// Largest buffer for which the direct (everyone-to-everyone-at-once) all-reduce,
 /// reduce-scatter and all-gather are candidates. Above it their p-1 concurrent streams per rank
 /// thrash the shared-memory rings and sockets far beyond what the α-β terms say: measured on the
@@ -72,6 +79,14 @@ pub struct Topology {
     /// its ⌈log2 p⌉ rounds): with ranks outnumbering cores this is far above the link's α, and
     /// it bounds every step of every algorithm from below. Zero when not measured.
     pub round: f64,
+    /// Per-rank bytes/s over the group's (single-host) links with every rank sending and
+    /// receiving at once, measured by a ring all-gather; replaces β/oversubscription when set.
+    pub concurrent: Option<f64>,
+    /// Seconds per byte of large ops, measured per `op/algorithm` when a single-host group is
+    /// created (see `group::calibrate`): the bandwidth part of those predictions, replacing the
+    /// formula's β and γ terms, which cannot capture cache and core-sharing effects.
+    #[serde(default)]
+    pub per_byte: BTreeMap<String, f64>,
     /// Single-core cross-memory-attach copy rate (bytes/s), when every rank may read its local
     /// peers' memory (the [`Algo::DirectRead`] algorithms); None where it is not permitted.
     pub direct_read: Option<f64>,
@@ -113,6 +128,21 @@ fn log2_ceil(p: usize) -> f64 {
 /// broadcast and reduce; the whole gathered/scattered buffer of all-gather, reduce-scatter and
 /// all-to-all), or None if the algorithm does not apply.
 pub fn predict(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64> {
+    let f = formula(op, algo, bytes, t)?;
+    match t.per_byte.get(&probe_key(op, algo)) {
+        // Measured on this group: the formula's latency part plus the measured cost per byte.
+        Some(k) => Some(formula(op, algo, 0, t)? + bytes as f64 * k),
+        None => Some(f),
+    }
+}
+
+/// Key of a measured per-byte cost in [`Topology::per_byte`].
+pub fn probe_key(op: OpKind, algo: Algo) -> String {
+    format!("{}/{}", op.name(), algo.name())
+}
+
+/// The documented cost formula of `algo` for `op` (see each algorithm module).
+pub fn formula(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64> {
     if !algo.serves(op) {
         return None;
     }
@@ -124,7 +154,10 @@ pub fn predict(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64
     let n = bytes as f64;
     let ov = t.oversubscription();
     let mut l = t.flat();
-    l.beta /= ov;
+    l.beta = match t.concurrent {
+        Some(b) if t.hosts == 1 => b,
+        _ => l.beta / ov,
+    };
     // A step of a collective needs every rank scheduled, so its latency is at least the
     // measured per-round time of the whole group (see `Topology::round`).
     l.alpha = l.alpha.max(t.round);
@@ -141,23 +174,36 @@ pub fn predict(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64
         (AllGather, Algo::Ring) => (pf - 1.0) * l.alpha + frac * n / l.beta,
         // Rabenseifner: log p steps each way, same bytes as the ring; +2 messages of n/2 to fold
         // a non-power-of-two group.
+        // Rabenseifner: same bytes as the ring in ⌊lg p⌋ + ⌈lg p⌉ steps; a non-power of two
+        // folds the first 2r ranks in (a message of n, one of n/p back). Not pipelined: each
+        // step's chunk is received whole before it is reduced and forwarded.
         (AllReduce, Algo::HalvingDoubling) => {
+            let (steps, fold) = if p.is_power_of_two() {
+                (2.0 * lg, 0.0)
+            } else {
+                (2.0 * lg - 1.0, l.msg(n) + l.msg(n / pf) + n * g)
+            };
+            steps * l.alpha + STORE_AND_FORWARD * 2.0 * frac * n / l.beta + frac * n * g + fold
+        }
+        (ReduceScatter, Algo::HalvingDoubling) => {
             let fold = if p.is_power_of_two() {
                 0.0
             } else {
-                2.0 * l.msg(n / 2.0) + n / 2.0 * g
+                l.msg(n) + l.msg(n / pf) + n * g
             };
-            2.0 * lg * l.alpha + 2.0 * frac * n / l.beta + frac * n * g + fold
+            lg * l.alpha + STORE_AND_FORWARD * frac * n / l.beta + frac * n * g + fold
         }
-        (ReduceScatter, Algo::HalvingDoubling) => lg * l.alpha + frac * n / l.beta + frac * n * g,
-        (AllGather, Algo::HalvingDoubling) => lg * l.alpha + frac * n / l.beta,
+        (AllGather, Algo::HalvingDoubling) => lg * l.alpha + STORE_AND_FORWARD * frac * n / l.beta,
         // 004 eq. 28.13: unchunked binomial reduce + broadcast.
         (AllReduce, Algo::Tree) => 2.0 * lg * (l.alpha + n / l.beta) + lg * n * g,
         (Reduce, Algo::Tree) => lg * (l.alpha + n / l.beta + n * g),
         (Broadcast, Algo::Tree) => lg * (l.alpha + n / l.beta),
-        // Two trees carrying n/2 each, run one after the other (no segment pipelining yet).
+        // Two trees carrying n/2 each, concurrently, pipelined in s segments per half.
         (AllReduce, Algo::DoubleTree) => {
-            2.0 * (2.0 * lg * (l.alpha + n / 2.0 / l.beta) + lg * n / 2.0 * g)
+            let s = (n / 2.0 / crate::algo::double_tree::DOUBLE_TREE_SEGMENT_BYTES as f64)
+                .ceil()
+                .max(1.0);
+            (s + 2.0 * lg - 1.0) * (l.alpha + 2.0 * n / s / l.beta + 1.5 * n / s * g)
         }
         (Broadcast, Algo::Ring) => {
             let s = (n / crate::algo::ring::BCAST_SEGMENT_BYTES as f64)
@@ -184,13 +230,14 @@ pub fn predict(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64
                 return None;
             }
             let a = t.params(LinkKind::Shm).alpha.max(t.round);
+            // A measured (concurrent, per-rank) read rate already includes core sharing; the
+            // single-core default does not.
+            let dov = if t.concurrent.is_some() { 1.0 } else { ov };
             match op {
-                AllReduce => (2.0 + 2.0 * lg) * a + ov * frac * n * (2.0 / br + t.gamma),
-                ReduceScatter => {
-                    (1.0 + lg) * a + ov * (frac * n * (1.0 / br + t.gamma) + n / pf / br)
-                }
-                AllGather => (1.0 + lg) * a + ov * frac * n / br,
-                _ => (1.0 + lg) * a + (pf - 1.0) * n / (br * (pf - 1.0).min(t.cores.max(1) as f64)),
+                AllReduce => (2.0 + 2.0 * lg) * a + frac * n * (2.0 * dov / br + g),
+                ReduceScatter => (1.0 + lg) * a + frac * n * (dov / br + g) + dov * n / pf / br,
+                AllGather => (1.0 + lg) * a + dov * frac * n / br,
+                _ => (1.0 + lg) * a + dov * n / br,
             }
         }
         // 004 E10 / 000 F66: intra-host reduce-scatter and all-gather on g ranks (single-copy
@@ -203,8 +250,9 @@ pub fn predict(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64
                 return None;
             }
             let (gf, hf) = (gsz as f64, t.hosts as f64);
-            let li = t.params(t.intra);
-            let lo = t.params(LinkKind::Tcp);
+            let (mut li, mut lo) = (t.params(t.intra), t.params(LinkKind::Tcp));
+            li.alpha = li.alpha.max(t.round);
+            lo.alpha = lo.alpha.max(t.round);
             let intra = match t.direct_read {
                 _ if gsz == 1 => 0.0,
                 Some(br) => {
@@ -320,6 +368,8 @@ mod tests {
             cores: 64,
             direct_read: None,
             round: 0.0,
+            concurrent: None,
+            per_byte: BTreeMap::new(),
         }
     }
 
