@@ -129,7 +129,15 @@ fn log2_ceil(p: usize) -> f64 {
 /// all-to-all), or None if the algorithm does not apply.
 pub fn predict(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64> {
     let f = formula(op, algo, bytes, t)?;
-    match t.per_byte.get(&probe_key(op, algo)) {
+    let measured = match algo {
+        // Halving-doubling moves the ring's bytes without its pipelining.
+        Algo::HalvingDoubling => t
+            .per_byte
+            .get(&probe_key(op, Algo::Ring))
+            .map(|k| k * STORE_AND_FORWARD),
+        _ => t.per_byte.get(&probe_key(op, algo)).copied(),
+    };
+    match measured {
         // Measured on this group: the formula's latency part plus the measured cost per byte.
         Some(k) => Some(formula(op, algo, 0, t)? + bytes as f64 * k),
         None => Some(f),
