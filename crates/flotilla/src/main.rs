@@ -1,5 +1,6 @@
 //! `flotilla`: one binary for training, planning, benchmarking and inspecting jobs.
 
+mod bench_check;
 mod bench_comm;
 mod spawn;
 
