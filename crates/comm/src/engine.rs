@@ -210,8 +210,12 @@ struct State {
     step: u32,
     hdr: [u8; HEADER_LEN],
     hdr_done: usize,
+    /// Payload bytes taken from the link (for a reducing receive: reduced, plus `carry_len`).
     done: usize,
     complete: bool,
+    /// A reducing receive's partial element, waiting for its remaining bytes.
+    carry: [u8; 8],
+    carry_len: usize,
 }
 
 /// Largest payload sent in the same write as its header (one syscall for small messages).
@@ -252,6 +256,8 @@ pub fn exchange(
             hdr_done: 0,
             done: 0,
             complete: false,
+            carry: [0; 8],
+            carry_len: 0,
         });
     }
     let mut busy_send = vec![false; n];
@@ -416,16 +422,39 @@ fn step_xfer(
             let esz = ctx.dtype.size();
             let (dtype, op) = (ctx.dtype, *op);
             while s.done < acc.len() {
-                let done = s.done;
-                let target = &mut acc[done..];
-                let max = target.len();
+                // Reduced so far: everything taken except a carried partial element.
+                let base = s.done - s.carry_len;
+                let max = acc.len() - s.done;
+                let target = &mut acc[base..];
+                let (carry, carry_len) = (&mut s.carry, &mut s.carry_len);
                 let mut off = 0usize;
+                // The sink takes every byte offered, so a link never holds back a partial
+                // element (a shared-memory ring whose writer waits for space would otherwise
+                // never see it consumed): whole elements are reduced in place, a split one is
+                // carried until its remaining bytes arrive.
                 let n = link
                     .try_recv_with(max, &mut |piece: &[u8]| {
-                        let whole = piece.len() / esz * esz;
-                        reduce_into(dtype, op, &mut target[off..off + whole], &piece[..whole]);
+                        let mut used = 0;
+                        if *carry_len > 0 {
+                            let take = (esz - *carry_len).min(piece.len());
+                            carry[*carry_len..*carry_len + take].copy_from_slice(&piece[..take]);
+                            *carry_len += take;
+                            used = take;
+                            if *carry_len < esz {
+                                return used;
+                            }
+                            reduce_into(dtype, op, &mut target[off..off + esz], &carry[..esz]);
+                            off += esz;
+                            *carry_len = 0;
+                        }
+                        let rest = &piece[used..];
+                        let whole = rest.len() / esz * esz;
+                        reduce_into(dtype, op, &mut target[off..off + whole], &rest[..whole]);
                         off += whole;
-                        whole
+                        let tail = rest.len() - whole;
+                        carry[..tail].copy_from_slice(&rest[whole..]);
+                        *carry_len = tail;
+                        used + rest.len()
                     })
                     .map_err(|e| ctx.lost(p, e))?;
                 if n == 0 {

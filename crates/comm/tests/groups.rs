@@ -193,3 +193,33 @@ fn flight_recorder_keeps_recent_ops() {
         "{dump}"
     );
 }
+
+/// A reducing receive whose elements straddle what a small shared-memory ring holds (the
+/// stream is misaligned by an earlier odd-sized message) must still make progress: the engine
+/// carries split elements instead of waiting for whole ones that the blocked writer cannot send.
+#[test]
+fn split_elements_in_a_small_ring_do_not_stall() {
+    let cfg = GroupConfig {
+        shm_ring_bytes: 4096,
+        timeout: Duration::from_secs(20),
+        calibrate: false,
+        ..GroupConfig::default()
+    };
+    let res = run_threads(3, cfg, |g| {
+        let mut out = vec![0u8; 9];
+        g.all_gather(&[g.rank() as u8; 3], &mut out)?;
+        let mut v: Vec<f32> = (0..100_001).map(|i| (i % 7) as f32).collect();
+        let ring = OpOptions {
+            algo: Some(comm::algo::Algo::Ring),
+            timeout: None,
+        };
+        g.all_reduce_with(&mut v, ReduceOp::Sum, &ring)?;
+        let mut w: Vec<f64> = vec![1.5; 30_001];
+        g.all_reduce_with(&mut w, ReduceOp::Sum, &ring)?;
+        Ok((v[100_000], w[0]))
+    })
+    .unwrap();
+    for r in res {
+        assert_eq!(r.unwrap(), ((100_000 % 7) as f32 * 3.0, 4.5));
+    }
+}

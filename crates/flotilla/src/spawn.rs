@@ -73,6 +73,13 @@ pub fn run_node(spec: &NodeSpec, args: &[String]) -> Result<()> {
             spec.node_rank
         );
     }
+    if spec.nnodes > 1 && spec.rdzv.port() == 0 {
+        bail!(
+            "a job across {} nodes needs --rdzv HOST:PORT with a fixed port that every node can reach (got {})",
+            spec.nnodes,
+            spec.rdzv
+        );
+    }
     let secret = match Secret::from_env()? {
         Some(s) => s,
         None if spec.nnodes == 1 => Secret::generate()?,
