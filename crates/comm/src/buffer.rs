@@ -33,10 +33,10 @@ unsafe impl Sync for HostBuffer {}
 impl HostBuffer {
     /// Allocates `len` zeroed bytes (aborts on allocation failure, like Vec).
     pub fn zeroed(len: usize) -> HostBuffer {
-        if len >= HUGE_THRESHOLD {
-            if let Some(b) = Self::mapped(len) {
-                return b;
-            }
+        if len >= HUGE_THRESHOLD
+            && let Some(b) = Self::mapped(len)
+        {
+            return b;
         }
         let layout = Layout::from_size_align(len.max(1), 64).expect("valid layout");
         // SAFETY: layout has a non-zero size.

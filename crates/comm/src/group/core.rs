@@ -84,6 +84,9 @@ pub(crate) struct Core {
     _shm: Option<ShmDomain>,
 }
 
+/// A unit of background work (an async op).
+pub(crate) type Job = Box<dyn FnOnce() + Send>;
+
 pub(crate) struct Inner {
     pub name: String,
     pub id: u64,
@@ -111,7 +114,7 @@ pub(crate) struct Inner {
     pub p2p_recv: Mutex<Vec<u64>>,
     pub flight: FlightRecorder,
     pub last: Mutex<Option<Selection>>,
-    pub worker: Mutex<Option<std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>>>,
+    pub worker: Mutex<Option<std::sync::mpsc::Sender<Job>>>,
 }
 
 /// A set of ranks that run collectives together. Cheap to clone (shared handle).
@@ -507,10 +510,10 @@ impl ProcessGroup {
     }
 
     /// Runs `job` on the group's background worker (started on first use), in submission order.
-    pub(crate) fn spawn_job(&self, job: Box<dyn FnOnce() + Send>) -> Result<()> {
+    pub(crate) fn spawn_job(&self, job: Job) -> Result<()> {
         let mut w = self.inner.worker.lock().unwrap_or_else(|p| p.into_inner());
         if w.is_none() {
-            let (tx, rx) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+            let (tx, rx) = std::sync::mpsc::channel::<Job>();
             std::thread::Builder::new()
                 .name(format!("flotilla-{}-{}", self.inner.name, self.inner.rank))
                 .spawn(move || {

@@ -21,7 +21,7 @@ use crate::frame::OpKind;
 use std::ops::Range;
 
 fn check_elems(what: &str, len: usize, dtype: DType) -> Result<usize> {
-    if len % dtype.size() != 0 {
+    if !len.is_multiple_of(dtype.size()) {
         return Err(CommError::InvalidArgument(format!(
             "{what}: {len} bytes is not a whole number of {} elements",
             dtype.name()
@@ -414,7 +414,7 @@ impl ProcessGroup {
     /// Rank i's block j (equal blocks) goes to rank j's block i.
     pub fn all_to_all<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
         let p = self.size();
-        if input.len() != output.len() || input.len() % p != 0 {
+        if input.len() != output.len() || !input.len().is_multiple_of(p) {
             return Err(CommError::InvalidArgument(format!(
                 "all_to_all: input ({}) and output ({}) must have equal lengths divisible by the group size {p}",
                 input.len(),
