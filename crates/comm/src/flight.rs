@@ -25,6 +25,9 @@ pub enum OpState {
 /// One recorded op.
 #[derive(Debug, Clone)]
 pub struct FlightEntry {
+    /// Recorder-local id (unique; collectives and point-to-point ops number `seq` separately).
+    pub id: u64,
+    /// Wire sequence number of the op (per group for collectives, per pair for send/recv).
     pub seq: u64,
     pub kind: &'static str,
     pub dtype: &'static str,
@@ -65,7 +68,8 @@ impl FlightRecorder {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records a new op in state `Queued` (or `Running` when `running`).
+    /// Records a new op in state `Queued` (or `Running` when `running`); returns its id for
+    /// [`start`](Self::start) and [`finish`](Self::finish).
     pub fn record(
         &self,
         seq: u64,
@@ -73,13 +77,15 @@ impl FlightRecorder {
         dtype: &'static str,
         bytes: usize,
         running: bool,
-    ) {
+    ) -> u64 {
         let now = Instant::now();
         let mut e = self.lock();
         if e.len() == self.capacity {
             e.pop_front();
         }
+        let id = e.back().map_or(0, |x| x.id + 1);
         e.push_back(FlightEntry {
+            id,
             seq,
             kind,
             dtype,
@@ -95,26 +101,27 @@ impl FlightRecorder {
             finished: None,
             bytes_sent: 0,
         });
+        id
     }
 
-    fn update(&self, seq: u64, f: impl FnOnce(&mut FlightEntry)) {
-        if let Some(x) = self.lock().iter_mut().rev().find(|x| x.seq == seq) {
+    fn update(&self, id: u64, f: impl FnOnce(&mut FlightEntry)) {
+        if let Some(x) = self.lock().iter_mut().rev().find(|x| x.id == id) {
             f(x);
         }
     }
 
-    /// Marks op `seq` running with `algo`.
-    pub fn start(&self, seq: u64, algo: &'static str) {
-        self.update(seq, |x| {
+    /// Marks op `id` running with `algo`.
+    pub fn start(&self, id: u64, algo: &'static str) {
+        self.update(id, |x| {
             x.state = OpState::Running;
             x.algo = algo;
             x.started.get_or_insert_with(Instant::now);
         });
     }
 
-    /// Marks op `seq` finished (`Ok`) or failed.
-    pub fn finish(&self, seq: u64, bytes_sent: u64, result: std::result::Result<(), String>) {
-        self.update(seq, |x| {
+    /// Marks op `id` finished (`Ok`) or failed.
+    pub fn finish(&self, id: u64, bytes_sent: u64, result: std::result::Result<(), String>) {
+        self.update(id, |x| {
             x.finished = Some(Instant::now());
             x.bytes_sent = bytes_sent;
             x.state = match result {
@@ -162,11 +169,12 @@ mod tests {
     #[test]
     fn keeps_last_n_and_reports_failure() {
         let r = FlightRecorder::new(2);
+        let mut last = 0;
         for seq in 0..3 {
-            r.record(seq, "all_reduce", "f32", 16, true);
-            r.start(seq, "ring");
+            last = r.record(seq, "all_reduce", "f32", 16, true);
+            r.start(last, "ring");
         }
-        r.finish(2, 10, Err("timeout".into()));
+        r.finish(last, 10, Err("timeout".into()));
         let e = r.entries();
         assert_eq!(e.iter().map(|x| x.seq).collect::<Vec<_>>(), vec![1, 2]);
         assert_eq!(e[1].state, OpState::Failed("timeout".into()));

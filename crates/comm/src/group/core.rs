@@ -354,11 +354,9 @@ impl ProcessGroup {
             bytes,
             algo: algo.name(),
         };
-        inner
-            .flight
-            .record(seq, kind.name(), dtype.name(), bytes, false);
+        let fid = inner.flight.record(seq, kind.name(), dtype.name(), bytes, false);
         if let Some(a) = forced.filter(|a| !a.serves(kind)) {
-            inner.flight.finish(seq, 0, Err("invalid algorithm".into()));
+            inner.flight.finish(fid, 0, Err("invalid algorithm".into()));
             self.skip_turn(ticket, timeout);
             return Err(CommError::InvalidArgument(format!(
                 "algorithm {} does not implement {}",
@@ -369,7 +367,7 @@ impl ProcessGroup {
         match inner.gate.wait_turn(ticket, timeout) {
             Ok(()) => {}
             Err(TurnError::Poisoned(reason)) => {
-                inner.flight.finish(seq, 0, Err("group aborted".into()));
+                inner.flight.finish(fid, 0, Err("group aborted".into()));
                 return Err(CommError::Aborted {
                     group: inner.name.clone(),
                     reason,
@@ -384,14 +382,14 @@ impl ProcessGroup {
                         "this rank's earlier op (ticket {waiting_for}) is still running"
                     )),
                 };
-                inner.flight.finish(seq, 0, Err(e.to_string()));
+                inner.flight.finish(fid, 0, Err(e.to_string()));
                 self.fail(&e);
                 return Err(e);
             }
         }
         tracing::debug!(target: "flotilla::select", group = %inner.name, seq, "{sel}");
         *inner.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(sel);
-        inner.flight.start(seq, algo.name());
+        inner.flight.start(fid, algo.name());
         let mut core = inner.core.lock().unwrap_or_else(|p| p.into_inner());
         let Core { links, scratch, .. } = &mut *core;
         let op = OpCtx::new(
@@ -415,13 +413,13 @@ impl ProcessGroup {
         drop(core);
         match result {
             Ok(()) => {
-                inner.flight.finish(seq, sent, Ok(()));
+                inner.flight.finish(fid, sent, Ok(()));
                 inner.gate.done();
                 Ok(())
             }
             Err(e) => {
                 let e = self.diagnose(e);
-                inner.flight.finish(seq, sent, Err(e.to_string()));
+                inner.flight.finish(fid, sent, Err(e.to_string()));
                 self.fail(&e);
                 inner.gate.done();
                 Err(e)
