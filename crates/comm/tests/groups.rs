@@ -223,3 +223,39 @@ fn split_elements_in_a_small_ring_do_not_stall() {
         assert_eq!(r.unwrap(), ((100_000 % 7) as f32 * 3.0, 4.5));
     }
 }
+
+/// A rank that cannot join (here: its shared-memory directory does not exist) makes the others
+/// fail within seconds with its reason, instead of waiting out the connect timeout.
+#[test]
+fn a_rank_failing_to_join_fails_the_others_fast() {
+    use comm::group::ProcessGroup;
+    let local = comm::local::LocalRendezvous::start().unwrap();
+    let t0 = Instant::now();
+    let handles: Vec<_> = (0..3)
+        .map(|rank| {
+            let rdv = local.rdv.clone();
+            std::thread::spawn(move || {
+                let mut cfg = GroupConfig::default();
+                if rank == 2 {
+                    cfg.shm_dir = "/nonexistent-flotilla-dir".into();
+                }
+                ProcessGroup::new(&rdv, "world", rank, 3, cfg)
+                    .err()
+                    .map(|e| e.to_string())
+            })
+        })
+        .collect();
+    let errs: Vec<String> = handles
+        .into_iter()
+        .map(|h| h.join().unwrap().expect("every rank fails"))
+        .collect();
+    assert!(
+        t0.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert!(errs[2].contains("/nonexistent-flotilla-dir"), "{}", errs[2]);
+    for e in &errs[..2] {
+        assert!(e.contains("abandoned") && e.contains("rank 2"), "{e}");
+    }
+}

@@ -158,8 +158,7 @@ pub(crate) fn wire(w: &WireSpec<'_>) -> Result<Wiring> {
     w.store.set(&host_key(w.rank), host.as_bytes())?;
     let hosts: Vec<String> = (0..w.size)
         .map(|r| {
-            w.store
-                .wait_one(&host_key(r), remaining(deadline))
+            wait_or_abort(w, &host_key(r), deadline)
                 .map(|v| String::from_utf8_lossy(&v).into_owned())
         })
         .collect::<Result<_>>()?;
@@ -206,7 +205,7 @@ pub(crate) fn wire(w: &WireSpec<'_>) -> Result<Wiring> {
     )?;
     let infos: Vec<RankInfo> = (0..w.size)
         .map(|r| {
-            let v = w.store.wait_one(&info_key(r), remaining(deadline))?;
+            let v = wait_or_abort(w, &info_key(r), deadline)?;
             serde_json::from_slice(&v).map_err(|e| {
                 CommError::Store(format!("rank {r}'s published info is not valid: {e}"))
             })
@@ -285,7 +284,7 @@ pub(crate) fn wire(w: &WireSpec<'_>) -> Result<Wiring> {
         .set(&ready_key(w.rank), if may_read { b"1" } else { b"0" })?;
     let mut direct_read = true;
     for r in 0..w.size {
-        direct_read &= w.store.wait_one(&ready_key(r), remaining(deadline))? == b"1";
+        direct_read &= wait_or_abort(w, &ready_key(r), deadline)? == b"1";
     }
     if let Some(d) = &shm {
         let _ = d.unlink_files();
@@ -310,6 +309,33 @@ pub(crate) fn wire(w: &WireSpec<'_>) -> Result<Wiring> {
         direct_read,
         _shm: shm,
     })
+}
+
+/// The store key under which a rank that failed while the group was being created says why.
+pub(crate) fn wiring_abort_key(prefix: &str) -> String {
+    format!("{prefix}/wiring-failed")
+}
+
+/// Waits for `key` until `deadline`, looking every second for another rank's report that it
+/// failed to join (then failing at once with that report instead of waiting out the deadline).
+fn wait_or_abort(w: &WireSpec<'_>, key: &str, deadline: Instant) -> Result<Vec<u8>> {
+    loop {
+        let slice = remaining(deadline).min(Duration::from_secs(1));
+        match w.store.wait_one(key, slice) {
+            Ok(v) => return Ok(v),
+            Err(e) => {
+                if let Ok(Some(why)) = w.store.get(&wiring_abort_key(w.prefix)) {
+                    return Err(CommError::Store(format!(
+                        "group creation abandoned: {}",
+                        String::from_utf8_lossy(&why)
+                    )));
+                }
+                if Instant::now() >= deadline {
+                    return Err(e);
+                }
+            }
+        }
+    }
 }
 
 fn remaining(deadline: Instant) -> Duration {

@@ -157,7 +157,7 @@ impl ProcessGroup {
         let store = rdv.connect(cfg.connect_timeout)?;
         let id = group_id(name);
         let prefix = format!("pg/{name}/g{}", rdv.generation);
-        let w = wire(&WireSpec {
+        let w = match wire(&WireSpec {
             store: &store,
             store_addr: rdv.addr,
             secret: &rdv.secret,
@@ -167,7 +167,17 @@ impl ProcessGroup {
             rank,
             size,
             cfg: &cfg,
-        })?;
+        }) {
+            Ok(w) => w,
+            Err(e) => {
+                // Tell the other ranks at once instead of leaving them to their deadline.
+                let _ = store.set(
+                    &super::connect::wiring_abort_key(&prefix),
+                    format!("rank {rank}: {e}").as_bytes(),
+                );
+                return Err(e);
+            }
+        };
         let topo = super::calibrate::topology(&w.host_of, size, w.direct_read, &cfg);
         let inner = Inner {
             name: name.to_string(),
@@ -354,7 +364,9 @@ impl ProcessGroup {
             bytes,
             algo: algo.name(),
         };
-        let fid = inner.flight.record(seq, kind.name(), dtype.name(), bytes, false);
+        let fid = inner
+            .flight
+            .record(seq, kind.name(), dtype.name(), bytes, false);
         if let Some(a) = forced.filter(|a| !a.serves(kind)) {
             inner.flight.finish(fid, 0, Err("invalid algorithm".into()));
             self.skip_turn(ticket, timeout);
