@@ -111,6 +111,26 @@ impl OpCtx {
         }
     }
 
+    /// A copy for a second thread that drives a disjoint set of peers within the same op.
+    pub fn fork(&self) -> OpCtx {
+        OpCtx {
+            desc: self.desc.clone(),
+            sent: self.sent.clone(),
+            recvd: self.recvd.clone(),
+            bytes_sent: 0,
+            ..*self
+        }
+    }
+
+    /// Takes back from a fork the message counters of `peers` (the ones it drove) and its bytes.
+    pub fn absorb(&mut self, fork: &OpCtx, peers: &[usize]) {
+        for &p in peers {
+            self.sent[p] = fork.sent[p];
+            self.recvd[p] = fork.recvd[p];
+        }
+        self.bytes_sent += fork.bytes_sent;
+    }
+
     fn header(&self, peer_step: u32, len: usize) -> FrameHeader {
         FrameHeader {
             frame_type: FrameType::Data,

@@ -258,8 +258,9 @@ pub fn formula(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64
                 return None;
             }
             let (gf, hf) = (gsz as f64, t.hosts as f64);
-            let (mut li, mut lo) = (t.params(t.intra), t.params(LinkKind::Tcp));
-            li.alpha = li.alpha.max(t.round);
+            let (li, mut lo) = (t.params(t.intra), t.params(LinkKind::Tcp));
+            // Intra-host steps involve only the host's ranks: the group round (which crosses
+            // hosts) bounds the inter-host steps only.
             lo.alpha = lo.alpha.max(t.round);
             let intra = match t.direct_read {
                 _ if gsz == 1 => 0.0,

@@ -259,3 +259,46 @@ fn a_rank_failing_to_join_fails_the_others_fast() {
         assert!(e.contains("abandoned") && e.contains("rank 2"), "{e}");
     }
 }
+
+/// Two "hosts" of two ranks (host identity overridden per rank): the hierarchical all-reduce,
+/// large enough to take the pipelined single-copy path, gives exact results on every rank.
+#[test]
+fn pipelined_hierarchical_all_reduce_across_two_hosts() {
+    use comm::group::ProcessGroup;
+    let local = comm::local::LocalRendezvous::start().unwrap();
+    let handles: Vec<_> = (0..4)
+        .map(|rank| {
+            let rdv = local.rdv.clone();
+            std::thread::spawn(move || -> comm::Result<Vec<f32>> {
+                let cfg = GroupConfig {
+                    host_id: Some(format!("host{}", rank / 2)),
+                    timeout: Duration::from_secs(60),
+                    ..GroupConfig::default()
+                };
+                let g = ProcessGroup::new(&rdv, "world", rank, 4, cfg)?;
+                assert_eq!(g.host_of(), &[0, 0, 1, 1]);
+                let hier = OpOptions {
+                    algo: Some(comm::algo::Algo::Hierarchical),
+                    timeout: None,
+                };
+                // 5M + 3 elements: 20 MB, three segments, the last one short and odd.
+                let mut v: Vec<f32> = (0..5_000_003).map(|i| ((i + rank) % 13) as f32).collect();
+                g.all_reduce_with(&mut v, ReduceOp::Sum, &hier)?;
+                let mut w = vec![rank as f32; 1001];
+                g.all_reduce_with(&mut w, ReduceOp::Max, &hier)?;
+                assert_eq!(w[1000], 3.0);
+                Ok(v)
+            })
+        })
+        .collect();
+    let outs: Vec<Vec<f32>> = handles
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap())
+        .collect();
+    for i in [0usize, 1, 4_194_303, 4_194_304, 5_000_002] {
+        let want: f32 = (0..4).map(|r| ((i + r) % 13) as f32).sum();
+        for o in &outs {
+            assert_eq!(o[i], want, "element {i}");
+        }
+    }
+}

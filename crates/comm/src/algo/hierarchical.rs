@@ -40,7 +40,10 @@ pub struct HierAllReduce {
     shard: Range<usize>,
     /// Single-copy intra-host phases, when local peers' memory may be read.
     intra_dr: Option<DrAllReduce>,
+    /// Processes of `host_team`'s members, when `intra_dr` is set.
+    local_pids: Vec<i32>,
     host_team: Team,
+    cross_team: Team,
     count: usize,
     esz: usize,
 }
@@ -79,10 +82,12 @@ impl HierAllReduce {
         let shard = shards[local].clone();
         Some(HierAllReduce {
             intra_rs: RingReduceScatter::new(host_team.clone(), shards.clone()),
-            inter: RingAllReduce::new(cross_team, shard.len() / esz, esz),
+            inter: RingAllReduce::new(cross_team.clone(), shard.len() / esz, esz),
             intra_ag: RingAllGather::new(host_team.clone(), shards),
             shard,
             intra_dr: None,
+            local_pids: Vec::new(),
+            cross_team,
             host_team,
             count,
             esz,
@@ -94,11 +99,21 @@ impl HierAllReduce {
     pub fn with_direct_read(mut self, pids: &[i32]) -> Self {
         let local: Vec<i32> = self.host_team.ranks.iter().map(|&r| pids[r]).collect();
         self.intra_dr = Some(DrAllReduce::new(
-            Peers::new(self.host_team.clone(), local),
+            Peers::new(self.host_team.clone(), local.clone()),
             self.count,
             self.esz,
         ));
+        self.local_pids = local;
         self
+    }
+
+    fn parts(&self) -> super::hier_pipeline::Parts<'_> {
+        super::hier_pipeline::Parts {
+            host_team: &self.host_team,
+            cross_team: &self.cross_team,
+            local_pids: &self.local_pids,
+            esz: self.esz,
+        }
     }
 
     /// Runs it in place (the caller applies the final average, if any).
@@ -111,6 +126,9 @@ impl HierAllReduce {
     ) -> Result<()> {
         if buf.is_empty() {
             return Ok(());
+        }
+        if self.intra_dr.is_some() && buf.len() >= 2 * super::hier_pipeline::SEGMENT_BYTES {
+            return super::hier_pipeline::run(self.parts(), ctx, buf, op);
         }
         if let Some(dr) = &self.intra_dr {
             // Single copy: reduce my shard from the local peers' buffers, all-reduce it across

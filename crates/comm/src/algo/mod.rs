@@ -10,6 +10,7 @@ pub mod direct;
 pub mod direct_read;
 pub mod double_tree;
 pub mod halving_doubling;
+pub mod hier_pipeline;
 pub mod hierarchical;
 pub mod ring;
 #[cfg(test)]
