@@ -25,7 +25,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::Instant;
 
 /// Segment size: large enough that each phase streams, small enough for 8 segments at 64 MiB.
-pub const SEGMENT_BYTES: usize = 8 << 20;
+pub const SEGMENT_BYTES: usize = 4 << 20;
 
 /// What the pipeline needs of a [`super::hierarchical::HierAllReduce`].
 pub struct Parts<'a> {
