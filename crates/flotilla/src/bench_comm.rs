@@ -55,7 +55,7 @@ pub struct Args {
     /// Element type.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
-    /// Force an algorithm (ring, tree, double_tree, halving_doubling, direct, pairwise, hierarchical).
+    /// Force an algorithm (ring, tree, double_tree, halving_doubling, direct, pairwise, hierarchical, direct_read).
     #[arg(long)]
     pub algo: Option<String>,
     /// Transports: auto (shared memory within a host) or tcp.
