@@ -253,16 +253,19 @@ fn measure_concurrent(g: &ProcessGroup, algo: Algo, bytes: usize) -> Result<f64>
     Ok(r[0])
 }
 
-/// Seconds per synchronised round of the whole group: the median of 20 barriers (after 3 to
+/// Seconds per synchronised round of the whole group: the median of 60 barriers (after 5 to
 /// warm up) divided by their ⌈log2 p⌉ rounds, as rank 0 measured it (every rank uses rank 0's
-/// figure, so selections agree).
+/// figure, so selections agree). Sixty samples keep one scheduler hiccup from moving it: with
+/// twenty it varied 14-43 us between runs on the reference VM.
 fn measure_round(g: &ProcessGroup) -> Result<f64> {
+    const WARM: usize = 5;
+    const SAMPLES: usize = 60;
     let rounds = (g.size() as f64).log2().ceil().max(1.0);
-    let mut times = Vec::with_capacity(20);
-    for i in 0..23 {
+    let mut times = Vec::with_capacity(SAMPLES);
+    for i in 0..WARM + SAMPLES {
         let t0 = Instant::now();
         g.barrier()?;
-        if i >= 3 {
+        if i >= WARM {
             times.push(t0.elapsed().as_secs_f64());
         }
     }
