@@ -328,9 +328,9 @@ mod tests {
             as_bytes(&b),
         );
         // Shift by one byte to force the slow path.
-        let mut raw = vec![0u8; 37 * 4 + 1];
+        let mut raw = [0u8; 37 * 4 + 1];
         raw[1..].copy_from_slice(as_bytes(&a));
-        let mut src = vec![0u8; 37 * 4 + 1];
+        let mut src = [0u8; 37 * 4 + 1];
         src[1..].copy_from_slice(as_bytes(&b));
         reduce_into(DType::F32, ReduceOp::Sum, &mut raw[1..], &src[1..]);
         assert_eq!(&raw[1..], as_bytes(&fast));

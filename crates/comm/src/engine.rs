@@ -146,8 +146,7 @@ impl OpCtx {
         }
     }
 
-    fn describe(&self, kind: OpKind, seq: u64, dtype: DType, count: u64, len: u64) -> String {
-        let _ = self;
+    fn describe(kind: OpKind, seq: u64, dtype: DType, count: u64, len: u64) -> String {
         format!(
             "called {} #{} ({} x {}, {} bytes in this message)",
             kind.name(),
@@ -210,8 +209,8 @@ impl OpCtx {
             return Err(CommError::Mismatch {
                 op: Box::new(self.desc.clone()),
                 peer,
-                theirs: self.describe(h.kind, h.seq, h.dtype, h.signature, h.payload_len),
-                ours: self.describe(
+                theirs: Self::describe(h.kind, h.seq, h.dtype, h.signature, h.payload_len),
+                ours: Self::describe(
                     self.kind,
                     self.desc.seq,
                     self.dtype,

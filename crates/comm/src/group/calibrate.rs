@@ -146,24 +146,23 @@ pub(crate) fn calibrate(g: &ProcessGroup) -> Result<Topology> {
     topo.direct_read = hc.direct_read;
     topo.round = measure_round(g)?;
     if topo.hosts == 1 && g.size() > 1 {
-        // Per-rank bandwidth with every rank moving data at once, which is what a collective
-        // sees when ranks share cores (and what a two-rank ping-pong cannot show).
-        topo.concurrent = Some(measure_concurrent(g, Algo::Ring, CONCURRENT_PROBE_BYTES)?);
-        if topo.direct_read.is_some() {
-            topo.direct_read = Some(measure_concurrent(
-                g,
-                Algo::DirectRead,
-                CONCURRENT_PROBE_BYTES,
-            )?);
-        }
         topo.per_byte = measure_per_byte(g, &topo)?;
+        // The all-gather probes also give the per-rank bandwidth with every rank moving data
+        // at once (what a collective sees when ranks share cores, and what a two-rank ping-pong
+        // cannot show): each rank receives (p-1)/p of the gathered bytes.
+        let frac = (g.size() - 1) as f64 / g.size() as f64;
+        let rate = |algo| {
+            topo.per_byte
+                .get(&crate::model::probe_key(OpKind::AllGather, algo))
+                .map(|k| frac / k)
+        };
+        topo.concurrent = rate(Algo::Ring);
+        if topo.direct_read.is_some() {
+            topo.direct_read = rate(Algo::DirectRead).or(topo.direct_read);
+        }
     }
     Ok(topo)
 }
-
-/// Gathered bytes of the concurrent-bandwidth probe: larger than the last-level cache, so it
-/// measures memory-bound rates as large ops see them.
-const CONCURRENT_PROBE_BYTES: usize = 32 << 20;
 
 /// Buffer of the per-algorithm probes (per rank for all-reduce, gathered/scattered for the
 /// others).
@@ -225,32 +224,6 @@ fn measure_per_byte(g: &ProcessGroup, topo: &Topology) -> Result<BTreeMap<String
         );
     }
     Ok(out)
-}
-
-/// Per-rank bytes/s of an all-gather of `bytes` with `algo` (median of 3 after a warm-up), as
-/// rank 0 measured it.
-fn measure_concurrent(g: &ProcessGroup, algo: Algo, bytes: usize) -> Result<f64> {
-    let p = g.size();
-    let per = bytes / p;
-    let input = HostBuffer::zeroed(per);
-    let mut output = HostBuffer::zeroed(per * p);
-    let opts = OpOptions {
-        algo: Some(algo),
-        timeout: None,
-    };
-    let counts = vec![per; p];
-    let mut times = Vec::with_capacity(3);
-    for i in 0..4 {
-        let t0 = Instant::now();
-        g.all_gather_bytes(&input, &mut output, &counts, DType::U8, &opts)?;
-        if i > 0 {
-            times.push(t0.elapsed().as_secs_f64());
-        }
-    }
-    let moved = (p - 1) as f64 * per as f64;
-    let mut r = [moved / median(&mut times).max(1e-9)];
-    g.broadcast(&mut r, 0)?;
-    Ok(r[0])
 }
 
 /// Seconds per synchronised round of the whole group: the median of 60 barriers (after 5 to

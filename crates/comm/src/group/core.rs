@@ -67,12 +67,15 @@ pub struct Scratch {
 }
 
 impl Scratch {
-    /// `stage` resized to `len` bytes (grown, never shrunk) and filled from `src` if given.
-    pub fn stage(&mut self, len: usize) -> &mut [u8] {
-        if self.stage.len() < len {
-            self.stage.resize(len, 0);
+    /// A staging copy of `src` (the buffer grows, never shrinks), and the algorithm scratch
+    /// beside it.
+    pub fn stage_copy(&mut self, src: &[u8]) -> (&mut [u8], &mut Vec<u8>) {
+        if self.stage.len() < src.len() {
+            self.stage.resize(src.len(), 0);
         }
-        &mut self.stage[..len]
+        let stage = &mut self.stage[..src.len()];
+        stage.copy_from_slice(src);
+        (stage, &mut self.algo)
     }
 }
 

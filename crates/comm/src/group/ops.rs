@@ -213,20 +213,15 @@ impl ProcessGroup {
                     finish_reduce(dtype, op, output, size);
                     return Ok(());
                 }
-                let stage = s.stage(input.len());
-                stage.copy_from_slice(input);
-                let stage = &mut s.stage[..input.len()];
+                let (stage, tmp) = s.stage_copy(input);
                 match algo {
                     Algo::Ring => RingReduceScatter::new(team, chunks.clone()).run(ctx, stage, op),
                     Algo::HalvingDoubling => {
-                        HdReduceScatter::new(team, chunks.clone()).run(ctx, stage, op, &mut s.algo)
+                        HdReduceScatter::new(team, chunks.clone()).run(ctx, stage, op, tmp)
                     }
-                    Algo::Direct => DirectReduceScatter::new(team, chunks.clone()).run(
-                        ctx,
-                        stage,
-                        op,
-                        &mut s.algo,
-                    ),
+                    Algo::Direct => {
+                        DirectReduceScatter::new(team, chunks.clone()).run(ctx, stage, op, tmp)
+                    }
                     a => Err(unsupported(a, OpKind::ReduceScatter)),
                 }?;
                 output.copy_from_slice(&stage[chunks[rank].clone()]);
@@ -390,14 +385,12 @@ impl ProcessGroup {
             buf.len(),
             opts,
             |ctx, algo, s| {
-                let stage = s.stage(buf.len());
-                stage.copy_from_slice(buf);
-                let stage = &mut s.stage[..buf.len()];
+                let (stage, tmp) = s.stage_copy(buf);
                 match algo {
                     Algo::Ring => {
                         RingReduce::new(team, root, count, dtype.size()).run(ctx, stage, op)
                     }
-                    Algo::Tree => TreeReduce::new(team, root).run(ctx, stage, op, &mut s.algo),
+                    Algo::Tree => TreeReduce::new(team, root).run(ctx, stage, op, tmp),
                     a => Err(unsupported(a, OpKind::Reduce)),
                 }?;
                 if is_root {
