@@ -2,7 +2,12 @@
 
 mod bench_check;
 mod bench_comm;
+mod bench_model;
+mod generate_cmd;
+mod model_args;
+mod saved;
 mod spawn;
+mod train_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -16,7 +21,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Benchmarks (collectives).
+    /// Train a model in this process (step, loss, tokens/s, MFU).
+    Train(train_cmd::Args),
+    /// Sample text from a model saved by `flotilla train --save`.
+    Generate(generate_cmd::Args),
+    /// Benchmarks (collectives, model training throughput).
     Bench {
         #[command(subcommand)]
         what: BenchCommand,
@@ -27,6 +36,8 @@ enum Command {
 enum BenchCommand {
     /// Collective bandwidth and latency in the manner of nccl-tests.
     Comm(bench_comm::Args),
+    /// Training tokens/s and MFU in the peer benchmark's format, and GEMM GFLOP/s.
+    Model(bench_model::Args),
 }
 
 fn main() {
@@ -42,6 +53,11 @@ fn main() {
         Command::Bench {
             what: BenchCommand::Comm(a),
         } => bench_comm::run(a),
+        Command::Bench {
+            what: BenchCommand::Model(a),
+        } => bench_model::run(a),
+        Command::Train(a) => train_cmd::run(a),
+        Command::Generate(a) => generate_cmd::run(a),
     };
     if let Err(e) = result {
         eprintln!("flotilla: error: {e:#}");

@@ -1,0 +1,41 @@
+//! Flotilla's data pipeline: text to token ids, and token ids to training batches.
+//!
+//! - [`tokenizer`]: the [`Tokenizer`] trait, [`ByteTokenizer`] (vocabulary 257) and
+//!   [`Gpt2Tokenizer`] (GPT-2 BPE, vocabulary 50257), chosen by name through [`TokenizerKind`].
+//! - [`corpus`]: built-in synthetic data needing no download: [`MarkovCorpus`], a seeded Markov
+//!   chain whose exact entropy rate is the best achievable loss, and [`TextCorpus`], English-like
+//!   sentences for byte-level models.
+//! - [`text`]: plain-text files to one token stream, with end-of-text between files.
+//! - [`batch`]: [`TokenWindows`], seeded random (input, target) windows, and [`validate_ids`].
+//!
+//! Everything random is a deterministic function of a `u64` seed (ChaCha8), so runs repeat.
+//!
+//! ```
+//! use data::{MarkovCorpus, TokenWindows};
+//!
+//! let mut corpus = MarkovCorpus::new(64, 7, 4)?;
+//! let mut stream = vec![0u32; 10_000];
+//! corpus.fill(&mut stream);
+//! let best_loss = corpus.entropy_rate_nats(); // below corpus.uniform_nats() = ln 64
+//!
+//! let (b, t) = (4, 32);
+//! let mut windows = TokenWindows::new(stream, t, 1)?;
+//! let (mut inputs, mut targets) = (vec![0; b * t], vec![0; b * t]);
+//! windows.next_batch(b, &mut inputs, &mut targets)?;
+//! assert_eq!(inputs[1], targets[0]);
+//! # assert!(best_loss > 0.0 && best_loss < corpus.uniform_nats());
+//! # Ok::<(), data::DataError>(())
+//! ```
+
+pub mod batch;
+pub mod corpus;
+pub mod error;
+mod rng;
+pub mod text;
+pub mod tokenizer;
+
+pub use batch::{TokenWindows, validate_ids};
+pub use corpus::{MarkovCorpus, TextCorpus};
+pub use error::{DataError, Result};
+pub use text::{MAX_FILE_BYTES, load_tokens, load_tokens_capped};
+pub use tokenizer::{ByteTokenizer, Gpt2Tokenizer, Tokenizer, TokenizerKind};

@@ -1,0 +1,97 @@
+//! `flotilla bench model`: training throughput in the peer benchmark's
+//! format (`../shared/peers/ddp_gpt_bench.py`, mode single), and the GEMM
+//! kernel's rate at 1024^3 and 2048^3.
+use crate::model_args::{ModelArgs, TrainArgs};
+use anyhow::Result;
+use train::Trainer;
+use train::metrics::{gemm_gflops, mfu};
+
+/// Options of `flotilla bench model`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    train: TrainArgs,
+    /// Untimed steps before the timed ones.
+    #[arg(long = "untimed", default_value_t = 3)]
+    untimed: u64,
+    /// GEMM sizes to measure (square).
+    #[arg(long, value_delimiter = ',', default_value = "1024,2048")]
+    gemm: Vec<usize>,
+    /// GEMM repetitions (median reported).
+    #[arg(long, default_value_t = 20)]
+    gemm_reps: usize,
+    /// Print where the timed steps' time went, per kernel.
+    #[arg(long)]
+    profile: bool,
+}
+
+/// Run `flotilla bench model`.
+pub fn run(a: Args) -> Result<()> {
+    let mut targs = a.train.clone();
+    targs.steps += a.untimed;
+    let cfg = targs.build(a.model.build()?)?;
+    let mut trainer = Trainer::new(cfg.clone())?;
+    let th = trainer.threads();
+    let mut peaks = Vec::new();
+    for &n in &a.gemm {
+        peaks.push((n, gemm_gflops(th, n, a.gemm_reps)));
+    }
+    let peak = peaks.iter().find(|(n, _)| *n == 2048).map(|p| p.1).unwrap_or_else(|| gemm_gflops(th, 2048, 5));
+    let fpt = trainer.flops_per_token();
+    println!(
+        "# flotilla model bench config={} layers={} heads={} d_model={} seq_len={} vocab={} batch={} threads={}",
+        a.model.config, cfg.model.layers, cfg.model.heads, cfg.model.d_model, cfg.seq_len, cfg.model.vocab, cfg.batch,
+        cfg.threads
+    );
+    println!("# params {:.2}M, flops/token {:.1} MFLOP", trainer.model().n_params() as f64 / 1e6, fpt / 1e6);
+    for (n, g) in &peaks {
+        println!("# gemm {n}^3 f32: {g:.1} GFLOP/s ({} threads)", cfg.threads);
+    }
+    let mut first = f64::NAN;
+    for _ in 0..a.untimed {
+        first = trainer.step()?.loss;
+    }
+    model::profile::take();
+    model::profile::enable(a.profile);
+    let mut times = Vec::new();
+    let mut last = f64::NAN;
+    for _ in 0..a.train.steps {
+        let s = trainer.step()?;
+        times.push(s.seconds);
+        last = s.loss;
+    }
+    let wall: f64 = times.iter().sum();
+    let step_s = wall / times.len().max(1) as f64;
+    let mut sorted = times.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN);
+    let tps = cfg.tokens_per_step() as f64 / step_s;
+    println!(
+        "{:<6} {:<14} {:>5} {:>8} {:>10} {:>10} {:>9} {:>9} {:>8} {:>6} {:>12}",
+        "config", "mode", "procs", "thr/proc", "glob_batch", "tokens/s", "step_ms", "median_ms", "GFLOP/s", "MFU", "loss"
+    );
+    println!(
+        "{:<6} {:<14} {:>5} {:>8} {:>10} {:>10.1} {:>9.1} {:>9.1} {:>8.1} {:>5.1}% {:>5.2}->{:<5.2}",
+        a.model.config, "single", 1, cfg.threads, cfg.batch, tps, step_s * 1e3, median * 1e3, tps * fpt / 1e9,
+        100.0 * mfu(tps, fpt, peak), first, last
+    );
+    if a.profile {
+        print_profile(wall, times.len());
+    }
+    Ok(())
+}
+
+/// The per-kernel table of the timed steps.
+fn print_profile(wall: f64, steps: usize) {
+    let rows = model::profile::take();
+    let covered: f64 = rows.iter().map(|r| r.1).sum();
+    println!("# where a step's {:.1} ms went (per step; {:.1}% of wall covered):", wall / steps as f64 * 1e3, 100.0 * covered / wall);
+    for (name, secs, calls) in rows {
+        println!(
+            "#   {name:<20} {:>8.2} ms {:>5.1}%  {:>4} calls",
+            secs / steps as f64 * 1e3, 100.0 * secs / wall, calls / steps as u64
+        );
+    }
+}

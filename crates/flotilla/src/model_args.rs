@@ -1,0 +1,159 @@
+//! Command-line options that build a model and a training config.
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use data::TokenizerKind;
+use model::config::ModelConfig;
+use model::optim::Schedule;
+use std::path::PathBuf;
+use train::{DataSpec, TrainConfig};
+
+/// Model shape: a preset plus optional overrides.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Preset: tiny, small (the peer benchmark's configs), gpt2, llama-tiny.
+    #[arg(long, default_value = "tiny")]
+    pub config: String,
+    /// Override the number of blocks.
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Override the model width.
+    #[arg(long)]
+    pub d_model: Option<usize>,
+    /// Override the query heads.
+    #[arg(long)]
+    pub heads: Option<usize>,
+    /// Override the key/value heads.
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    /// Override the feed-forward width.
+    #[arg(long)]
+    pub ffn: Option<usize>,
+    /// Override the vocabulary size.
+    #[arg(long)]
+    pub vocab: Option<usize>,
+    /// Override the maximum sequence length.
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+}
+
+impl ModelArgs {
+    /// The validated model config.
+    pub fn build(&self) -> Result<ModelConfig> {
+        let mut c = ModelConfig::preset(&self.config)?;
+        if let Some(v) = self.layers {
+            c.layers = v;
+        }
+        if let Some(v) = self.d_model {
+            c.d_model = v;
+            if self.ffn.is_none() && c.activation != model::config::Activation::SwiGlu {
+                c.ffn = 4 * v;
+            }
+        }
+        if let Some(v) = self.heads {
+            c.heads = v;
+            if self.kv_heads.is_none() && c.kv_heads > v {
+                c.kv_heads = v;
+            }
+        }
+        if let Some(v) = self.kv_heads {
+            c.kv_heads = v;
+        }
+        if let Some(v) = self.ffn {
+            c.ffn = v;
+        }
+        if let Some(v) = self.vocab {
+            c.vocab = v;
+        }
+        if let Some(v) = self.seq_len {
+            c.seq_len = v;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+/// Optimisation and data options.
+#[derive(Args, Clone, Debug)]
+pub struct TrainArgs {
+    /// Sequences per step.
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    /// Optimizer steps.
+    #[arg(long, default_value_t = 50)]
+    pub steps: u64,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 3e-4)]
+    pub lr: f32,
+    /// Schedule: constant, linear or cosine (warmup then decay).
+    #[arg(long, default_value = "constant")]
+    pub schedule: String,
+    /// Warmup steps of the schedule.
+    #[arg(long, default_value_t = 0)]
+    pub warmup: u64,
+    /// Final learning rate as a fraction of the peak.
+    #[arg(long, default_value_t = 0.1)]
+    pub min_lr_ratio: f64,
+    /// AdamW decoupled weight decay.
+    #[arg(long, default_value_t = 0.1)]
+    pub weight_decay: f64,
+    /// Decay only matrices and embeddings (GPT-2 convention) instead of every tensor.
+    #[arg(long)]
+    pub decay_matrices_only: bool,
+    /// Clip the global gradient norm to this value.
+    #[arg(long)]
+    pub grad_clip: Option<f64>,
+    /// Seed of the initialisation and the data stream.
+    #[arg(long, default_value_t = 1234)]
+    pub seed: u64,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Recompute block activations in the backward (less memory).
+    #[arg(long)]
+    pub recompute: bool,
+    /// Keep parameters and gradients in bf16 with f32 master weights.
+    #[arg(long)]
+    pub bf16: bool,
+    /// Data: markov (built-in chain over the vocabulary), grammar (built-in
+    /// English-like text) or text (the files given with --text).
+    #[arg(long, default_value = "markov")]
+    pub data: String,
+    /// Successors per token of the built-in Markov corpus.
+    #[arg(long, default_value_t = 4)]
+    pub branching: usize,
+    /// Tokenizer for grammar and text data: byte or gpt2.
+    #[arg(long, default_value = "byte")]
+    pub tokenizer: String,
+    /// Plain-text files to train on (with --data text).
+    #[arg(long, num_args = 1..)]
+    pub text: Vec<PathBuf>,
+}
+
+impl TrainArgs {
+    /// The validated training config for `model`.
+    pub fn build(&self, model: ModelConfig) -> Result<TrainConfig> {
+        let mut c = TrainConfig::new(model, self.steps);
+        c.batch = self.batch;
+        c.lr = self.lr;
+        c.schedule = Schedule::parse(&self.schedule, self.warmup, self.steps, self.min_lr_ratio)?;
+        c.adamw.weight_decay = self.weight_decay;
+        c.decay_all = !self.decay_matrices_only;
+        c.grad_clip = self.grad_clip;
+        c.seed = self.seed;
+        c.threads = match self.threads {
+            Some(t) => t,
+            None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        };
+        c.recompute = self.recompute;
+        c.bf16 = self.bf16;
+        let tokenizer: TokenizerKind = self.tokenizer.parse().context("--tokenizer")?;
+        c.data = match self.data.as_str() {
+            "markov" => DataSpec::Markov { branching: self.branching },
+            "grammar" => DataSpec::Grammar { bytes: 4 << 20, tokenizer },
+            "text" => DataSpec::Text { paths: self.text.clone(), tokenizer },
+            other => bail!("--data {other}: expected markov, grammar or text"),
+        };
+        c.validate()?;
+        Ok(c)
+    }
+}

@@ -1,0 +1,104 @@
+//! `flotilla train`: train a model in this process, printing step, loss,
+//! tokens/s and MFU.
+use crate::model_args::{ModelArgs, TrainArgs};
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+use train::Trainer;
+use train::metrics::{gemm_gflops, mfu};
+
+/// Options of `flotilla train`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    train: TrainArgs,
+    /// Processes. Only 1 runs today; data-parallel training arrives with the DDP engine.
+    #[arg(long, default_value_t = 1)]
+    nproc: usize,
+    /// Print a line every this many steps.
+    #[arg(long, default_value_t = 10)]
+    log_every: u64,
+    /// Save the trained model (Flotilla names, config in the metadata) to this directory.
+    #[arg(long)]
+    save: Option<PathBuf>,
+    /// Also export it in Hugging Face layout (model.safetensors + config.json) to this directory.
+    #[arg(long)]
+    export_hf: Option<PathBuf>,
+    /// MFU denominator in GFLOP/s (default: measure this machine's 2048^3 GEMM).
+    #[arg(long)]
+    peak_gflops: Option<f64>,
+    /// No progress bar (plain lines only).
+    #[arg(long)]
+    no_progress: bool,
+}
+
+/// Run `flotilla train`.
+pub fn run(a: Args) -> Result<()> {
+    if a.nproc != 1 {
+        bail!("--nproc {}: only single-process training (--nproc 1) is available until the data-parallel engine lands", a.nproc);
+    }
+    let cfg = a.train.build(a.model.build()?)?;
+    let steps = cfg.steps;
+    let mut trainer = Trainer::new(cfg.clone())?;
+    let peak = match a.peak_gflops {
+        Some(p) => p,
+        None => gemm_gflops(trainer.threads(), 2048, 5),
+    };
+    let fpt = trainer.flops_per_token();
+    let m = &cfg.model;
+    println!(
+        "# model: {} layers, d_model {}, heads {}/{}, ffn {}, vocab {}, seq_len {}; {:.2}M parameters; {:.1} MFLOP/token",
+        m.layers, m.d_model, m.heads, m.kv_heads, m.ffn, m.vocab, cfg.seq_len,
+        trainer.model().n_params() as f64 / 1e6, fpt / 1e6
+    );
+    println!(
+        "# batch {} x {} tokens, {} threads, data {:?}; MFU against {:.1} GFLOP/s ({})",
+        cfg.batch, cfg.seq_len, cfg.threads, cfg.data, peak,
+        if a.peak_gflops.is_some() { "given" } else { "measured 2048^3 GEMM" }
+    );
+    if let Some(h) = trainer.entropy_floor() {
+        println!("# data entropy rate {h:.4} nats/token (the best achievable loss); uniform {:.4}", (m.vocab as f64).ln());
+    }
+    let pb = if a.no_progress { ProgressBar::hidden() } else { ProgressBar::new(steps) };
+    pb.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed_precise}<{eta_precise}]")
+            .context("progress template")?,
+    );
+    let (mut timed_s, mut timed_tokens, mut last_loss) = (0.0, 0usize, f64::NAN);
+    for _ in 0..steps {
+        let s = trainer.step()?;
+        last_loss = s.loss;
+        // The first step warms caches and the thread pool; it is not timed.
+        if s.step > 1 || steps == 1 {
+            timed_s += s.seconds;
+            timed_tokens += s.tokens;
+        }
+        let tps = s.tokens as f64 / s.seconds;
+        pb.set_message(format!("loss {:.4} {:.0} tok/s", s.loss, tps));
+        pb.inc(1);
+        if s.step % a.log_every.max(1) == 0 || s.step == 1 || s.step == steps {
+            pb.println(format!(
+                "step {:>6}/{} loss {:.4} lr {:.2e} |g| {:.3} tokens/s {:.0} MFU {:.1}%",
+                s.step, steps, s.loss, s.lr, s.grad_norm, tps, 100.0 * mfu(tps, fpt, peak)
+            ));
+        }
+    }
+    pb.finish_and_clear();
+    let tps = timed_tokens as f64 / timed_s.max(1e-9);
+    println!(
+        "# done: {steps} steps, final loss {last_loss:.4}, {tps:.1} tokens/s, MFU {:.1}% (steps after the first)",
+        100.0 * mfu(tps, fpt, peak)
+    );
+    if let Some(dir) = &a.save {
+        crate::saved::save(dir, &cfg, trainer.model().layout(), trainer.params())?;
+        println!("# saved to {}", dir.display());
+    }
+    if let Some(dir) = &a.export_hf {
+        model::interop::export_hf(dir, &cfg.model, trainer.params())
+            .with_context(|| format!("exporting to {}", dir.display()))?;
+        println!("# exported Hugging Face layout to {}", dir.display());
+    }
+    Ok(())
+}

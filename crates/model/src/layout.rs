@@ -1,0 +1,256 @@
+//! The flat parameter layout: one f32 buffer, described by a table of
+//! (name, shape, offset, layer) entries.
+//!
+//! Order: token embedding, position table, then each block contiguously
+//! (so a pipeline stage or a gradient bucket is a contiguous range), then
+//! the final norm and, when untied, the LM head. The gradient buffer uses
+//! the same layout. Names are Flotilla's own; `interop` maps them to
+//! Hugging Face's.
+use crate::config::{ModelConfig, Norm, Positions};
+use std::ops::Range;
+
+/// What a parameter is, for weight-decay and init policies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamKind {
+    /// A token or position embedding table.
+    Embedding,
+    /// A linear layer's weight (out, in).
+    Matrix,
+    /// A linear layer's weight whose output feeds the residual stream
+    /// (attention and MLP output projections: GPT-2 scales their init).
+    ResidualMatrix,
+    /// A bias vector.
+    Bias,
+    /// A norm's gain.
+    NormWeight,
+    /// A norm's bias.
+    NormBias,
+}
+
+/// One parameter tensor inside the flat buffer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParamEntry {
+    /// Flotilla's name, e.g. `h.3.attn.qkv.weight`.
+    pub name: String,
+    /// Row-major shape.
+    pub shape: Vec<usize>,
+    /// First element in the flat buffer.
+    pub offset: usize,
+    /// The block it belongs to, if any.
+    pub layer: Option<usize>,
+    /// What it is.
+    pub kind: ParamKind,
+}
+
+impl ParamEntry {
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Its range in the flat buffer.
+    pub fn range(&self) -> Range<usize> {
+        self.offset..self.offset + self.numel()
+    }
+}
+
+/// Offsets of one block's tensors, relative to the block's first element.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockLayout {
+    /// attn norm weight (C).
+    pub ln1_w: Range<usize>,
+    /// attn norm bias (C), LayerNorm with bias only.
+    pub ln1_b: Option<Range<usize>>,
+    /// fused qkv weight ((H+2K)D, C).
+    pub qkv_w: Range<usize>,
+    /// qkv bias ((H+2K)D).
+    pub qkv_b: Option<Range<usize>>,
+    /// attention output weight (C, HD).
+    pub proj_w: Range<usize>,
+    /// attention output bias (C).
+    pub proj_b: Option<Range<usize>>,
+    /// MLP norm weight (C).
+    pub ln2_w: Range<usize>,
+    /// MLP norm bias (C).
+    pub ln2_b: Option<Range<usize>>,
+    /// first MLP weight (F or 2F, C).
+    pub fc_w: Range<usize>,
+    /// first MLP bias.
+    pub fc_b: Option<Range<usize>>,
+    /// MLP output weight (C, F).
+    pub fcp_w: Range<usize>,
+    /// MLP output bias (C).
+    pub fcp_b: Option<Range<usize>>,
+    /// Elements in one block.
+    pub size: usize,
+}
+
+/// The whole model's layout table.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    /// Every tensor, in buffer order.
+    pub entries: Vec<ParamEntry>,
+    /// Total elements.
+    pub total: usize,
+    /// Token embedding (V, C).
+    pub wte: Range<usize>,
+    /// Position table (T, C), learned positions only.
+    pub wpe: Option<Range<usize>>,
+    /// Absolute range of each block.
+    pub blocks: Vec<Range<usize>>,
+    /// Per-block relative offsets (identical for every block).
+    pub block: BlockLayout,
+    /// Final norm weight (C).
+    pub lnf_w: Range<usize>,
+    /// Final norm bias (C).
+    pub lnf_b: Option<Range<usize>>,
+    /// LM head (V, C) when untied.
+    pub lm_head: Option<Range<usize>>,
+}
+
+struct Builder {
+    entries: Vec<ParamEntry>,
+    at: usize,
+}
+
+impl Builder {
+    fn push(&mut self, name: String, shape: Vec<usize>, layer: Option<usize>, kind: ParamKind) -> Range<usize> {
+        let e = ParamEntry { name, shape, offset: self.at, layer, kind };
+        let r = e.range();
+        self.at = r.end;
+        self.entries.push(e);
+        r
+    }
+}
+
+fn rel(r: Range<usize>, base: usize) -> Range<usize> {
+    r.start - base..r.end - base
+}
+
+impl Layout {
+    /// The layout of `cfg` (which must have been validated).
+    pub fn new(cfg: &ModelConfig) -> Self {
+        let (c, v) = (cfg.d_model, cfg.vocab);
+        let layer_norm_bias = cfg.bias && cfg.norm == Norm::LayerNorm;
+        let mut b = Builder { entries: Vec::new(), at: 0 };
+        let wte = b.push("wte".into(), vec![v, c], None, ParamKind::Embedding);
+        let wpe = (cfg.positions == Positions::Learned)
+            .then(|| b.push("wpe".into(), vec![cfg.seq_len, c], None, ParamKind::Embedding));
+        let mut blocks = Vec::new();
+        let mut block = None;
+        for l in 0..cfg.layers {
+            let base = b.at;
+            let p = |s: &str| format!("h.{l}.{s}");
+            let ln1_w = b.push(p("ln1.weight"), vec![c], Some(l), ParamKind::NormWeight);
+            let ln1_b = layer_norm_bias.then(|| b.push(p("ln1.bias"), vec![c], Some(l), ParamKind::NormBias));
+            let qkv_w = b.push(p("attn.qkv.weight"), vec![cfg.qkv_dim(), c], Some(l), ParamKind::Matrix);
+            let qkv_b = cfg.bias.then(|| b.push(p("attn.qkv.bias"), vec![cfg.qkv_dim()], Some(l), ParamKind::Bias));
+            let hd = cfg.heads * cfg.head_dim();
+            let proj_w = b.push(p("attn.proj.weight"), vec![c, hd], Some(l), ParamKind::ResidualMatrix);
+            let proj_b = cfg.bias.then(|| b.push(p("attn.proj.bias"), vec![c], Some(l), ParamKind::Bias));
+            let ln2_w = b.push(p("ln2.weight"), vec![c], Some(l), ParamKind::NormWeight);
+            let ln2_b = layer_norm_bias.then(|| b.push(p("ln2.bias"), vec![c], Some(l), ParamKind::NormBias));
+            let fc_w = b.push(p("mlp.fc.weight"), vec![cfg.ffn_in_dim(), c], Some(l), ParamKind::Matrix);
+            let fc_b = cfg.bias.then(|| b.push(p("mlp.fc.bias"), vec![cfg.ffn_in_dim()], Some(l), ParamKind::Bias));
+            let fcp_w = b.push(p("mlp.proj.weight"), vec![c, cfg.ffn], Some(l), ParamKind::ResidualMatrix);
+            let fcp_b = cfg.bias.then(|| b.push(p("mlp.proj.bias"), vec![c], Some(l), ParamKind::Bias));
+            blocks.push(base..b.at);
+            if block.is_none() {
+                let r = |x: Range<usize>| rel(x, base);
+                block = Some(BlockLayout {
+                    ln1_w: r(ln1_w),
+                    ln1_b: ln1_b.map(r),
+                    qkv_w: r(qkv_w),
+                    qkv_b: qkv_b.map(r),
+                    proj_w: r(proj_w),
+                    proj_b: proj_b.map(r),
+                    ln2_w: r(ln2_w),
+                    ln2_b: ln2_b.map(r),
+                    fc_w: r(fc_w),
+                    fc_b: fc_b.map(r),
+                    fcp_w: r(fcp_w),
+                    fcp_b: fcp_b.map(r),
+                    size: b.at - base,
+                });
+            }
+        }
+        let lnf_w = b.push("ln_f.weight".into(), vec![c], None, ParamKind::NormWeight);
+        let lnf_b = layer_norm_bias.then(|| b.push("ln_f.bias".into(), vec![c], None, ParamKind::NormBias));
+        let lm_head =
+            (!cfg.tied_embeddings).then(|| b.push("lm_head.weight".into(), vec![v, c], None, ParamKind::Matrix));
+        Layout {
+            total: b.at,
+            entries: b.entries,
+            wte,
+            wpe,
+            blocks,
+            block: block.expect("validated config has at least one layer"),
+            lnf_w,
+            lnf_b,
+            lm_head,
+        }
+    }
+
+    /// The entry called `name`.
+    pub fn get(&self, name: &str) -> Option<&ParamEntry> {
+        self.entries.iter().find(|e| e.name == name)
+    }
+
+    /// Ranges that receive weight decay: matrices and embeddings
+    /// (`all = false`, the GPT-2/nanoGPT convention) or every tensor
+    /// (`all = true`, what `torch.optim.AdamW(model.parameters())` does).
+    /// Adjacent ranges are merged.
+    pub fn decay_ranges(&self, all: bool) -> Vec<Range<usize>> {
+        let mut out: Vec<Range<usize>> = Vec::new();
+        for e in &self.entries {
+            let decays = all
+                || matches!(e.kind, ParamKind::Embedding | ParamKind::Matrix | ParamKind::ResidualMatrix);
+            if !decays {
+                continue;
+            }
+            match out.last_mut() {
+                Some(last) if last.end == e.offset => last.end = e.range().end,
+                _ => out.push(e.range()),
+            }
+        }
+        out
+    }
+
+    /// The range holding the layers `first..last` (a pipeline stage's blocks).
+    pub fn layers_range(&self, layers: Range<usize>) -> Range<usize> {
+        if layers.is_empty() {
+            return 0..0;
+        }
+        self.blocks[layers.start].start..self.blocks[layers.end - 1].end
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_tiny_has_the_peers_parameter_count() {
+        // ddp_gpt_bench.py prints "5.32M unique" for tiny and "13.89M" for small.
+        let l = Layout::new(&ModelConfig::preset("tiny").unwrap());
+        assert_eq!(l.total, 5_322_240); // 5.32M
+        let l = Layout::new(&ModelConfig::preset("small").unwrap());
+        assert_eq!((l.total as f64 / 1e6 * 100.0).round() / 100.0, 13.89);
+    }
+
+    #[test]
+    fn entries_tile_the_buffer() {
+        for p in ModelConfig::PRESETS {
+            let l = Layout::new(&ModelConfig::preset(p).unwrap());
+            let mut at = 0;
+            for e in &l.entries {
+                assert_eq!(e.offset, at, "{}", e.name);
+                at += e.numel();
+            }
+            assert_eq!(at, l.total);
+            for (i, b) in l.blocks.iter().enumerate() {
+                assert_eq!(b.len(), l.block.size, "block {i}");
+            }
+        }
+    }
+}

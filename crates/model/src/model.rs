@@ -1,0 +1,334 @@
+//! The whole decoder: embedding, blocks, final norm, LM head and loss,
+//! over one flat parameter buffer and one activation arena.
+//!
+//! The arena is sized once per config and batch ([`ActLayout`]). With
+//! recomputation, each block keeps only its output and the block's other
+//! activations are rebuilt, one block at a time, during the backward.
+use crate::block::{Block, BlockActs, BlockScratch, Carve, Dims};
+use crate::config::{ModelConfig, Norm, Positions};
+use crate::error::{ModelError, Result};
+use crate::kernels::embedding::{embed_bwd, embed_fwd};
+use crate::kernels::loss::{cross_entropy_bwd, cross_entropy_fwd, mean_loss};
+use crate::kernels::matmul::{matmul_bwd_input, matmul_bwd_weight, matmul_fwd};
+use crate::kernels::norm::{layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd};
+use crate::kernels::rope::RopeTable;
+use crate::layout::Layout;
+use crate::profile::{scope, timed};
+use crate::real::Real;
+use crate::threads::Threads;
+use std::ops::Range;
+
+/// Where each activation lives in the arena.
+#[derive(Clone, Debug)]
+pub struct ActLayout {
+    /// Embedding output = the first block's input (N, C).
+    pub emb: Range<usize>,
+    /// Each block's output (N, C).
+    pub outs: Vec<Range<usize>>,
+    /// Each block's saved activations; all equal (one shared region) under
+    /// recomputation.
+    pub inner: Vec<Range<usize>>,
+    /// Final norm output (N, C), mean (N), rstd (N).
+    pub lnf: Range<usize>,
+    /// Logits (N, V); after the backward they hold the logits' gradient.
+    pub logits: Range<usize>,
+    /// Per-row loss (N) and log-sum-exp (N).
+    pub losses: Range<usize>,
+    /// Total elements.
+    pub total: usize,
+}
+
+impl ActLayout {
+    /// The arena layout for `layers` blocks of dims `d`.
+    pub fn new(d: &Dims, layers: usize, recompute: bool) -> Self {
+        let mut at = 0;
+        let mut take = |len: usize| {
+            let r = at..at + len;
+            at += len;
+            r
+        };
+        let nc = d.n * d.c;
+        let emb = take(nc);
+        let mut outs = Vec::with_capacity(layers);
+        let mut inner = Vec::with_capacity(layers);
+        let shared = recompute.then(|| take(d.block_acts_len()));
+        for _ in 0..layers {
+            outs.push(take(nc));
+            inner.push(match &shared {
+                Some(r) => r.clone(),
+                None => take(d.block_acts_len()),
+            });
+        }
+        let lnf = take(nc + 2 * d.n);
+        let logits = take(d.n * d.v);
+        let losses = take(2 * d.n);
+        Self { emb, outs, inner, lnf, logits, losses, total: at }
+    }
+
+    /// The input range of block `l`.
+    pub fn input(&self, l: usize) -> Range<usize> {
+        if l == 0 { self.emb.clone() } else { self.outs[l - 1].clone() }
+    }
+}
+
+/// A decoder sized for one batch shape, holding its activation arena.
+pub struct Model<T: Real> {
+    cfg: ModelConfig,
+    layout: Layout,
+    dims: Dims,
+    block: Block,
+    rope: Option<RopeTable<T>>,
+    recompute: bool,
+    acts: ActLayout,
+    arena: Vec<T>,
+    scratch: Vec<T>,
+    dresid: Vec<T>,
+    tokens: Vec<u32>,
+    targets: Vec<u32>,
+    has_targets: bool,
+}
+
+impl<T: Real> Model<T> {
+    /// A model for `cfg` running batches of `batch` sequences of `seq_len`
+    /// tokens (at most `cfg.seq_len`). `recompute` trades a second block
+    /// forward in the backward for keeping only block outputs.
+    pub fn new(cfg: &ModelConfig, batch: usize, seq_len: usize, recompute: bool) -> Result<Self> {
+        cfg.validate()?;
+        if batch == 0 {
+            return Err(ModelError::Config { field: "batch", value: "0".into(), reason: "must be positive".into() });
+        }
+        if seq_len == 0 || seq_len > cfg.seq_len {
+            return Err(ModelError::Config {
+                field: "seq_len",
+                value: seq_len.to_string(),
+                reason: format!("a batch's sequence length must be in 1..={}", cfg.seq_len),
+            });
+        }
+        let layout = Layout::new(cfg);
+        let dims = Dims::new(cfg, batch, seq_len);
+        let acts = ActLayout::new(&dims, cfg.layers, recompute);
+        let rope = match cfg.positions {
+            Positions::Rope { theta } => Some(RopeTable::new(cfg.seq_len, cfg.head_dim(), theta)),
+            Positions::Learned => None,
+        };
+        Ok(Self {
+            block: Block::new(cfg, layout.block.clone()),
+            cfg: cfg.clone(),
+            arena: vec![T::zero(); acts.total],
+            scratch: vec![T::zero(); dims.block_scratch_len()],
+            dresid: vec![T::zero(); dims.n * dims.c],
+            tokens: vec![0; dims.n],
+            targets: vec![0; dims.n],
+            has_targets: false,
+            layout,
+            dims,
+            rope,
+            recompute,
+            acts,
+        })
+    }
+
+    /// The config.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The parameter layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The batch dimensions.
+    pub fn dims(&self) -> &Dims {
+        &self.dims
+    }
+
+    /// Number of parameters.
+    pub fn n_params(&self) -> usize {
+        self.layout.total
+    }
+
+    /// Bytes of activations held (arena plus backward scratch).
+    pub fn activation_bytes(&self) -> usize {
+        (self.arena.len() + self.scratch.len() + self.dresid.len()) * std::mem::size_of::<T>()
+    }
+
+    /// The logits of the last forward (N, V); after a backward, their gradient.
+    pub fn logits(&self) -> &[T] {
+        &self.arena[self.acts.logits.clone()]
+    }
+
+    fn check_len(&self, what: &'static str, got: usize, expected: usize) -> Result<()> {
+        if got == expected { Ok(()) } else { Err(ModelError::Shape { what, expected, got }) }
+    }
+
+    fn check_tokens(&self, what: &'static str, ids: &[u32]) -> Result<()> {
+        self.check_len(what, ids.len(), self.dims.n)?;
+        match ids.iter().position(|&id| id as usize >= self.cfg.vocab) {
+            Some(pos) => Err(ModelError::Token { what, id: ids[pos], pos, vocab: self.cfg.vocab }),
+            None => Ok(()),
+        }
+    }
+
+    /// Forward over `tokens` (B*T ids). With `targets`, also the mean
+    /// cross-entropy loss, which is returned, and the backward becomes
+    /// possible.
+    pub fn forward(&mut self, th: &Threads, params: &[T], tokens: &[u32], targets: Option<&[u32]>) -> Result<Option<f64>> {
+        self.check_len("params", params.len(), self.layout.total)?;
+        self.check_tokens("tokens", tokens)?;
+        if let Some(t) = targets {
+            self.check_tokens("targets", t)?;
+        }
+        self.tokens.copy_from_slice(tokens);
+        self.embed_forward(th, params);
+        for l in 0..self.cfg.layers {
+            self.block_forward(th, params, l);
+        }
+        self.head_forward(th, params);
+        self.has_targets = false;
+        let Some(t) = targets else { return Ok(None) };
+        self.targets.copy_from_slice(t);
+        self.has_targets = true;
+        let d = &self.dims;
+        let [logits, losses] = self.arena.get_disjoint_mut([self.acts.logits.clone(), self.acts.losses.clone()]).expect("disjoint");
+        let (losses, lse) = losses.split_at_mut(d.n);
+        timed!("cross_entropy.fwd", cross_entropy_fwd(th, losses, lse, logits, &self.targets, d.n, d.v));
+        Ok(Some(mean_loss(losses)))
+    }
+
+    /// Backward of the last forward (which must have had targets): gradients
+    /// of the mean loss accumulate (`+=`) into `grads`.
+    pub fn backward(&mut self, th: &Threads, params: &[T], grads: &mut [T]) -> Result<()> {
+        self.backward_hooked(th, params, grads, &mut |_, _| {})
+    }
+
+    /// [`Model::backward`], calling `ready(range, grads)` as soon as a range
+    /// of the gradient buffer is final: the head's tensors, then each block
+    /// from the last to the first, then the embeddings. Overlapped gradient
+    /// buckets hang off this hook.
+    pub fn backward_hooked(
+        &mut self, th: &Threads, params: &[T], grads: &mut [T], ready: &mut dyn FnMut(Range<usize>, &mut [T]),
+    ) -> Result<()> {
+        self.check_len("params", params.len(), self.layout.total)?;
+        self.check_len("grads", grads.len(), self.layout.total)?;
+        if !self.has_targets {
+            return Err(ModelError::Config {
+                field: "targets",
+                value: "none".into(),
+                reason: "backward needs a forward with targets".into(),
+            });
+        }
+        self.has_targets = false;
+        self.head_backward(th, params, grads);
+        let head = self.layout.blocks[self.cfg.layers - 1].end..self.layout.total;
+        ready(head, grads);
+        for l in (0..self.cfg.layers).rev() {
+            if self.recompute {
+                self.block_forward(th, params, l);
+            }
+            self.block_backward(th, params, grads, l);
+            ready(self.layout.blocks[l].clone(), grads);
+        }
+        let d = &self.dims;
+        let (wte, wpe) = match &self.layout.wpe {
+            Some(wpe) => {
+                let [a, b] = grads.get_disjoint_mut([self.layout.wte.clone(), wpe.clone()]).expect("disjoint");
+                (a, Some(b))
+            }
+            None => (&mut grads[self.layout.wte.clone()], None),
+        };
+        timed!("embedding.bwd", embed_bwd(th, wte, wpe, &self.dresid, &self.tokens, d.n, d.t, d.c));
+        ready(0..self.layout.blocks[0].start, grads);
+        Ok(())
+    }
+
+    fn embed_forward(&mut self, th: &Threads, params: &[T]) {
+        let d = &self.dims;
+        let wpe = self.layout.wpe.as_ref().map(|r| &params[r.clone()]);
+        let out = &mut self.arena[self.acts.emb.clone()];
+        timed!("embedding.fwd", embed_fwd(th, out, &self.tokens, &params[self.layout.wte.clone()], wpe, d.n, d.t, d.c));
+    }
+
+    fn block_forward(&mut self, th: &Threads, params: &[T], l: usize) {
+        let [x, inner, out] = self
+            .arena
+            .get_disjoint_mut([self.acts.input(l), self.acts.inner[l].clone(), self.acts.outs[l].clone()])
+            .expect("arena regions are disjoint");
+        let mut a = BlockActs::carve(inner, &self.dims);
+        let p = &params[self.layout.blocks[l].clone()];
+        self.block.forward(th, &self.dims, p, self.rope.as_ref(), &mut a, x, out);
+    }
+
+    fn block_backward(&mut self, th: &Threads, params: &[T], grads: &mut [T], l: usize) {
+        let [x, inner] = self
+            .arena
+            .get_disjoint_mut([self.acts.input(l), self.acts.inner[l].clone()])
+            .expect("arena regions are disjoint");
+        let a = BlockActs::carve(inner, &self.dims);
+        let mut s = BlockScratch::carve(&mut self.scratch, &self.dims);
+        let r = self.layout.blocks[l].clone();
+        self.block.backward(th, &self.dims, &params[r.clone()], &mut grads[r], self.rope.as_ref(), &a, &mut s, x, &mut self.dresid);
+    }
+
+    fn head_weight(&self) -> Range<usize> {
+        self.layout.lm_head.clone().unwrap_or(self.layout.wte.clone())
+    }
+
+    fn head_forward(&mut self, th: &Threads, params: &[T]) {
+        let d = &self.dims;
+        let hw = self.head_weight();
+        let last = self.acts.outs[self.cfg.layers - 1].clone();
+        let [x, lnf, logits] =
+            self.arena.get_disjoint_mut([last, self.acts.lnf.clone(), self.acts.logits.clone()]).expect("disjoint");
+        let mut k = Carve::new(lnf);
+        let (out, mean, rstd) = (k.take(d.n * d.c), k.take(d.n), k.take(d.n));
+        let w = &params[self.layout.lnf_w.clone()];
+        let eps = T::of(self.cfg.norm_eps);
+        let p = scope("norm.fwd");
+        match self.cfg.norm {
+            Norm::LayerNorm => {
+                let b = self.layout.lnf_b.as_ref().map(|r| &params[r.clone()]);
+                layernorm_fwd(th, out, mean, rstd, x, w, b, d.n, d.c, eps)
+            }
+            Norm::RmsNorm => rmsnorm_fwd(th, out, rstd, x, w, d.n, d.c, eps),
+        }
+        drop(p);
+        timed!("lm_head.fwd", matmul_fwd(th, logits, out, &params[hw], None, d.n, d.c, d.v));
+    }
+
+    fn head_backward(&mut self, th: &Threads, params: &[T], grads: &mut [T]) {
+        let d = self.dims.clone();
+        let hw = self.head_weight();
+        let last = self.acts.outs[self.cfg.layers - 1].clone();
+        let [x, lnf, logits, losses] = self
+            .arena
+            .get_disjoint_mut([last, self.acts.lnf.clone(), self.acts.logits.clone(), self.acts.losses.clone()])
+            .expect("disjoint");
+        let lse = &losses[d.n..];
+        // Mean over the N rows.
+        timed!("cross_entropy.bwd", cross_entropy_bwd(th, logits, lse, &self.targets, d.n, d.v, T::of(1.0 / d.n as f64)));
+        let mut k = Carve::new(lnf);
+        let (out, mean, rstd) = (k.take(d.n * d.c), k.take(d.n), k.take(d.n));
+        // d lnf lands in the block scratch's first N*C elements.
+        let dlnf = &mut self.scratch[..d.n * d.c];
+        timed!("lm_head.bwd_input", matmul_bwd_input(th, dlnf, T::zero(), logits, &params[hw.clone()], d.n, d.c, d.v));
+        timed!("lm_head.bwd_weight", matmul_bwd_weight(th, &mut grads[hw], None, logits, out, d.n, d.c, d.v));
+        let _p = scope("norm.bwd");
+        self.dresid.fill(T::zero());
+        let w = &params[self.layout.lnf_w.clone()];
+        match (self.cfg.norm, &self.layout.lnf_b) {
+            (Norm::LayerNorm, Some(b)) => {
+                let [gw, gb] = grads.get_disjoint_mut([self.layout.lnf_w.clone(), b.clone()]).expect("disjoint");
+                layernorm_bwd(th, &mut self.dresid, gw, Some(gb), dlnf, x, w, mean, rstd, d.n, d.c);
+            }
+            (Norm::LayerNorm, None) => {
+                let gw = &mut grads[self.layout.lnf_w.clone()];
+                layernorm_bwd(th, &mut self.dresid, gw, None, dlnf, x, w, mean, rstd, d.n, d.c);
+            }
+            (Norm::RmsNorm, _) => {
+                let gw = &mut grads[self.layout.lnf_w.clone()];
+                rmsnorm_bwd(th, &mut self.dresid, gw, dlnf, x, w, rstd, d.n, d.c);
+            }
+        }
+    }
+}

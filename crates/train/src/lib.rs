@@ -1,0 +1,16 @@
+//! Flotilla's training engines and the trainer loop.
+//!
+//! - [`config`]: the typed training config, validated up front.
+//! - [`source`]: where batches come from (built-in corpora or text files).
+//! - [`trainer`]: the single-process trainer (forward, backward, clip,
+//!   AdamW, schedule) with per-step metrics.
+//! - [`metrics`]: tokens/s and MFU against the measured GEMM peak.
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod source;
+pub mod trainer;
+
+pub use config::{DataSpec, TrainConfig};
+pub use error::TrainError;
+pub use trainer::{StepStats, Trainer};

@@ -1,0 +1,65 @@
+//! Where training batches come from, until the data pipeline lands.
+use crate::config::DataSpec;
+use crate::error::Result;
+use data::{MarkovCorpus, TextCorpus, TokenWindows, load_tokens, validate_ids};
+
+/// A deterministic stream of (inputs, targets) batches.
+pub enum Source {
+    /// Rows of the Markov chain's continuing stream.
+    Markov {
+        /// The chain.
+        corpus: MarkovCorpus,
+        /// One row of T+1 tokens.
+        row: Vec<u32>,
+    },
+    /// Random windows over a tokenized buffer.
+    Windows(TokenWindows),
+}
+
+impl Source {
+    /// Build the source for `spec`, with a model vocabulary of `vocab`.
+    pub fn new(spec: &DataSpec, vocab: usize, seq_len: usize, seed: u64) -> Result<Self> {
+        Ok(match spec {
+            DataSpec::Markov { branching } => Source::Markov {
+                corpus: MarkovCorpus::new(vocab, seed, *branching)?,
+                row: vec![0; seq_len + 1],
+            },
+            DataSpec::Grammar { bytes, tokenizer } => {
+                let text = TextCorpus::new(seed).generate(*bytes);
+                let tokens = tokenizer.build()?.encode(&text);
+                validate_ids(&tokens, vocab)?;
+                Source::Windows(TokenWindows::new(tokens, seq_len, seed)?)
+            }
+            DataSpec::Text { paths, tokenizer } => {
+                let tok = tokenizer.build()?;
+                let tokens = load_tokens(paths, tok.as_ref())?;
+                validate_ids(&tokens, vocab)?;
+                Source::Windows(TokenWindows::new(tokens, seq_len, seed)?)
+            }
+        })
+    }
+
+    /// The best achievable loss, when known (the Markov chain's entropy rate).
+    pub fn entropy_floor(&self) -> Option<f64> {
+        match self {
+            Source::Markov { corpus, .. } => Some(corpus.entropy_rate_nats()),
+            Source::Windows(_) => None,
+        }
+    }
+
+    /// Fill `inputs` and `targets` (B*T each) with the next batch.
+    pub fn next_batch(&mut self, batch: usize, inputs: &mut [u32], targets: &mut [u32]) -> Result<()> {
+        match self {
+            Source::Markov { corpus, row } => {
+                let t = row.len() - 1;
+                for b in 0..batch {
+                    corpus.fill(row);
+                    inputs[b * t..(b + 1) * t].copy_from_slice(&row[..t]);
+                    targets[b * t..(b + 1) * t].copy_from_slice(&row[1..]);
+                }
+                Ok(())
+            }
+            Source::Windows(w) => Ok(w.next_batch(batch, inputs, targets)?),
+        }
+    }
+}
