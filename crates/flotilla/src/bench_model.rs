@@ -31,7 +31,7 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let mut targs = a.train.clone();
     targs.steps += a.untimed;
-    let cfg = targs.build(a.model.build()?)?;
+    let cfg = targs.build(a.model.build()?, a.model.vocab.is_some())?;
     let mut trainer = Trainer::new(cfg.clone())?;
     let th = trainer.threads();
     let mut peaks = Vec::new();

@@ -37,11 +37,12 @@ pub fn run(a: Args) -> Result<()> {
     let (cfg, params, side) = crate::saved::load(&a.model)?;
     let th = Threads::new(a.threads)?;
     let mut m = Model::<f32>::new(&cfg, 1, cfg.seq_len, false)?;
-    let sc = SampleConfig { temperature: a.temperature, top_k: a.top_k, seed: a.seed };
+    let mut sc = SampleConfig { temperature: a.temperature, top_k: a.top_k, seed: a.seed, vocab_limit: None };
     match side.tokenizer {
         Some(name) => {
             let kind: TokenizerKind = name.parse().context("tokenizer in flotilla.json")?;
             let tok = kind.build()?;
+            sc.vocab_limit = Some(tok.vocab_size());
             let ids = tok.encode(&a.prompt);
             let out = generate(&th, &mut m, &params, &ids, a.tokens, &sc)?;
             println!("{}", tok.decode(&out)?);

@@ -130,8 +130,13 @@ pub struct TrainArgs {
 }
 
 impl TrainArgs {
-    /// The validated training config for `model`.
-    pub fn build(&self, model: ModelConfig) -> Result<TrainConfig> {
+    /// The validated training config for `model`. With tokenized data and
+    /// no explicit `--vocab`, the vocabulary becomes the tokenizer's.
+    pub fn build(&self, mut model: ModelConfig, vocab_given: bool) -> Result<TrainConfig> {
+        let tokenizer: TokenizerKind = self.tokenizer.parse().context("--tokenizer")?;
+        if self.data != "markov" && !vocab_given {
+            model.vocab = tokenizer.vocab_size();
+        }
         let mut c = TrainConfig::new(model, self.steps);
         c.batch = self.batch;
         c.lr = self.lr;
@@ -146,7 +151,6 @@ impl TrainArgs {
         };
         c.recompute = self.recompute;
         c.bf16 = self.bf16;
-        let tokenizer: TokenizerKind = self.tokenizer.parse().context("--tokenizer")?;
         c.data = match self.data.as_str() {
             "markov" => DataSpec::Markov { branching: self.branching },
             "grammar" => DataSpec::Grammar { bytes: 4 << 20, tokenizer },

@@ -39,7 +39,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.nproc != 1 {
         bail!("--nproc {}: only single-process training (--nproc 1) is available until the data-parallel engine lands", a.nproc);
     }
-    let cfg = a.train.build(a.model.build()?)?;
+    let cfg = a.train.build(a.model.build()?, a.model.vocab.is_some())?;
     let steps = cfg.steps;
     let mut trainer = Trainer::new(cfg.clone())?;
     let peak = match a.peak_gflops {
@@ -79,10 +79,11 @@ pub fn run(a: Args) -> Result<()> {
         pb.set_message(format!("loss {:.4} {:.0} tok/s", s.loss, tps));
         pb.inc(1);
         if s.step % a.log_every.max(1) == 0 || s.step == 1 || s.step == steps {
-            pb.println(format!(
+            let line = format!(
                 "step {:>6}/{} loss {:.4} lr {:.2e} |g| {:.3} tokens/s {:.0} MFU {:.1}%",
                 s.step, steps, s.loss, s.lr, s.grad_norm, tps, 100.0 * mfu(tps, fpt, peak)
-            ));
+            );
+            if pb.is_hidden() { println!("{line}") } else { pb.println(line) }
         }
     }
     pb.finish_and_clear();

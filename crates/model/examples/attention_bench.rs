@@ -4,10 +4,35 @@
 //! ```text
 //! cargo run --release -p flotilla-model --example attention_bench -- [threads] [fq,fk,fdiag bq,bk,bdiag] [reps]
 //! ```
-//! The optional tile pair overrides the default forward / backward tiles
-//! (used to choose `Tiles::FWD` and `Tiles::BWD`). Figures are medians (and
-//! minima, the least disturbed calls on a shared machine) of `reps` timed
-//! calls in each of 3 rounds after a warm-up round.
+//! The optional tile triples override `Tiles::FWD` / `Tiles::BWD` (they
+//! were chosen with it). Figures are medians, and minima (the least
+//! disturbed calls on a shared machine), of `reps` timed calls in each of 3
+//! rounds after a warm-up round. Run the peer at the same moment, same
+//! shapes and thread count (`source /root/.cache/flotilla-peers/venv/bin/activate`):
+//!
+//! ```text
+//! import sys, time, statistics, torch, torch.nn.functional as F
+//! torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
+//! for H, K in [(4, 4), (6, 6), (6, 2)]:
+//!     B, T, D = 8, 256, 64
+//!     q = torch.randn(B, H, T, D, requires_grad=True)
+//!     k = torch.randn(B, K, T, D, requires_grad=True)
+//!     v = torch.randn(B, K, T, D, requires_grad=True)
+//!     g = torch.randn(B, H, T, D)
+//!     fw, bw = [], []
+//!     for r in range(4):
+//!         for _ in range(20):
+//!             q.grad = k.grad = v.grad = None
+//!             t0 = time.perf_counter()
+//!             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=H != K)
+//!             t1 = time.perf_counter()
+//!             o.backward(g)
+//!             t2 = time.perf_counter()
+//!             if r > 0: fw.append(t1 - t0); bw.append(t2 - t1)
+//!     fl = 2 * B * H * T * T * D
+//!     f, b = statistics.median(fw), statistics.median(bw)
+//!     print(f"H={H} K={K}: fwd {f*1e3:.3f} ms ({fl/f/1e9:.1f} GFLOP/s) bwd {b*1e3:.3f} ms ({2.5*fl/b/1e9:.1f} GFLOP/s)")
+//! ```
 use model::Threads;
 use model::kernels::attention::{Tiles, attention_bwd_tiled, attention_fwd_tiled};
 use std::time::Instant;

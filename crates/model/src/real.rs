@@ -88,7 +88,7 @@ impl Real for f32 {
         beta: Self, c: *mut Self, rsc: isize, csc: isize,
     ) {
         // SAFETY: forwarded contract.
-        unsafe { matrixmultiply::sgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
+        unsafe { crate::kernels::sgemm::sgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
     }
 }
 

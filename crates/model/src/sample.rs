@@ -13,6 +13,9 @@ pub struct SampleConfig {
     pub top_k: usize,
     /// Seed of the sampling stream.
     pub seed: u64,
+    /// Only ids below this are drawn (a tokenizer smaller than the model's
+    /// vocabulary); `None` allows every id.
+    pub vocab_limit: Option<usize>,
 }
 
 /// Extend `prompt` by `new_tokens` tokens sampled from `model` (built with
@@ -44,7 +47,8 @@ pub fn generate(
         ctx[..window.len()].copy_from_slice(window);
         ctx[window.len()..].fill(0);
         model.forward(th, params, &ctx, None)?;
-        let row = &model.logits()[(window.len() - 1) * d.v..window.len() * d.v];
+        let limit = sc.vocab_limit.unwrap_or(d.v).clamp(1, d.v);
+        let row = &model.logits()[(window.len() - 1) * d.v..(window.len() - 1) * d.v + limit];
         out.push(pick(row, sc, &mut rng));
     }
     Ok(out)

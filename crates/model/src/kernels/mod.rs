@@ -4,6 +4,7 @@
 //! [`Real`](crate::Real): f32 is the fast path, f64 the reference path the
 //! gradient checks use.
 pub mod matmul;
+pub mod sgemm;
 pub mod activation;
 pub mod attention;
 pub mod embedding;
