@@ -25,8 +25,8 @@ pub struct ActLayout {
     pub emb: Range<usize>,
     /// Each block's output (N, C).
     pub outs: Vec<Range<usize>>,
-    /// Each block's saved activations; all equal (one shared region) under
-    /// recomputation.
+    /// Each block's saved activations; the recomputed blocks all share one
+    /// region.
     pub inner: Vec<Range<usize>>,
     /// Final norm output (N, C), mean (N), rstd (N).
     pub lnf: Range<usize>,
@@ -39,8 +39,10 @@ pub struct ActLayout {
 }
 
 impl ActLayout {
-    /// The arena layout for `layers` blocks of dims `d`.
-    pub fn new(d: &Dims, layers: usize, recompute: bool) -> Self {
+    /// The arena layout for blocks of dims `d`; `recompute[l]` says whether
+    /// block `l` keeps only its output.
+    pub fn new(d: &Dims, recompute: &[bool]) -> Self {
+        let layers = recompute.len();
         let mut at = 0;
         let mut take = |len: usize| {
             let r = at..at + len;
@@ -51,12 +53,12 @@ impl ActLayout {
         let emb = take(nc);
         let mut outs = Vec::with_capacity(layers);
         let mut inner = Vec::with_capacity(layers);
-        let shared = recompute.then(|| take(d.block_acts_len()));
-        for _ in 0..layers {
+        let shared = recompute.iter().any(|&r| r).then(|| take(d.block_acts_len()));
+        for &r in recompute {
             outs.push(take(nc));
-            inner.push(match &shared {
-                Some(r) => r.clone(),
-                None => take(d.block_acts_len()),
+            inner.push(match (&shared, r) {
+                (Some(s), true) => s.clone(),
+                _ => take(d.block_acts_len()),
             });
         }
         let lnf = take(nc + 2 * d.n);
@@ -78,7 +80,7 @@ pub struct Model<T: Real> {
     dims: Dims,
     block: Block,
     rope: Option<RopeTable<T>>,
-    recompute: bool,
+    recompute: Vec<bool>,
     acts: ActLayout,
     arena: Vec<T>,
     scratch: Vec<T>,
@@ -91,9 +93,18 @@ pub struct Model<T: Real> {
 impl<T: Real> Model<T> {
     /// A model for `cfg` running batches of `batch` sequences of `seq_len`
     /// tokens (at most `cfg.seq_len`). `recompute` trades a second block
-    /// forward in the backward for keeping only block outputs.
+    /// forward in the backward for keeping only block outputs, in every block.
     pub fn new(cfg: &ModelConfig, batch: usize, seq_len: usize, recompute: bool) -> Result<Self> {
+        Self::with_recompute(cfg, batch, seq_len, vec![recompute; cfg.layers])
+    }
+
+    /// [`Model::new`] with activation recomputation chosen per block
+    /// (`recompute[l]` for block `l`; one entry per layer).
+    pub fn with_recompute(cfg: &ModelConfig, batch: usize, seq_len: usize, recompute: Vec<bool>) -> Result<Self> {
         cfg.validate()?;
+        if recompute.len() != cfg.layers {
+            return Err(ModelError::Shape { what: "recompute (one flag per block)", expected: cfg.layers, got: recompute.len() });
+        }
         if batch == 0 {
             return Err(ModelError::Config { field: "batch", value: "0".into(), reason: "must be positive".into() });
         }
@@ -106,7 +117,7 @@ impl<T: Real> Model<T> {
         }
         let layout = Layout::new(cfg);
         let dims = Dims::new(cfg, batch, seq_len);
-        let acts = ActLayout::new(&dims, cfg.layers, recompute);
+        let acts = ActLayout::new(&dims, &recompute);
         let rope = match cfg.positions {
             Positions::Rope { theta } => Some(RopeTable::new(cfg.seq_len, cfg.head_dim(), theta)),
             Positions::Learned => None,
@@ -223,7 +234,7 @@ impl<T: Real> Model<T> {
         let head = self.layout.blocks[self.cfg.layers - 1].end..self.layout.total;
         ready(head, grads);
         for l in (0..self.cfg.layers).rev() {
-            if self.recompute {
+            if self.recompute[l] {
                 self.block_forward(th, params, l);
             }
             self.block_backward(th, params, grads, l);

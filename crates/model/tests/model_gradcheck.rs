@@ -94,6 +94,24 @@ fn recomputation_gives_identical_gradients() {
 }
 
 #[test]
+fn per_block_recomputation_matches_and_saves_memory() {
+    let cfg = tiny_gpt2();
+    let (l1, g1, p) = run_f32(&cfg, 2, false);
+    let th = Threads::new(2).unwrap();
+    let mut m = Model::<f32>::with_recompute(&cfg, 2, cfg.seq_len, vec![true, false]).unwrap();
+    let (toks, tgts) = batch(&cfg, 2);
+    let l2 = m.forward(&th, &p, &toks, Some(&tgts)).unwrap().unwrap();
+    let mut g2 = vec![0f32; p.len()];
+    m.backward(&th, &p, &mut g2).unwrap();
+    assert_eq!(l1.to_bits(), l2.to_bits());
+    assert!(g1.iter().zip(&g2).all(|(a, b)| a.to_bits() == b.to_bits()));
+    let full = Model::<f32>::new(&cfg, 8, cfg.seq_len, false).unwrap().activation_bytes();
+    let all = Model::<f32>::new(&cfg, 8, cfg.seq_len, true).unwrap().activation_bytes();
+    assert!(all < full, "recomputation keeps less: {all} vs {full}");
+    assert!(Model::<f32>::with_recompute(&cfg, 1, 5, vec![true]).is_err(), "one flag per block");
+}
+
+#[test]
 fn same_inputs_and_threads_give_identical_bits() {
     let cfg = ModelConfig::gpt2(2, 4, 32, 16, 64);
     let (l1, g1, _) = run_f32(&cfg, 2, false);

@@ -64,11 +64,13 @@ mod avx512 {
     /// Columns of a micro-tile.
     pub(super) const NR: usize = 16 * NV;
     /// k-slice: one A micro-panel (`MR*KC` floats) fits L1 with room for B.
-    const KC: usize = 384;
+    const KC: usize = 512;
     /// Columns of C per packed B block: `KC*NC` floats (1.5 MB) in L2.
-    const NC: usize = 1024;
+    const NC: usize = 512;
     /// Rows of C per packed A block (a multiple of `MR`).
     const MC: usize = 2016;
+    /// How far ahead (floats) the k loop prefetches the B panel.
+    const PF_B: usize = 8 * NR;
 
     /// A 64-byte aligned chunk so packed panels start on cache lines.
     #[derive(Clone, Copy)]
@@ -260,10 +262,22 @@ mod avx512 {
         mr: usize, nr: usize,
     ) {
         let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+        // Pull the C tile towards L1 while the k loop runs, so the
+        // epilogue's loads and stores do not stall on memory.
+        if csc == 1 {
+            for i in 0..mr {
+                for v in 0..NV {
+                    // SAFETY: prefetch never faults; the address is in C's tile.
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(c.offset(i as isize * rsc).add(16 * v).cast()) };
+                }
+            }
+        }
         // SAFETY: ap holds MR*kc floats, bp NR*kc floats (64-byte aligned).
         unsafe {
             let (mut ap, mut bp) = (ap, bp);
             for _ in 0..kc {
+                _mm_prefetch::<_MM_HINT_T0>(bp.add(PF_B).cast());
+                _mm_prefetch::<_MM_HINT_T0>(bp.add(PF_B + 16).cast());
                 let mut bv = [_mm512_setzero_ps(); NV];
                 for (v, x) in bv.iter_mut().enumerate() {
                     *x = _mm512_load_ps(bp.add(16 * v));
@@ -280,7 +294,22 @@ mod avx512 {
         }
         let va = _mm512_set1_ps(alpha);
         let vb = _mm512_set1_ps(beta);
-        if csc == 1 {
+        if csc == 1 && mr == MR && nr == NR {
+            for (i, row) in acc.iter().enumerate() {
+                for (v, &x) in row.iter().enumerate() {
+                    // SAFETY: the full tile is inside C.
+                    unsafe {
+                        let p = c.offset(i as isize * rsc).add(16 * v);
+                        let r = if beta == 0.0 {
+                            _mm512_mul_ps(va, x)
+                        } else {
+                            _mm512_fmadd_ps(vb, _mm512_loadu_ps(p), _mm512_mul_ps(va, x))
+                        };
+                        _mm512_storeu_ps(p, r);
+                    }
+                }
+            }
+        } else if csc == 1 {
             for (i, row) in acc.iter().enumerate().take(mr) {
                 for (v, &x) in row.iter().enumerate() {
                     let j = 16 * v;
