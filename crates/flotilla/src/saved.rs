@@ -21,7 +21,7 @@ pub struct Sidecar {
 /// Write `dir/model.safetensors` and `dir/flotilla.json`.
 pub fn save(dir: &Path, cfg: &TrainConfig, layout: &Layout, params: &[f32]) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    model::interop::save_flotilla(&dir.join("model.safetensors"), &cfg.model, layout, params)?;
+    model::interop::save_flotilla(dir.join("model.safetensors"), &cfg.model, layout, params)?;
     let tokenizer = match &cfg.data {
         DataSpec::Markov { .. } => None,
         DataSpec::Grammar { tokenizer, .. } | DataSpec::Text { tokenizer, .. } => Some(tokenizer.to_string()),
@@ -33,7 +33,7 @@ pub fn save(dir: &Path, cfg: &TrainConfig, layout: &Layout, params: &[f32]) -> R
 
 /// Read a directory written by [`save`].
 pub fn load(dir: &Path) -> Result<(ModelConfig, Vec<f32>, Sidecar)> {
-    let (cfg, params) = model::interop::load_flotilla_with_config(&dir.join("model.safetensors"))?;
+    let (cfg, params) = model::interop::load_flotilla_with_config(dir.join("model.safetensors"))?;
     let path = dir.join("flotilla.json");
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let side: Sidecar = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;

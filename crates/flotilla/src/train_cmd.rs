@@ -99,7 +99,24 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(dir) = &a.export_hf {
         model::interop::export_hf(dir, &cfg.model, trainer.params())
             .with_context(|| format!("exporting to {}", dir.display()))?;
-        println!("# exported Hugging Face layout to {}", dir.display());
+        write_reference(dir, &cfg, trainer.params())?;
+        println!(
+            "# exported Hugging Face layout to {} (check: python scripts/hf_check.py {})",
+            dir.display(),
+            dir.display()
+        );
     }
+    Ok(())
+}
+
+/// Flotilla's logits for one fixed sequence, next to an HF export, so
+/// `scripts/hf_check.py` can compare Transformers' logits with ours.
+fn write_reference(dir: &std::path::Path, cfg: &train::TrainConfig, params: &[f32]) -> Result<()> {
+    let th = model::Threads::new(cfg.threads)?;
+    let t = cfg.seq_len;
+    let mut m = model::model::Model::<f32>::new(&cfg.model, 1, t, false)?;
+    let tokens: Vec<u32> = (0..t).map(|i| ((i * 7919 + 13) % cfg.model.vocab) as u32).collect();
+    m.forward(&th, params, &tokens, None)?;
+    model::interop::write_reference(dir, 1, &tokens, m.logits())?;
     Ok(())
 }

@@ -193,7 +193,7 @@ fn opt<'a, T>(s: &'a [T], r: &Option<Range<usize>>) -> Option<&'a [T]> {
 }
 
 /// Disjoint mutable views of several ranges of one gradient slice.
-fn grads_mut<'a, T, const M: usize>(g: &'a mut [T], rs: [Range<usize>; M]) -> [&'a mut [T]; M] {
+fn grads_mut<T, const M: usize>(g: &mut [T], rs: [Range<usize>; M]) -> [&mut [T]; M] {
     g.get_disjoint_mut(rs).expect("block layout ranges are disjoint")
 }
 

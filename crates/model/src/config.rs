@@ -151,27 +151,27 @@ impl ModelConfig {
         if self.heads == 0 {
             return bad("heads", "0".into(), "must be positive");
         }
-        if self.d_model % self.heads != 0 {
+        if !self.d_model.is_multiple_of(self.heads) {
             return bad(
                 "heads",
                 self.heads.to_string(),
                 &format!("must divide d_model ({} % {} = {})", self.d_model, self.heads, self.d_model % self.heads),
             );
         }
-        if self.kv_heads == 0 || self.heads % self.kv_heads != 0 {
+        if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
             return bad(
                 "kv_heads",
                 self.kv_heads.to_string(),
                 &format!("must be positive and divide heads ({})", self.heads),
             );
         }
-        if matches!(self.positions, Positions::Rope { .. }) && self.head_dim() % 2 != 0 {
+        if matches!(self.positions, Positions::Rope { .. }) && !self.head_dim().is_multiple_of(2) {
             return bad("heads", self.heads.to_string(), "rotary positions need an even head dim (d_model / heads)");
         }
-        if let Positions::Rope { theta } = self.positions {
-            if !(theta.is_finite() && theta > 1.0) {
-                return bad("rope_theta", theta.to_string(), "must be finite and > 1");
-            }
+        if let Positions::Rope { theta } = self.positions
+            && !(theta.is_finite() && theta > 1.0)
+        {
+            return bad("rope_theta", theta.to_string(), "must be finite and > 1");
         }
         if self.ffn == 0 {
             return bad("ffn", "0".into(), "must be positive");
@@ -190,9 +190,6 @@ impl ModelConfig {
         }
         if self.dropout != 0.0 {
             return bad("dropout", self.dropout.to_string(), "only 0 is supported (training is deterministic)");
-        }
-        if self.activation == Activation::SwiGlu && self.norm == Norm::LayerNorm && self.bias {
-            // Allowed, just unusual; nothing to reject.
         }
         Ok(())
     }

@@ -103,16 +103,16 @@ pub fn exp_f32(x: f32) -> f32 {
     const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
     let x = x.clamp(-87.3, 88.7);
     let n = (x * LOG2E + ROUND) - ROUND;
-    let r = x - n * LN2_HI - n * LN2_LO;
+    let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
     let r2 = r * r;
     // Cephes expf minimax coefficients for e^r on [-ln2/2, ln2/2].
     let mut p = 1.987_569_1e-4_f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
-    let e = p * r2 + r + 1.0;
+    p = p.mul_add(r, 1.398_199_9e-3);
+    p = p.mul_add(r, 8.333_452e-3);
+    p = p.mul_add(r, 4.166_579_6e-2);
+    p = p.mul_add(r, 1.666_666_5e-1);
+    p = p.mul_add(r, 5.000_000_1e-1);
+    let e = p.mul_add(r2, r) + 1.0;
     // 2^n from the exponent bits: n + 127 sits in the low mantissa bits of
     // `n + 127 + ROUND`; shifting them into the exponent field avoids a
     // float-to-int cast, which would stop the loop from vectorising.
@@ -129,12 +129,12 @@ pub fn tanh_f32(x: f32) -> f32 {
     let big = 1.0 - 2.0 / (e + 1.0);
     let x2 = x * x;
     let mut p = -929_569.0 / 638_512_875.0_f32;
-    p = p * x2 + 21_844.0 / 6_081_075.0;
-    p = p * x2 - 1_382.0 / 155_925.0;
-    p = p * x2 + 62.0 / 2_835.0;
-    p = p * x2 - 17.0 / 315.0;
-    p = p * x2 + 2.0 / 15.0;
-    p = p * x2 - 1.0 / 3.0;
+    p = p.mul_add(x2, 21_844.0 / 6_081_075.0);
+    p = p.mul_add(x2, -(1_382.0 / 155_925.0));
+    p = p.mul_add(x2, 62.0 / 2_835.0);
+    p = p.mul_add(x2, -(17.0 / 315.0));
+    p = p.mul_add(x2, 2.0 / 15.0);
+    p = p.mul_add(x2, -(1.0 / 3.0));
     let small = x + x * x2 * p;
     if x.abs() < 0.5 { small } else { big }
 }
@@ -146,24 +146,21 @@ pub fn tanh_f32(x: f32) -> f32 {
 pub fn erf_f32(x: f32) -> f32 {
     let z = x.abs();
     let t = 1.0 / (1.0 + 0.5 * z);
-    let p = -1.265_512_2
-        + t * (1.000_023_7
-            + t * (0.374_091_96
-                + t * (0.096_784_18
-                    + t * (-0.186_288_06
-                        + t * (0.278_868_07
-                            + t * (-1.135_203_98
-                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
-    let big = 1.0 - t * exp_f32(-z * z + p);
+    // Horner form of -1.26551223 + t(1.00002368 + t(0.37409196 + ...)).
+    let mut p = 0.170_872_77_f32;
+    for c in [-0.822_152_23, 1.488_515_87, -1.135_203_98, 0.278_868_07, -0.186_288_06, 0.096_784_18, 0.374_091_96, 1.000_023_7, -1.265_512_2] {
+        p = p.mul_add(t, c);
+    }
+    let big = 1.0 - t * exp_f32((-z).mul_add(z, p));
     // erf z = 2/sqrt(pi) * sum_n (-1)^n z^(2n+1) / (n! (2n+1)), n = 0..7.
     let z2 = z * z;
     let mut s = -1.0 / (5_040.0 * 15.0_f32);
-    s = s * z2 + 1.0 / (720.0 * 13.0);
-    s = s * z2 - 1.0 / (120.0 * 11.0);
-    s = s * z2 + 1.0 / (24.0 * 9.0);
-    s = s * z2 - 1.0 / (6.0 * 7.0);
-    s = s * z2 + 1.0 / (2.0 * 5.0);
-    s = s * z2 - 1.0 / 3.0;
+    s = s.mul_add(z2, 1.0 / (720.0 * 13.0));
+    s = s.mul_add(z2, -(1.0 / (120.0 * 11.0)));
+    s = s.mul_add(z2, 1.0 / (24.0 * 9.0));
+    s = s.mul_add(z2, -(1.0 / (6.0 * 7.0)));
+    s = s.mul_add(z2, 1.0 / (2.0 * 5.0));
+    s = s.mul_add(z2, -(1.0 / 3.0));
     let small = std::f32::consts::FRAC_2_SQRT_PI * (z + z * z2 * s);
     let r = if z < 0.5 { small } else { big };
     r.copysign(x)

@@ -105,10 +105,10 @@ impl TrainConfig {
         if self.threads == 0 {
             return bad("threads", "0".into(), "must be positive");
         }
-        if let Some(c) = self.grad_clip {
-            if !(c.is_finite() && c > 0.0) {
-                return bad("grad_clip", c.to_string(), "must be finite and positive");
-            }
+        if let Some(c) = self.grad_clip
+            && !(c.is_finite() && c > 0.0)
+        {
+            return bad("grad_clip", c.to_string(), "must be finite and positive");
         }
         self.adamw.validate()?;
         self.schedule.validate()?;

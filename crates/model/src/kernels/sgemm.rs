@@ -8,16 +8,16 @@
 //!
 //! Design (the BLIS Skylake-X sgemm blocking, transposed because our C is
 //! row-major and vectors run along C's rows):
-//! - micro-kernel: an `MR x NR` tile of C (`MR` = 12 rows, `NR` = 32 = two
-//!   zmm) lives in 24 zmm accumulators over a whole `KC` slice; each k step
+//! - micro-kernel: an `MR x NR` tile of C (`MR` = 14 rows, `NR` = 32 = two
+//!   zmm) lives in 28 zmm accumulators over a whole `KC` slice; each k step
 //!   loads two B vectors and does `MR` broadcast-FMAs per vector, so loads
 //!   stay well under the FMA rate.
 //! - `A` is packed once per (`MC` rows, `KC`) block into `MR`-row panels
 //!   (`p`-major, `MR` values per step; rows past `m` are zero). The current
-//!   A micro-panel (`MR * KC * 4` B = 18 KB) sits in L1 while the kernel
+//!   A micro-panel (`MR * KC * 4` B = 28 KB of the 48 KB L1) sits in L1 while the kernel
 //!   sweeps the B panels.
 //! - `B` is packed per (`KC`, `NC`) block into `NR`-column panels (64-byte
-//!   aligned, columns past `n` zero); the block (`KC * NC * 4` B = 1.5 MB)
+//!   aligned, columns past `n` zero); the block (`KC * NC * 4` B = 1 MB)
 //!   stays in L2 and is reused by all `MC / MR` A micro-panels.
 //! - Edges are computed as full tiles over the zero padding and only the
 //!   valid part is written (masked stores when C is row-major, a scratch
@@ -58,17 +58,19 @@ mod avx512 {
     use std::cell::RefCell;
 
     /// Rows of a micro-tile (broadcast operand).
-    pub(super) const MR: usize = 12;
+    pub(super) const MR: usize = 14;
     /// zmm vectors across a micro-tile's columns.
     const NV: usize = 2;
     /// Columns of a micro-tile.
     pub(super) const NR: usize = 16 * NV;
     /// k-slice: one A micro-panel (`MR*KC` floats) fits L1 with room for B.
     const KC: usize = 512;
-    /// Columns of C per packed B block: `KC*NC` floats (1.5 MB) in L2.
+    /// Columns of C per packed B block: `KC*NC` floats (1 MB) in L2.
     const NC: usize = 512;
-    /// Rows of C per packed A block (a multiple of `MR`).
+    /// Rows of C per packed A block (`MC*KC` floats, 4 MB, from L3).
     const MC: usize = 2016;
+    // The column-major A packing copies a panel step with one 16-lane mask.
+    const _: () = assert!(MR <= 16);
     /// How far ahead (floats) the k loop prefetches the B panel.
     const PF_B: usize = 8 * NR;
 
@@ -110,22 +112,24 @@ mod avx512 {
             unsafe { scale_c(m, n, beta, c, rsc, csc) };
             return;
         }
+        // Equal blocks no larger than the caps (2048 rows in 2 blocks of
+        // 1024, not 2016 + 32), A's rounded to whole micro-panels.
+        let mcb = m.div_ceil(m.div_ceil(MC)).next_multiple_of(MR);
+        let ncb = n.div_ceil(n.div_ceil(NC)).next_multiple_of(NR);
+        let kcb = k.div_ceil(k.div_ceil(KC));
         BUFS.with_borrow_mut(|(abuf, bbuf)| {
-            let mc_max = m.min(MC).next_multiple_of(MR);
-            let nc_max = n.min(NC).next_multiple_of(NR);
-            let kc_max = k.min(KC);
-            let pa = buf(abuf, mc_max * kc_max);
-            let pb = buf(bbuf, nc_max * kc_max);
-            for i0 in (0..m).step_by(MC) {
-                let mc = (m - i0).min(MC);
-                for p0 in (0..k).step_by(KC) {
-                    let kc = (k - p0).min(KC);
+            let pa = buf(abuf, m.min(mcb).next_multiple_of(MR) * kcb);
+            let pb = buf(bbuf, n.min(ncb).next_multiple_of(NR) * kcb);
+            for i0 in (0..m).step_by(mcb) {
+                let mc = (m - i0).min(mcb);
+                for p0 in (0..k).step_by(kcb) {
+                    let kc = (k - p0).min(kcb);
                     let beta_p = if p0 == 0 { beta } else { 1.0 };
                     // SAFETY: the block (i0.., p0..) of A is in bounds; pa
                     // holds mc_max * kc_max floats.
                     unsafe { pack_a(mc, kc, a.offset(i0 as isize * rsa + p0 as isize * csa), rsa, csa, pa) };
-                    for j0 in (0..n).step_by(NC) {
-                        let nc = (n - j0).min(NC);
+                    for j0 in (0..n).step_by(ncb) {
+                        let nc = (n - j0).min(ncb);
                         // SAFETY: as above for B and pb.
                         unsafe {
                             pack_b(kc, nc, b.offset(p0 as isize * rsb + j0 as isize * csb), rsb, csb, pb);
@@ -153,6 +157,7 @@ mod avx512 {
 
     /// Pack `A(mc x kc)` into `MR`-row panels: panel `r`, step `p` holds
     /// `A[r*MR .. r*MR+MR, p]` contiguously; rows past `mc` are zero.
+    #[target_feature(enable = "avx512f")]
     unsafe fn pack_a(mc: usize, kc: usize, a: *const f32, rsa: isize, csa: isize, pa: *mut f32) {
         let mut dst = pa;
         for r0 in (0..mc).step_by(MR) {
@@ -161,29 +166,20 @@ mod avx512 {
             unsafe {
                 let ar = a.offset(r0 as isize * rsa);
                 if rsa == 1 && mr == MR {
-                    // Column-major A (the transposed operand): MR contiguous floats per step.
+                    // Column-major A (the transposed operand): MR contiguous
+                    // floats per step, one masked vector copy.
+                    const M: __mmask16 = ((1u32 << MR) - 1) as __mmask16;
                     for p in 0..kc {
-                        std::ptr::copy_nonoverlapping(ar.offset(p as isize * csa), dst.add(p * MR), MR);
-                    }
-                } else if csa == 1 {
-                    // Row-major A: walk each row contiguously, scatter into the panel.
-                    for i in 0..MR {
-                        if i < mr {
-                            let row = ar.offset(i as isize * rsa);
-                            for p in 0..kc {
-                                *dst.add(p * MR + i) = *row.add(p);
-                            }
-                        } else {
-                            for p in 0..kc {
-                                *dst.add(p * MR + i) = 0.0;
-                            }
-                        }
+                        let x = _mm512_maskz_loadu_ps(M, ar.offset(p as isize * csa));
+                        _mm512_mask_storeu_ps(dst.add(p * MR), M, x);
                     }
                 } else {
+                    // Strided rows (row-major A): p outer so the reads are
+                    // MR sequential streams and the writes contiguous.
                     for p in 0..kc {
+                        let (src, d) = (ar.offset(p as isize * csa), dst.add(p * MR));
                         for i in 0..MR {
-                            *dst.add(p * MR + i) =
-                                if i < mr { *ar.offset(i as isize * rsa + p as isize * csa) } else { 0.0 };
+                            *d.add(i) = if i < mr { *src.offset(i as isize * rsa) } else { 0.0 };
                         }
                     }
                 }
@@ -194,6 +190,7 @@ mod avx512 {
 
     /// Pack `B(kc x nc)` into `NR`-column panels: panel `s`, step `p` holds
     /// `B[p, s*NR .. s*NR+NR]` contiguously; columns past `nc` are zero.
+    #[target_feature(enable = "avx512f")]
     unsafe fn pack_b(kc: usize, nc: usize, b: *const f32, rsb: isize, csb: isize, pb: *mut f32) {
         let mut dst = pb;
         for s0 in (0..nc).step_by(NR) {
@@ -201,7 +198,15 @@ mod avx512 {
             // SAFETY: reads stay in the kc x nc block, writes in NR*kc per panel.
             unsafe {
                 let bs = b.offset(s0 as isize * csb);
-                if csb == 1 {
+                if csb == 1 && nr == NR {
+                    // Row-major B, full panel: NV vector copies per step.
+                    for p in 0..kc {
+                        let src = bs.offset(p as isize * rsb);
+                        for v in 0..NV {
+                            _mm512_store_ps(dst.add(p * NR + 16 * v), _mm512_loadu_ps(src.add(16 * v)));
+                        }
+                    }
+                } else if csb == 1 {
                     for p in 0..kc {
                         let src = bs.offset(p as isize * rsb);
                         let d = dst.add(p * NR);
@@ -211,17 +216,11 @@ mod avx512 {
                         }
                     }
                 } else {
-                    // Transposed B: walk each column contiguously.
-                    for j in 0..NR {
-                        if j < nr {
-                            let col = bs.offset(j as isize * csb);
-                            for p in 0..kc {
-                                *dst.add(p * NR + j) = *col.offset(p as isize * rsb);
-                            }
-                        } else {
-                            for p in 0..kc {
-                                *dst.add(p * NR + j) = 0.0;
-                            }
+                    // Transposed B: p outer, NR sequential column streams.
+                    for p in 0..kc {
+                        let (src, d) = (bs.offset(p as isize * rsb), dst.add(p * NR));
+                        for j in 0..NR {
+                            *d.add(j) = if j < nr { *src.offset(j as isize * csb) } else { 0.0 };
                         }
                     }
                 }
@@ -272,12 +271,12 @@ mod avx512 {
                 }
             }
         }
-        // SAFETY: ap holds MR*kc floats, bp NR*kc floats (64-byte aligned).
+        // SAFETY: ap holds MR*kc floats, bp NR*kc floats (64-byte aligned);
+        // the B prefetch address may run past the panel (wrapping_add; prefetch never faults).
         unsafe {
             let (mut ap, mut bp) = (ap, bp);
-            for _ in 0..kc {
-                _mm_prefetch::<_MM_HINT_T0>(bp.add(PF_B).cast());
-                _mm_prefetch::<_MM_HINT_T0>(bp.add(PF_B + 16).cast());
+            // One k step: NV loads of B, MR broadcasts of A, MR*NV FMAs.
+            let step = |acc: &mut [[__m512; NV]; MR], ap: *const f32, bp: *const f32| {
                 let mut bv = [_mm512_setzero_ps(); NV];
                 for (v, x) in bv.iter_mut().enumerate() {
                     *x = _mm512_load_ps(bp.add(16 * v));
@@ -288,6 +287,19 @@ mod avx512 {
                         row[v] = _mm512_fmadd_ps(av, bv[v], row[v]);
                     }
                 }
+            };
+            // Unrolled by 4 to cut loop overhead; B prefetched PF_B ahead.
+            for _ in 0..kc / 4 {
+                for u in 0..4 {
+                    _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(PF_B + u * NR).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(PF_B + u * NR + 16).cast());
+                    step(&mut acc, ap.add(u * MR), bp.add(u * NR));
+                }
+                ap = ap.add(4 * MR);
+                bp = bp.add(4 * NR);
+            }
+            for _ in 0..kc % 4 {
+                step(&mut acc, ap, bp);
                 ap = ap.add(MR);
                 bp = bp.add(NR);
             }
