@@ -8,6 +8,7 @@
 set -euo pipefail
 THREADS=${1:-2}
 OUT=${2:-/dev/stdout}
+ROUNDS=${ROUNDS:-3}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PEERS=${PEERS:-$ROOT/../shared/peers}
 PY=${PEER_PY:-/root/.cache/flotilla-peers/venv/bin/python}
@@ -15,7 +16,8 @@ BIN=${FLOTILLA_BIN:-$ROOT/target/release/flotilla}
 [ -x "$BIN" ] || (cd "$ROOT" && cargo build --release -p flotilla)
 {
 echo "## $(date -u +%FT%TZ) $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-echo "### GEMM f32, $THREADS threads (median of 20)"
+echo "### GEMM f32, $THREADS threads: $ROUNDS interleaved rounds (torch.mm, then flotilla), median of 20 each"
+for r in $(seq "$ROUNDS"); do
 "$PY" - "$THREADS" <<'PYEOF'
 import statistics, sys, time, torch
 torch.set_num_threads(int(sys.argv[1]))
@@ -28,6 +30,7 @@ for n in (1024, 2048):
     print(f"torch.mm {n}^3: {2*n**3/statistics.median(ts)/1e9:.1f} GFLOP/s")
 PYEOF
 "$BIN" bench model --config tiny --threads "$THREADS" --steps 1 --untimed 0 | grep '^# gemm'
+done
 for cfg in tiny small; do
   echo "### training, config $cfg, 1 process x $THREADS threads"
   "$PY" "$PEERS/ddp_gpt_bench.py" --config "$cfg" --modes single --single-threads "$THREADS" --warmup 3 --steps 10 | grep -E '^(# matmul|config|'"$cfg"')'

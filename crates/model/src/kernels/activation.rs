@@ -101,11 +101,6 @@ pub fn gelu_bwd<T: Real>(th: &Threads, dinp: &mut [T], inp: &[T], dout: &[T], ki
     }
 }
 
-/// SwiGLU forward, row-wise: `out = silu(gate) * up` with
-/// `silu(g) = g σ(g)`, `σ(g) = 1 / (1 + e^{-g})`.
-///
-/// out: (N, F), inp: (N, 2F) where each row is `[gate (F) | up (F)]`
-
 // Row bodies live in their own functions so the compiler sees that the
 // output slice does not alias the inputs and vectorises without checks.
 
@@ -136,6 +131,10 @@ fn gelu_erf_bwd_row<T: Real>(dinp: &mut [T], inp: &[T], dout: &[T], half: T, inv
     }
 }
 
+/// SwiGLU forward, row-wise: `out = silu(gate) * up` with
+/// `silu(g) = g σ(g)`, `σ(g) = 1 / (1 + e^{-g})`.
+///
+/// out: (N, F), inp: (N, 2F) where each row is `[gate (F) | up (F)]`
 /// (the fused gate/up projection's output).
 pub fn swiglu_fwd<T: Real>(th: &Threads, out: &mut [T], inp: &[T], n: usize, f: usize) {
     if n == 0 || f == 0 {
