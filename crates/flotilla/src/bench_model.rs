@@ -38,14 +38,28 @@ pub fn run(a: Args) -> Result<()> {
     for &n in &a.gemm {
         peaks.push((n, gemm_gflops(th, n, a.gemm_reps)));
     }
-    let peak = peaks.iter().find(|(n, _)| *n == 2048).map(|p| p.1).unwrap_or_else(|| gemm_gflops(th, 2048, 5));
+    let peak = peaks
+        .iter()
+        .find(|(n, _)| *n == 2048)
+        .map(|p| p.1)
+        .unwrap_or_else(|| gemm_gflops(th, 2048, 5));
     let fpt = trainer.flops_per_token();
     println!(
         "# flotilla model bench config={} layers={} heads={} d_model={} seq_len={} vocab={} batch={} threads={}",
-        a.model.config, cfg.model.layers, cfg.model.heads, cfg.model.d_model, cfg.seq_len, cfg.model.vocab, cfg.batch,
+        a.model.config,
+        cfg.model.layers,
+        cfg.model.heads,
+        cfg.model.d_model,
+        cfg.seq_len,
+        cfg.model.vocab,
+        cfg.batch,
         cfg.threads
     );
-    println!("# params {:.2}M, flops/token {:.1} MFLOP", trainer.model().n_params() as f64 / 1e6, fpt / 1e6);
+    println!(
+        "# params {:.2}M, flops/token {:.1} MFLOP",
+        trainer.model().n_params() as f64 / 1e6,
+        fpt / 1e6
+    );
     for (n, g) in &peaks {
         println!("# gemm {n}^3 f32: {g:.1} GFLOP/s ({} threads)", cfg.threads);
     }
@@ -70,12 +84,32 @@ pub fn run(a: Args) -> Result<()> {
     let tps = cfg.tokens_per_step() as f64 / step_s;
     println!(
         "{:<6} {:<14} {:>5} {:>8} {:>10} {:>10} {:>9} {:>9} {:>8} {:>6} {:>12}",
-        "config", "mode", "procs", "thr/proc", "glob_batch", "tokens/s", "step_ms", "median_ms", "GFLOP/s", "MFU", "loss"
+        "config",
+        "mode",
+        "procs",
+        "thr/proc",
+        "glob_batch",
+        "tokens/s",
+        "step_ms",
+        "median_ms",
+        "GFLOP/s",
+        "MFU",
+        "loss"
     );
     println!(
         "{:<6} {:<14} {:>5} {:>8} {:>10} {:>10.1} {:>9.1} {:>9.1} {:>8.1} {:>5.1}% {:>5.2}->{:<5.2}",
-        a.model.config, "single", 1, cfg.threads, cfg.batch, tps, step_s * 1e3, median * 1e3, tps * fpt / 1e9,
-        100.0 * mfu(tps, fpt, peak), first, last
+        a.model.config,
+        "single",
+        1,
+        cfg.threads,
+        cfg.batch,
+        tps,
+        step_s * 1e3,
+        median * 1e3,
+        tps * fpt / 1e9,
+        100.0 * mfu(tps, fpt, peak),
+        first,
+        last
     );
     if a.profile {
         print_profile(wall, times.len());
@@ -87,11 +121,17 @@ pub fn run(a: Args) -> Result<()> {
 fn print_profile(wall: f64, steps: usize) {
     let rows = model::profile::take();
     let covered: f64 = rows.iter().map(|r| r.1).sum();
-    println!("# where a step's {:.1} ms went (per step; {:.1}% of wall covered):", wall / steps as f64 * 1e3, 100.0 * covered / wall);
+    println!(
+        "# where a step's {:.1} ms went (per step; {:.1}% of wall covered):",
+        wall / steps as f64 * 1e3,
+        100.0 * covered / wall
+    );
     for (name, secs, calls) in rows {
         println!(
             "#   {name:<20} {:>8.2} ms {:>5.1}%  {:>4} calls",
-            secs / steps as f64 * 1e3, 100.0 * secs / wall, calls / steps as u64
+            secs / steps as f64 * 1e3,
+            100.0 * secs / wall,
+            calls / steps as u64
         );
     }
 }

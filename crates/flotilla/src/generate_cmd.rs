@@ -37,7 +37,12 @@ pub fn run(a: Args) -> Result<()> {
     let (cfg, params, side) = crate::saved::load(&a.model)?;
     let th = Threads::new(a.threads)?;
     let mut m = Model::<f32>::new(&cfg, 1, cfg.seq_len, false)?;
-    let mut sc = SampleConfig { temperature: a.temperature, top_k: a.top_k, seed: a.seed, vocab_limit: None };
+    let mut sc = SampleConfig {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        seed: a.seed,
+        vocab_limit: None,
+    };
     match side.tokenizer {
         Some(name) => {
             let kind: TokenizerKind = name.parse().context("tokenizer in flotilla.json")?;
@@ -51,10 +56,16 @@ pub fn run(a: Args) -> Result<()> {
             let ids = a
                 .prompt
                 .split_whitespace()
-                .map(|s| s.parse::<u32>().with_context(|| format!("--prompt: {s:?} is not a token id")))
+                .map(|s| {
+                    s.parse::<u32>()
+                        .with_context(|| format!("--prompt: {s:?} is not a token id"))
+                })
                 .collect::<Result<Vec<_>>>()?;
             let out = generate(&th, &mut m, &params, &ids, a.tokens, &sc)?;
-            println!("{}", out.iter().map(u32::to_string).collect::<Vec<_>>().join(" "));
+            println!(
+                "{}",
+                out.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")
+            );
         }
     }
     Ok(())

@@ -147,14 +147,24 @@ impl TrainArgs {
         c.seed = self.seed;
         c.threads = match self.threads {
             Some(t) => t,
-            None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            None => std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
         };
         c.recompute = self.recompute;
         c.bf16 = self.bf16;
         c.data = match self.data.as_str() {
-            "markov" => DataSpec::Markov { branching: self.branching },
-            "grammar" => DataSpec::Grammar { bytes: 4 << 20, tokenizer },
-            "text" => DataSpec::Text { paths: self.text.clone(), tokenizer },
+            "markov" => DataSpec::Markov {
+                branching: self.branching,
+            },
+            "grammar" => DataSpec::Grammar {
+                bytes: 4 << 20,
+                tokenizer,
+            },
+            "text" => DataSpec::Text {
+                paths: self.text.clone(),
+                tokenizer,
+            },
             other => bail!("--data {other}: expected markov, grammar or text"),
         };
         c.validate()?;

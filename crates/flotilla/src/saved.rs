@@ -24,18 +24,27 @@ pub fn save(dir: &Path, cfg: &TrainConfig, layout: &Layout, params: &[f32]) -> R
     model::interop::save_flotilla(dir.join("model.safetensors"), &cfg.model, layout, params)?;
     let tokenizer = match &cfg.data {
         DataSpec::Markov { .. } => None,
-        DataSpec::Grammar { tokenizer, .. } | DataSpec::Text { tokenizer, .. } => Some(tokenizer.to_string()),
+        DataSpec::Grammar { tokenizer, .. } | DataSpec::Text { tokenizer, .. } => {
+            Some(tokenizer.to_string())
+        }
     };
-    let side = Sidecar { tokenizer, steps: cfg.steps, seed: cfg.seed };
+    let side = Sidecar {
+        tokenizer,
+        steps: cfg.steps,
+        seed: cfg.seed,
+    };
     let path = dir.join("flotilla.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&side)?).with_context(|| format!("writing {}", path.display()))
+    std::fs::write(&path, serde_json::to_string_pretty(&side)?)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Read a directory written by [`save`].
 pub fn load(dir: &Path) -> Result<(ModelConfig, Vec<f32>, Sidecar)> {
     let (cfg, params) = model::interop::load_flotilla_with_config(dir.join("model.safetensors"))?;
     let path = dir.join("flotilla.json");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let side: Sidecar = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let side: Sidecar =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
     Ok((cfg, params, side))
 }

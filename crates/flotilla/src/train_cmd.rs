@@ -37,7 +37,10 @@ pub struct Args {
 /// Run `flotilla train`.
 pub fn run(a: Args) -> Result<()> {
     if a.nproc != 1 {
-        bail!("--nproc {}: only single-process training (--nproc 1) is available until the data-parallel engine lands", a.nproc);
+        bail!(
+            "--nproc {}: only single-process training (--nproc 1) is available until the data-parallel engine lands",
+            a.nproc
+        );
     }
     let cfg = a.train.build(a.model.build()?, a.model.vocab.is_some())?;
     let steps = cfg.steps;
@@ -50,21 +53,45 @@ pub fn run(a: Args) -> Result<()> {
     let m = &cfg.model;
     println!(
         "# model: {} layers, d_model {}, heads {}/{}, ffn {}, vocab {}, seq_len {}; {:.2}M parameters; {:.1} MFLOP/token",
-        m.layers, m.d_model, m.heads, m.kv_heads, m.ffn, m.vocab, cfg.seq_len,
-        trainer.model().n_params() as f64 / 1e6, fpt / 1e6
+        m.layers,
+        m.d_model,
+        m.heads,
+        m.kv_heads,
+        m.ffn,
+        m.vocab,
+        cfg.seq_len,
+        trainer.model().n_params() as f64 / 1e6,
+        fpt / 1e6
     );
     println!(
         "# batch {} x {} tokens, {} threads, data {:?}; MFU against {:.1} GFLOP/s ({})",
-        cfg.batch, cfg.seq_len, cfg.threads, cfg.data, peak,
-        if a.peak_gflops.is_some() { "given" } else { "measured 2048^3 GEMM" }
+        cfg.batch,
+        cfg.seq_len,
+        cfg.threads,
+        cfg.data,
+        peak,
+        if a.peak_gflops.is_some() {
+            "given"
+        } else {
+            "measured 2048^3 GEMM"
+        }
     );
     if let Some(h) = trainer.entropy_floor() {
-        println!("# data entropy rate {h:.4} nats/token (the best achievable loss); uniform {:.4}", (m.vocab as f64).ln());
+        println!(
+            "# data entropy rate {h:.4} nats/token (the best achievable loss); uniform {:.4}",
+            (m.vocab as f64).ln()
+        );
     }
-    let pb = if a.no_progress { ProgressBar::hidden() } else { ProgressBar::new(steps) };
+    let pb = if a.no_progress {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(steps)
+    };
     pb.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed_precise}<{eta_precise}]")
-            .context("progress template")?,
+        ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} {msg} [{elapsed_precise}<{eta_precise}]",
+        )
+        .context("progress template")?,
     );
     let (mut timed_s, mut timed_tokens, mut last_loss) = (0.0, 0usize, f64::NAN);
     for _ in 0..steps {
@@ -81,9 +108,19 @@ pub fn run(a: Args) -> Result<()> {
         if s.step % a.log_every.max(1) == 0 || s.step == 1 || s.step == steps {
             let line = format!(
                 "step {:>6}/{} loss {:.4} lr {:.2e} |g| {:.3} tokens/s {:.0} MFU {:.1}%",
-                s.step, steps, s.loss, s.lr, s.grad_norm, tps, 100.0 * mfu(tps, fpt, peak)
+                s.step,
+                steps,
+                s.loss,
+                s.lr,
+                s.grad_norm,
+                tps,
+                100.0 * mfu(tps, fpt, peak)
             );
-            if pb.is_hidden() { println!("{line}") } else { pb.println(line) }
+            if pb.is_hidden() {
+                println!("{line}")
+            } else {
+                pb.println(line)
+            }
         }
     }
     pb.finish_and_clear();
@@ -115,7 +152,9 @@ fn write_reference(dir: &std::path::Path, cfg: &train::TrainConfig, params: &[f3
     let th = model::Threads::new(cfg.threads)?;
     let t = cfg.seq_len;
     let mut m = model::model::Model::<f32>::new(&cfg.model, 1, t, false)?;
-    let tokens: Vec<u32> = (0..t).map(|i| ((i * 7919 + 13) % cfg.model.vocab) as u32).collect();
+    let tokens: Vec<u32> = (0..t)
+        .map(|i| ((i * 7919 + 13) % cfg.model.vocab) as u32)
+        .collect();
     m.forward(&th, params, &tokens, None)?;
     model::interop::write_reference(dir, 1, &tokens, m.logits())?;
     Ok(())

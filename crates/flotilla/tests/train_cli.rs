@@ -2,13 +2,35 @@
 use std::process::Command;
 
 fn flotilla(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_flotilla")).args(args).output().expect("run flotilla");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .output()
+        .expect("run flotilla");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
 }
 
 const MICRO: &[&str] = &[
-    "--config", "tiny", "--layers", "1", "--d-model", "32", "--heads", "2", "--seq-len", "32", "--batch", "4",
-    "--threads", "2", "--peak-gflops", "100", "--no-progress",
+    "--config",
+    "tiny",
+    "--layers",
+    "1",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--seq-len",
+    "32",
+    "--batch",
+    "4",
+    "--threads",
+    "2",
+    "--peak-gflops",
+    "100",
+    "--no-progress",
 ];
 
 #[test]
@@ -17,13 +39,36 @@ fn train_saves_and_generate_continues_the_prompt() {
     let save = dir.to_str().unwrap();
     let mut args = vec!["train"];
     args.extend_from_slice(MICRO);
-    args.extend_from_slice(&["--data", "grammar", "--tokenizer", "byte", "--steps", "20", "--lr", "3e-3", "--save", save]);
+    args.extend_from_slice(&[
+        "--data",
+        "grammar",
+        "--tokenizer",
+        "byte",
+        "--steps",
+        "20",
+        "--lr",
+        "3e-3",
+        "--save",
+        save,
+    ]);
     let (ok, out, err) = flotilla(&args);
     assert!(ok, "train failed: {err}");
     assert!(out.contains("step     20/20 loss"), "{out}");
-    assert!(out.contains("vocab 257"), "the byte tokenizer sets the vocabulary: {out}");
-    let (ok, out, err) =
-        flotilla(&["generate", "--model", save, "--prompt", "The dog", "--tokens", "20", "--temperature", "0"]);
+    assert!(
+        out.contains("vocab 257"),
+        "the byte tokenizer sets the vocabulary: {out}"
+    );
+    let (ok, out, err) = flotilla(&[
+        "generate",
+        "--model",
+        save,
+        "--prompt",
+        "The dog",
+        "--tokens",
+        "20",
+        "--temperature",
+        "0",
+    ]);
     assert!(ok, "generate failed: {err}");
     assert!(out.starts_with("The dog"), "{out}");
     assert!(out.trim_end_matches('\n').len() > "The dog".len(), "{out}");

@@ -38,9 +38,16 @@ use model::kernels::attention::{Tiles, attention_bwd_tiled, attention_fwd_tiled}
 use std::time::Instant;
 
 fn parse_tiles(s: &str) -> Tiles {
-    let v: Vec<usize> = s.split(',').map(|x| x.parse().expect("tiles as q,k,diag")).collect();
+    let v: Vec<usize> = s
+        .split(',')
+        .map(|x| x.parse().expect("tiles as q,k,diag"))
+        .collect();
     assert_eq!(v.len(), 3, "tiles as q,k,diag");
-    Tiles { q: v[0], k: v[1], diag: v[2] }
+    Tiles {
+        q: v[0],
+        k: v[1],
+        diag: v[2],
+    }
 }
 
 fn min(v: &[f64]) -> f64 {
@@ -63,8 +70,12 @@ fn main() {
     for (b, t, h, k, d) in [(8, 256, 4, 4, 64), (8, 256, 6, 6, 64), (8, 256, 6, 2, 64)] {
         let n = b * t;
         let w = (h + 2 * k) * d;
-        let qkv: Vec<f32> = (0..n * w).map(|i| ((i as f32 * 0.618_034).fract() - 0.5) * 2.0).collect();
-        let dout: Vec<f32> = (0..n * h * d).map(|i| ((i as f32 * 0.414_213_5).fract() - 0.5) * 2.0).collect();
+        let qkv: Vec<f32> = (0..n * w)
+            .map(|i| ((i as f32 * 0.618_034).fract() - 0.5) * 2.0)
+            .collect();
+        let dout: Vec<f32> = (0..n * h * d)
+            .map(|i| ((i as f32 * 0.414_213_5).fract() - 0.5) * 2.0)
+            .collect();
         let mut out = vec![0f32; n * h * d];
         let mut lse = vec![0f32; b * h * t];
         let mut dqkv = vec![0f32; n * w];

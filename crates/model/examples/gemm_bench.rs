@@ -68,13 +68,29 @@ fn main() {
     }
     println!("threads={threads} reps={reps}");
     for (name, kind, m, k, n) in shapes {
-        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
-        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.1).collect();
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
+            .collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.1)
+            .collect();
         let mut c = vec![0.0f32; m * n];
         let (av, bv, strides) = match kind {
-            Kind::Nn => (MatRef::new(&a, m, k), MatRef::new(&b, k, n), [k as isize, 1, n as isize, 1]),
-            Kind::Nt => (MatRef::new(&a, m, k), MatRef::new(&b, n, k).t(), [k as isize, 1, 1, k as isize]),
-            Kind::Tn => (MatRef::new(&a, k, m).t(), MatRef::new(&b, k, n), [1, m as isize, n as isize, 1]),
+            Kind::Nn => (
+                MatRef::new(&a, m, k),
+                MatRef::new(&b, k, n),
+                [k as isize, 1, n as isize, 1],
+            ),
+            Kind::Nt => (
+                MatRef::new(&a, m, k),
+                MatRef::new(&b, n, k).t(),
+                [k as isize, 1, 1, k as isize],
+            ),
+            Kind::Tn => (
+                MatRef::new(&a, k, m).t(),
+                MatRef::new(&b, k, n),
+                [1, m as isize, n as isize, 1],
+            ),
         };
         let flops = 2.0 * (m * k * n) as f64;
         let mut ours = Vec::new();
@@ -101,7 +117,13 @@ fn main() {
 }
 
 /// matrixmultiply under the same split as `matmul::gemm` (longer of m, n).
-fn mm_gemm(th: &Threads, a: *const f32, b: *const f32, dims: (usize, usize, usize, [isize; 4]), c: &mut [f32]) {
+fn mm_gemm(
+    th: &Threads,
+    a: *const f32,
+    b: *const f32,
+    dims: (usize, usize, usize, [isize; 4]),
+    c: &mut [f32],
+) {
     let (m, k, n, [rsa, csa, rsb, csb]) = dims;
     let along_rows = m >= n;
     let len = if along_rows { m } else { n };
@@ -114,11 +136,25 @@ fn mm_gemm(th: &Threads, a: *const f32, b: *const f32, dims: (usize, usize, usiz
         // SAFETY: blocks of C are disjoint and all views are in bounds.
         unsafe {
             let (rows, cols, a0, b0, c0) = if along_rows {
-                (r.len(), n, ap.offset(r.start as isize * rsa), bp, cs.ptr().add(r.start * n))
+                (
+                    r.len(),
+                    n,
+                    ap.offset(r.start as isize * rsa),
+                    bp,
+                    cs.ptr().add(r.start * n),
+                )
             } else {
-                (m, r.len(), ap, bp.offset(r.start as isize * csb), cs.ptr().add(r.start))
+                (
+                    m,
+                    r.len(),
+                    ap,
+                    bp.offset(r.start as isize * csb),
+                    cs.ptr().add(r.start),
+                )
             };
-            matrixmultiply::sgemm(rows, k, cols, 1.0, a0, rsa, csa, b0, rsb, csb, 0.0, c0, n as isize, 1);
+            matrixmultiply::sgemm(
+                rows, k, cols, 1.0, a0, rsa, csa, b0, rsb, csb, 0.0, c0, n as isize, 1,
+            );
         }
     });
 }

@@ -78,7 +78,13 @@ impl Dims {
     /// Elements of one block's saved activations (everything but its output).
     pub fn block_acts_len(&self) -> usize {
         let (n, c) = (self.n, self.c);
-        4 * n * c + 6 * n + n * self.qkv + n * self.h * self.d + self.b * self.h * self.t + n * self.fin + n * self.f
+        4 * n * c
+            + 6 * n
+            + n * self.qkv
+            + n * self.h * self.d
+            + self.b * self.h * self.t
+            + n * self.fin
+            + n * self.f
     }
 
     /// Elements of the backward scratch of one block.
@@ -194,29 +200,53 @@ fn opt<'a, T>(s: &'a [T], r: &Option<Range<usize>>) -> Option<&'a [T]> {
 
 /// Disjoint mutable views of several ranges of one gradient slice.
 fn grads_mut<T, const M: usize>(g: &mut [T], rs: [Range<usize>; M]) -> [&mut [T]; M] {
-    g.get_disjoint_mut(rs).expect("block layout ranges are disjoint")
+    g.get_disjoint_mut(rs)
+        .expect("block layout ranges are disjoint")
 }
 
 impl Block {
     /// The block of `cfg`.
     pub fn new(cfg: &ModelConfig, layout: BlockLayout) -> Self {
-        Self { layout, norm: cfg.norm, activation: cfg.activation, eps: cfg.norm_eps }
+        Self {
+            layout,
+            norm: cfg.norm,
+            activation: cfg.activation,
+            eps: cfg.norm_eps,
+        }
     }
 
     fn norm_fwd<T: Real>(
-        &self, th: &Threads, d: &Dims, out: &mut [T], mean: &mut [T], rstd: &mut [T], x: &[T], w: &[T],
+        &self,
+        th: &Threads,
+        d: &Dims,
+        out: &mut [T],
+        mean: &mut [T],
+        rstd: &mut [T],
+        x: &[T],
+        w: &[T],
         b: Option<&[T]>,
     ) {
         match self.norm {
-            Norm::LayerNorm => layernorm_fwd(th, out, mean, rstd, x, w, b, d.n, d.c, T::of(self.eps)),
+            Norm::LayerNorm => {
+                layernorm_fwd(th, out, mean, rstd, x, w, b, d.n, d.c, T::of(self.eps))
+            }
             Norm::RmsNorm => rmsnorm_fwd(th, out, rstd, x, w, d.n, d.c, T::of(self.eps)),
         }
     }
 
     #[allow(clippy::too_many_arguments)]
     fn norm_bwd<T: Real>(
-        &self, th: &Threads, d: &Dims, dx: &mut [T], dw: &mut [T], db: Option<&mut [T]>, dout: &[T], x: &[T],
-        w: &[T], mean: &[T], rstd: &[T],
+        &self,
+        th: &Threads,
+        d: &Dims,
+        dx: &mut [T],
+        dw: &mut [T],
+        db: Option<&mut [T]>,
+        dout: &[T],
+        x: &[T],
+        w: &[T],
+        mean: &[T],
+        rstd: &[T],
     ) {
         match self.norm {
             Norm::LayerNorm => layernorm_bwd(th, dx, dw, db, dout, x, w, mean, rstd, d.n, d.c),
@@ -226,23 +256,95 @@ impl Block {
 
     /// Forward: `out` (N, C) from `x` (N, C), saving activations in `a`.
     pub fn forward<T: Real>(
-        &self, th: &Threads, d: &Dims, p: &[T], rope: Option<&RopeTable<T>>, a: &mut BlockActs<'_, T>, x: &[T],
+        &self,
+        th: &Threads,
+        d: &Dims,
+        p: &[T],
+        rope: Option<&RopeTable<T>>,
+        a: &mut BlockActs<'_, T>,
+        x: &[T],
         out: &mut [T],
     ) {
         let l = &self.layout;
         let (n, c) = (d.n, d.c);
         let hd = d.h * d.d;
-        timed!("norm.fwd", self.norm_fwd(th, d, a.ln1, a.ln1_mean, a.ln1_rstd, x, &p[l.ln1_w.clone()], opt(p, &l.ln1_b)));
-        timed!("matmul.fwd", matmul_fwd(th, a.qkv, a.ln1, &p[l.qkv_w.clone()], opt(p, &l.qkv_b), n, c, d.qkv));
+        timed!(
+            "norm.fwd",
+            self.norm_fwd(
+                th,
+                d,
+                a.ln1,
+                a.ln1_mean,
+                a.ln1_rstd,
+                x,
+                &p[l.ln1_w.clone()],
+                opt(p, &l.ln1_b)
+            )
+        );
+        timed!(
+            "matmul.fwd",
+            matmul_fwd(
+                th,
+                a.qkv,
+                a.ln1,
+                &p[l.qkv_w.clone()],
+                opt(p, &l.qkv_b),
+                n,
+                c,
+                d.qkv
+            )
+        );
         if let Some(table) = rope {
-            timed!("rope.fwd", rope_fwd(th, a.qkv, table, d.b, d.t, d.h, d.k, d.d));
+            timed!(
+                "rope.fwd",
+                rope_fwd(th, a.qkv, table, d.b, d.t, d.h, d.k, d.d)
+            );
         }
-        timed!("attention.fwd", attention_fwd(th, a.atty, a.lse, a.qkv, d.b, d.t, d.h, d.k, d.d));
+        timed!(
+            "attention.fwd",
+            attention_fwd(th, a.atty, a.lse, a.qkv, d.b, d.t, d.h, d.k, d.d)
+        );
         // res2 = x + atty · Wprojᵀ: the projection lands in res2, then x is added.
-        timed!("matmul.fwd", matmul_fwd(th, a.res2, a.atty, &p[l.proj_w.clone()], opt(p, &l.proj_b), n, hd, c));
+        timed!(
+            "matmul.fwd",
+            matmul_fwd(
+                th,
+                a.res2,
+                a.atty,
+                &p[l.proj_w.clone()],
+                opt(p, &l.proj_b),
+                n,
+                hd,
+                c
+            )
+        );
         timed!("residual", add_acc(th, a.res2, x));
-        timed!("norm.fwd", self.norm_fwd(th, d, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, &p[l.ln2_w.clone()], opt(p, &l.ln2_b)));
-        timed!("matmul.fwd", matmul_fwd(th, a.fch, a.ln2, &p[l.fc_w.clone()], opt(p, &l.fc_b), n, c, d.fin));
+        timed!(
+            "norm.fwd",
+            self.norm_fwd(
+                th,
+                d,
+                a.ln2,
+                a.ln2_mean,
+                a.ln2_rstd,
+                a.res2,
+                &p[l.ln2_w.clone()],
+                opt(p, &l.ln2_b)
+            )
+        );
+        timed!(
+            "matmul.fwd",
+            matmul_fwd(
+                th,
+                a.fch,
+                a.ln2,
+                &p[l.fc_w.clone()],
+                opt(p, &l.fc_b),
+                n,
+                c,
+                d.fin
+            )
+        );
         let _p = scope("activation.fwd");
         match self.activation {
             Activation::Gelu => gelu_fwd(th, a.act, a.fch, GeluKind::Erf),
@@ -250,7 +352,19 @@ impl Block {
             Activation::SwiGlu => swiglu_fwd(th, a.act, a.fch, n, d.f),
         }
         drop(_p);
-        timed!("matmul.fwd", matmul_fwd(th, out, a.act, &p[l.fcp_w.clone()], opt(p, &l.fcp_b), n, d.f, c));
+        timed!(
+            "matmul.fwd",
+            matmul_fwd(
+                th,
+                out,
+                a.act,
+                &p[l.fcp_w.clone()],
+                opt(p, &l.fcp_b),
+                n,
+                d.f,
+                c
+            )
+        );
         let _p = scope("residual");
         add_acc(th, out, a.res2);
     }
@@ -260,15 +374,29 @@ impl Block {
     /// `g` (the block's slice of the gradient buffer).
     #[allow(clippy::too_many_arguments)]
     pub fn backward<T: Real>(
-        &self, th: &Threads, d: &Dims, p: &[T], g: &mut [T], rope: Option<&RopeTable<T>>, a: &BlockActs<'_, T>,
-        s: &mut BlockScratch<'_, T>, x: &[T], dx: &mut [T],
+        &self,
+        th: &Threads,
+        d: &Dims,
+        p: &[T],
+        g: &mut [T],
+        rope: Option<&RopeTable<T>>,
+        a: &BlockActs<'_, T>,
+        s: &mut BlockScratch<'_, T>,
+        x: &[T],
+        dx: &mut [T],
     ) {
         let l = &self.layout;
         let (n, c) = (d.n, d.c);
         let hd = d.h * d.d;
         // MLP output projection.
-        timed!("matmul.bwd_input", matmul_bwd_input(th, s.dact, T::zero(), dx, &p[l.fcp_w.clone()], n, d.f, c));
-        timed!("matmul.bwd_weight", self.weight_grads(th, g, &l.fcp_w, &l.fcp_b, dx, a.act, n, d.f, c));
+        timed!(
+            "matmul.bwd_input",
+            matmul_bwd_input(th, s.dact, T::zero(), dx, &p[l.fcp_w.clone()], n, d.f, c)
+        );
+        timed!(
+            "matmul.bwd_weight",
+            self.weight_grads(th, g, &l.fcp_w, &l.fcp_b, dx, a.act, n, d.f, c)
+        );
         let _p = scope("activation.bwd");
         match self.activation {
             Activation::Gelu => gelu_bwd(th, s.dfch, a.fch, s.dact, GeluKind::Erf),
@@ -276,25 +404,87 @@ impl Block {
             Activation::SwiGlu => swiglu_bwd(th, s.dfch, s.dact, a.fch, n, d.f),
         }
         drop(_p);
-        timed!("matmul.bwd_input", matmul_bwd_input(th, s.dln, T::zero(), s.dfch, &p[l.fc_w.clone()], n, c, d.fin));
-        timed!("matmul.bwd_weight", self.weight_grads(th, g, &l.fc_w, &l.fc_b, s.dfch, a.ln2, n, c, d.fin));
-        timed!("norm.bwd", self.norm_grads(th, d, g, &l.ln2_w, &l.ln2_b, dx, s.dln, a.res2, p, a.ln2_mean, a.ln2_rstd));
+        timed!(
+            "matmul.bwd_input",
+            matmul_bwd_input(
+                th,
+                s.dln,
+                T::zero(),
+                s.dfch,
+                &p[l.fc_w.clone()],
+                n,
+                c,
+                d.fin
+            )
+        );
+        timed!(
+            "matmul.bwd_weight",
+            self.weight_grads(th, g, &l.fc_w, &l.fc_b, s.dfch, a.ln2, n, c, d.fin)
+        );
+        timed!(
+            "norm.bwd",
+            self.norm_grads(
+                th, d, g, &l.ln2_w, &l.ln2_b, dx, s.dln, a.res2, p, a.ln2_mean, a.ln2_rstd
+            )
+        );
         // dx now holds d res2. Attention output projection.
-        timed!("matmul.bwd_input", matmul_bwd_input(th, s.datty, T::zero(), dx, &p[l.proj_w.clone()], n, hd, c));
-        timed!("matmul.bwd_weight", self.weight_grads(th, g, &l.proj_w, &l.proj_b, dx, a.atty, n, hd, c));
-        timed!("attention.bwd", attention_bwd(th, s.dqkv, s.datty, a.qkv, a.atty, a.lse, d.b, d.t, d.h, d.k, d.d));
+        timed!(
+            "matmul.bwd_input",
+            matmul_bwd_input(th, s.datty, T::zero(), dx, &p[l.proj_w.clone()], n, hd, c)
+        );
+        timed!(
+            "matmul.bwd_weight",
+            self.weight_grads(th, g, &l.proj_w, &l.proj_b, dx, a.atty, n, hd, c)
+        );
+        timed!(
+            "attention.bwd",
+            attention_bwd(
+                th, s.dqkv, s.datty, a.qkv, a.atty, a.lse, d.b, d.t, d.h, d.k, d.d
+            )
+        );
         if let Some(table) = rope {
-            timed!("rope.bwd", rope_bwd(th, s.dqkv, table, d.b, d.t, d.h, d.k, d.d));
+            timed!(
+                "rope.bwd",
+                rope_bwd(th, s.dqkv, table, d.b, d.t, d.h, d.k, d.d)
+            );
         }
-        timed!("matmul.bwd_input", matmul_bwd_input(th, s.dln, T::zero(), s.dqkv, &p[l.qkv_w.clone()], n, c, d.qkv));
-        timed!("matmul.bwd_weight", self.weight_grads(th, g, &l.qkv_w, &l.qkv_b, s.dqkv, a.ln1, n, c, d.qkv));
-        timed!("norm.bwd", self.norm_grads(th, d, g, &l.ln1_w, &l.ln1_b, dx, s.dln, x, p, a.ln1_mean, a.ln1_rstd));
+        timed!(
+            "matmul.bwd_input",
+            matmul_bwd_input(
+                th,
+                s.dln,
+                T::zero(),
+                s.dqkv,
+                &p[l.qkv_w.clone()],
+                n,
+                c,
+                d.qkv
+            )
+        );
+        timed!(
+            "matmul.bwd_weight",
+            self.weight_grads(th, g, &l.qkv_w, &l.qkv_b, s.dqkv, a.ln1, n, c, d.qkv)
+        );
+        timed!(
+            "norm.bwd",
+            self.norm_grads(
+                th, d, g, &l.ln1_w, &l.ln1_b, dx, s.dln, x, p, a.ln1_mean, a.ln1_rstd
+            )
+        );
     }
 
     #[allow(clippy::too_many_arguments)]
     fn weight_grads<T: Real>(
-        &self, th: &Threads, g: &mut [T], w: &Range<usize>, b: &Option<Range<usize>>, dout: &[T], inp: &[T],
-        n: usize, c: usize, oc: usize,
+        &self,
+        th: &Threads,
+        g: &mut [T],
+        w: &Range<usize>,
+        b: &Option<Range<usize>>,
+        dout: &[T],
+        inp: &[T],
+        n: usize,
+        c: usize,
+        oc: usize,
     ) {
         match b {
             Some(b) => {
@@ -307,8 +497,18 @@ impl Block {
 
     #[allow(clippy::too_many_arguments)]
     fn norm_grads<T: Real>(
-        &self, th: &Threads, d: &Dims, g: &mut [T], w: &Range<usize>, b: &Option<Range<usize>>, dx: &mut [T],
-        dnorm: &[T], x: &[T], p: &[T], mean: &[T], rstd: &[T],
+        &self,
+        th: &Threads,
+        d: &Dims,
+        g: &mut [T],
+        w: &Range<usize>,
+        b: &Option<Range<usize>>,
+        dx: &mut [T],
+        dnorm: &[T],
+        x: &[T],
+        p: &[T],
+        mean: &[T],
+        rstd: &[T],
     ) {
         let weight = &p[w.clone()];
         match b {
@@ -316,7 +516,18 @@ impl Block {
                 let [gw, gb] = grads_mut(g, [w.clone(), b.clone()]);
                 self.norm_bwd(th, d, dx, gw, Some(gb), dnorm, x, weight, mean, rstd);
             }
-            None => self.norm_bwd(th, d, dx, &mut g[w.clone()], None, dnorm, x, weight, mean, rstd),
+            None => self.norm_bwd(
+                th,
+                d,
+                dx,
+                &mut g[w.clone()],
+                None,
+                dnorm,
+                x,
+                weight,
+                mean,
+                rstd,
+            ),
         }
     }
 }

@@ -92,7 +92,13 @@ impl ModelConfig {
     /// untied head.
     #[allow(clippy::too_many_arguments)]
     pub fn llama(
-        layers: usize, heads: usize, kv_heads: usize, d_model: usize, ffn: usize, seq_len: usize, vocab: usize,
+        layers: usize,
+        heads: usize,
+        kv_heads: usize,
+        d_model: usize,
+        ffn: usize,
+        seq_len: usize,
+        vocab: usize,
     ) -> Self {
         Self {
             layers,
@@ -140,7 +146,11 @@ impl ModelConfig {
     /// Check every field; the error names the first bad one.
     pub fn validate(&self) -> Result<()> {
         let bad = |field: &'static str, value: String, reason: &str| {
-            Err(ModelError::Config { field, value, reason: reason.to_string() })
+            Err(ModelError::Config {
+                field,
+                value,
+                reason: reason.to_string(),
+            })
         };
         if self.layers == 0 {
             return bad("layers", "0".into(), "need at least one block");
@@ -155,7 +165,12 @@ impl ModelConfig {
             return bad(
                 "heads",
                 self.heads.to_string(),
-                &format!("must divide d_model ({} % {} = {})", self.d_model, self.heads, self.d_model % self.heads),
+                &format!(
+                    "must divide d_model ({} % {} = {})",
+                    self.d_model,
+                    self.heads,
+                    self.d_model % self.heads
+                ),
             );
         }
         if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
@@ -166,7 +181,11 @@ impl ModelConfig {
             );
         }
         if matches!(self.positions, Positions::Rope { .. }) && !self.head_dim().is_multiple_of(2) {
-            return bad("heads", self.heads.to_string(), "rotary positions need an even head dim (d_model / heads)");
+            return bad(
+                "heads",
+                self.heads.to_string(),
+                "rotary positions need an even head dim (d_model / heads)",
+            );
         }
         if let Positions::Rope { theta } = self.positions
             && !(theta.is_finite() && theta > 1.0)
@@ -186,10 +205,18 @@ impl ModelConfig {
             return bad("seq_len", "0".into(), "must be positive");
         }
         if !(self.norm_eps.is_finite() && self.norm_eps > 0.0) {
-            return bad("norm_eps", self.norm_eps.to_string(), "must be finite and positive");
+            return bad(
+                "norm_eps",
+                self.norm_eps.to_string(),
+                "must be finite and positive",
+            );
         }
         if self.dropout != 0.0 {
-            return bad("dropout", self.dropout.to_string(), "only 0 is supported (training is deterministic)");
+            return bad(
+                "dropout",
+                self.dropout.to_string(),
+                "only 0 is supported (training is deterministic)",
+            );
         }
         Ok(())
     }
@@ -207,14 +234,22 @@ impl ModelConfig {
     /// Output width of the first feed-forward linear: F, or 2F for SwiGLU
     /// (gate and up fused, gate first).
     pub fn ffn_in_dim(&self) -> usize {
-        if self.activation == Activation::SwiGlu { 2 * self.ffn } else { self.ffn }
+        if self.activation == Activation::SwiGlu {
+            2 * self.ffn
+        } else {
+            self.ffn
+        }
     }
 
     /// Model FLOPs per trained token: `6 N + 12 L T C` (forward and backward;
     /// N excludes the position table, the tied embedding counts once as the
     /// LM head) — the nanoGPT/PaLM estimate the peer benchmark uses.
     pub fn flops_per_token(&self, n_params: usize) -> f64 {
-        let wpe = if self.positions == Positions::Learned { self.seq_len * self.d_model } else { 0 };
+        let wpe = if self.positions == Positions::Learned {
+            self.seq_len * self.d_model
+        } else {
+            0
+        };
         6.0 * (n_params - wpe) as f64 + 12.0 * (self.layers * self.seq_len * self.d_model) as f64
     }
 }

@@ -6,22 +6,43 @@ use thiserror::Error;
 pub enum ModelError {
     /// A config field has an invalid value.
     #[error("invalid model config: {field} = {value}: {reason}")]
-    Config { field: &'static str, value: String, reason: String },
+    Config {
+        field: &'static str,
+        value: String,
+        reason: String,
+    },
     /// A buffer handed to the engine has the wrong length.
     #[error("{what}: expected {expected} elements, got {got}")]
-    Shape { what: &'static str, expected: usize, got: usize },
+    Shape {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
     /// A token id outside the vocabulary.
     #[error("{what}: token id {id} at position {pos} is outside the vocabulary (size {vocab})")]
-    Token { what: &'static str, id: u32, pos: usize, vocab: usize },
+    Token {
+        what: &'static str,
+        id: u32,
+        pos: usize,
+        vocab: usize,
+    },
     /// The loss (or a gradient) became NaN or infinite.
     #[error("non-finite {what} at step {step}: {value}")]
-    NonFinite { what: &'static str, step: u64, value: f64 },
+    NonFinite {
+        what: &'static str,
+        step: u64,
+        value: f64,
+    },
     /// The thread pool could not be built.
     #[error("thread pool with {threads} threads: {reason}")]
     Threads { threads: usize, reason: String },
     /// An optimizer or schedule setting is invalid.
     #[error("invalid optimizer setting: {field} = {value}: {reason}")]
-    Optim { field: &'static str, value: String, reason: String },
+    Optim {
+        field: &'static str,
+        value: String,
+        reason: String,
+    },
     /// Import or export of a weights file failed.
     #[error("{path}: {reason}")]
     Io { path: String, reason: String },

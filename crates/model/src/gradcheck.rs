@@ -19,7 +19,10 @@ pub struct GradError {
 impl GradError {
     /// Panic with a readable message when the relative error exceeds `tol`.
     pub fn assert_below(&self, tol: f64, what: &str) {
-        assert!(self.max_rel <= tol, "{what}: gradient check failed: {self:?} (tolerance {tol})");
+        assert!(
+            self.max_rel <= tol,
+            "{what}: gradient check failed: {self:?} (tolerance {tol})"
+        );
     }
 }
 
@@ -63,5 +66,7 @@ pub fn dot(a: &[f64], b: &[f64]) -> f64 {
 /// Deterministic values in `[-scale, scale]` (SplitMix64 stream from `seed`).
 pub fn rand_vec(seed: u64, len: usize, scale: f64) -> Vec<f64> {
     let mut r = crate::rng::Rng::new(seed);
-    (0..len).map(|_| (r.uniform() * 2.0 - 1.0) * scale).collect()
+    (0..len)
+        .map(|_| (r.uniform() * 2.0 - 1.0) * scale)
+        .collect()
 }

@@ -19,8 +19,12 @@ pub fn init_params<T: Real>(cfg: &ModelConfig, layout: &Layout, seed: u64, param
     for e in &layout.entries {
         let dst = &mut params[e.range()];
         match e.kind {
-            ParamKind::Embedding | ParamKind::Matrix => dst.iter_mut().for_each(|x| *x = T::of(rng.normal() * INIT_STD)),
-            ParamKind::ResidualMatrix => dst.iter_mut().for_each(|x| *x = T::of(rng.normal() * resid_std)),
+            ParamKind::Embedding | ParamKind::Matrix => dst
+                .iter_mut()
+                .for_each(|x| *x = T::of(rng.normal() * INIT_STD)),
+            ParamKind::ResidualMatrix => dst
+                .iter_mut()
+                .for_each(|x| *x = T::of(rng.normal() * resid_std)),
             ParamKind::Bias | ParamKind::NormBias => dst.fill(T::zero()),
             ParamKind::NormWeight => dst.fill(T::one()),
         }

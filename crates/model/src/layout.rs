@@ -114,8 +114,20 @@ struct Builder {
 }
 
 impl Builder {
-    fn push(&mut self, name: String, shape: Vec<usize>, layer: Option<usize>, kind: ParamKind) -> Range<usize> {
-        let e = ParamEntry { name, shape, offset: self.at, layer, kind };
+    fn push(
+        &mut self,
+        name: String,
+        shape: Vec<usize>,
+        layer: Option<usize>,
+        kind: ParamKind,
+    ) -> Range<usize> {
+        let e = ParamEntry {
+            name,
+            shape,
+            offset: self.at,
+            layer,
+            kind,
+        };
         let r = e.range();
         self.at = r.end;
         self.entries.push(e);
@@ -132,28 +144,77 @@ impl Layout {
     pub fn new(cfg: &ModelConfig) -> Self {
         let (c, v) = (cfg.d_model, cfg.vocab);
         let layer_norm_bias = cfg.bias && cfg.norm == Norm::LayerNorm;
-        let mut b = Builder { entries: Vec::new(), at: 0 };
+        let mut b = Builder {
+            entries: Vec::new(),
+            at: 0,
+        };
         let wte = b.push("wte".into(), vec![v, c], None, ParamKind::Embedding);
-        let wpe = (cfg.positions == Positions::Learned)
-            .then(|| b.push("wpe".into(), vec![cfg.seq_len, c], None, ParamKind::Embedding));
+        let wpe = (cfg.positions == Positions::Learned).then(|| {
+            b.push(
+                "wpe".into(),
+                vec![cfg.seq_len, c],
+                None,
+                ParamKind::Embedding,
+            )
+        });
         let mut blocks = Vec::new();
         let mut block = None;
         for l in 0..cfg.layers {
             let base = b.at;
             let p = |s: &str| format!("h.{l}.{s}");
             let ln1_w = b.push(p("ln1.weight"), vec![c], Some(l), ParamKind::NormWeight);
-            let ln1_b = layer_norm_bias.then(|| b.push(p("ln1.bias"), vec![c], Some(l), ParamKind::NormBias));
-            let qkv_w = b.push(p("attn.qkv.weight"), vec![cfg.qkv_dim(), c], Some(l), ParamKind::Matrix);
-            let qkv_b = cfg.bias.then(|| b.push(p("attn.qkv.bias"), vec![cfg.qkv_dim()], Some(l), ParamKind::Bias));
+            let ln1_b = layer_norm_bias
+                .then(|| b.push(p("ln1.bias"), vec![c], Some(l), ParamKind::NormBias));
+            let qkv_w = b.push(
+                p("attn.qkv.weight"),
+                vec![cfg.qkv_dim(), c],
+                Some(l),
+                ParamKind::Matrix,
+            );
+            let qkv_b = cfg.bias.then(|| {
+                b.push(
+                    p("attn.qkv.bias"),
+                    vec![cfg.qkv_dim()],
+                    Some(l),
+                    ParamKind::Bias,
+                )
+            });
             let hd = cfg.heads * cfg.head_dim();
-            let proj_w = b.push(p("attn.proj.weight"), vec![c, hd], Some(l), ParamKind::ResidualMatrix);
-            let proj_b = cfg.bias.then(|| b.push(p("attn.proj.bias"), vec![c], Some(l), ParamKind::Bias));
+            let proj_w = b.push(
+                p("attn.proj.weight"),
+                vec![c, hd],
+                Some(l),
+                ParamKind::ResidualMatrix,
+            );
+            let proj_b = cfg
+                .bias
+                .then(|| b.push(p("attn.proj.bias"), vec![c], Some(l), ParamKind::Bias));
             let ln2_w = b.push(p("ln2.weight"), vec![c], Some(l), ParamKind::NormWeight);
-            let ln2_b = layer_norm_bias.then(|| b.push(p("ln2.bias"), vec![c], Some(l), ParamKind::NormBias));
-            let fc_w = b.push(p("mlp.fc.weight"), vec![cfg.ffn_in_dim(), c], Some(l), ParamKind::Matrix);
-            let fc_b = cfg.bias.then(|| b.push(p("mlp.fc.bias"), vec![cfg.ffn_in_dim()], Some(l), ParamKind::Bias));
-            let fcp_w = b.push(p("mlp.proj.weight"), vec![c, cfg.ffn], Some(l), ParamKind::ResidualMatrix);
-            let fcp_b = cfg.bias.then(|| b.push(p("mlp.proj.bias"), vec![c], Some(l), ParamKind::Bias));
+            let ln2_b = layer_norm_bias
+                .then(|| b.push(p("ln2.bias"), vec![c], Some(l), ParamKind::NormBias));
+            let fc_w = b.push(
+                p("mlp.fc.weight"),
+                vec![cfg.ffn_in_dim(), c],
+                Some(l),
+                ParamKind::Matrix,
+            );
+            let fc_b = cfg.bias.then(|| {
+                b.push(
+                    p("mlp.fc.bias"),
+                    vec![cfg.ffn_in_dim()],
+                    Some(l),
+                    ParamKind::Bias,
+                )
+            });
+            let fcp_w = b.push(
+                p("mlp.proj.weight"),
+                vec![c, cfg.ffn],
+                Some(l),
+                ParamKind::ResidualMatrix,
+            );
+            let fcp_b = cfg
+                .bias
+                .then(|| b.push(p("mlp.proj.bias"), vec![c], Some(l), ParamKind::Bias));
             blocks.push(base..b.at);
             if block.is_none() {
                 let r = |x: Range<usize>| rel(x, base);
@@ -175,9 +236,10 @@ impl Layout {
             }
         }
         let lnf_w = b.push("ln_f.weight".into(), vec![c], None, ParamKind::NormWeight);
-        let lnf_b = layer_norm_bias.then(|| b.push("ln_f.bias".into(), vec![c], None, ParamKind::NormBias));
-        let lm_head =
-            (!cfg.tied_embeddings).then(|| b.push("lm_head.weight".into(), vec![v, c], None, ParamKind::Matrix));
+        let lnf_b =
+            layer_norm_bias.then(|| b.push("ln_f.bias".into(), vec![c], None, ParamKind::NormBias));
+        let lm_head = (!cfg.tied_embeddings)
+            .then(|| b.push("lm_head.weight".into(), vec![v, c], None, ParamKind::Matrix));
         Layout {
             total: b.at,
             entries: b.entries,
@@ -204,7 +266,10 @@ impl Layout {
         let mut out: Vec<Range<usize>> = Vec::new();
         for e in &self.entries {
             let decays = all
-                || matches!(e.kind, ParamKind::Embedding | ParamKind::Matrix | ParamKind::ResidualMatrix);
+                || matches!(
+                    e.kind,
+                    ParamKind::Embedding | ParamKind::Matrix | ParamKind::ResidualMatrix
+                );
             if !decays {
                 continue;
             }

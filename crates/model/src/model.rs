@@ -53,7 +53,10 @@ impl ActLayout {
         let emb = take(nc);
         let mut outs = Vec::with_capacity(layers);
         let mut inner = Vec::with_capacity(layers);
-        let shared = recompute.iter().any(|&r| r).then(|| take(d.block_acts_len()));
+        let shared = recompute
+            .iter()
+            .any(|&r| r)
+            .then(|| take(d.block_acts_len()));
         for &r in recompute {
             outs.push(take(nc));
             inner.push(match (&shared, r) {
@@ -64,12 +67,24 @@ impl ActLayout {
         let lnf = take(nc + 2 * d.n);
         let logits = take(d.n * d.v);
         let losses = take(2 * d.n);
-        Self { emb, outs, inner, lnf, logits, losses, total: at }
+        Self {
+            emb,
+            outs,
+            inner,
+            lnf,
+            logits,
+            losses,
+            total: at,
+        }
     }
 
     /// The input range of block `l`.
     pub fn input(&self, l: usize) -> Range<usize> {
-        if l == 0 { self.emb.clone() } else { self.outs[l - 1].clone() }
+        if l == 0 {
+            self.emb.clone()
+        } else {
+            self.outs[l - 1].clone()
+        }
     }
 }
 
@@ -100,13 +115,26 @@ impl<T: Real> Model<T> {
 
     /// [`Model::new`] with activation recomputation chosen per block
     /// (`recompute[l]` for block `l`; one entry per layer).
-    pub fn with_recompute(cfg: &ModelConfig, batch: usize, seq_len: usize, recompute: Vec<bool>) -> Result<Self> {
+    pub fn with_recompute(
+        cfg: &ModelConfig,
+        batch: usize,
+        seq_len: usize,
+        recompute: Vec<bool>,
+    ) -> Result<Self> {
         cfg.validate()?;
         if recompute.len() != cfg.layers {
-            return Err(ModelError::Shape { what: "recompute (one flag per block)", expected: cfg.layers, got: recompute.len() });
+            return Err(ModelError::Shape {
+                what: "recompute (one flag per block)",
+                expected: cfg.layers,
+                got: recompute.len(),
+            });
         }
         if batch == 0 {
-            return Err(ModelError::Config { field: "batch", value: "0".into(), reason: "must be positive".into() });
+            return Err(ModelError::Config {
+                field: "batch",
+                value: "0".into(),
+                reason: "must be positive".into(),
+            });
         }
         if seq_len == 0 || seq_len > cfg.seq_len {
             return Err(ModelError::Config {
@@ -170,13 +198,26 @@ impl<T: Real> Model<T> {
     }
 
     fn check_len(&self, what: &'static str, got: usize, expected: usize) -> Result<()> {
-        if got == expected { Ok(()) } else { Err(ModelError::Shape { what, expected, got }) }
+        if got == expected {
+            Ok(())
+        } else {
+            Err(ModelError::Shape {
+                what,
+                expected,
+                got,
+            })
+        }
     }
 
     fn check_tokens(&self, what: &'static str, ids: &[u32]) -> Result<()> {
         self.check_len(what, ids.len(), self.dims.n)?;
         match ids.iter().position(|&id| id as usize >= self.cfg.vocab) {
-            Some(pos) => Err(ModelError::Token { what, id: ids[pos], pos, vocab: self.cfg.vocab }),
+            Some(pos) => Err(ModelError::Token {
+                what,
+                id: ids[pos],
+                pos,
+                vocab: self.cfg.vocab,
+            }),
             None => Ok(()),
         }
     }
@@ -184,7 +225,13 @@ impl<T: Real> Model<T> {
     /// Forward over `tokens` (B*T ids). With `targets`, also the mean
     /// cross-entropy loss, which is returned, and the backward becomes
     /// possible.
-    pub fn forward(&mut self, th: &Threads, params: &[T], tokens: &[u32], targets: Option<&[u32]>) -> Result<Option<f64>> {
+    pub fn forward(
+        &mut self,
+        th: &Threads,
+        params: &[T],
+        tokens: &[u32],
+        targets: Option<&[u32]>,
+    ) -> Result<Option<f64>> {
         self.check_len("params", params.len(), self.layout.total)?;
         self.check_tokens("tokens", tokens)?;
         if let Some(t) = targets {
@@ -201,9 +248,15 @@ impl<T: Real> Model<T> {
         self.targets.copy_from_slice(t);
         self.has_targets = true;
         let d = &self.dims;
-        let [logits, losses] = self.arena.get_disjoint_mut([self.acts.logits.clone(), self.acts.losses.clone()]).expect("disjoint");
+        let [logits, losses] = self
+            .arena
+            .get_disjoint_mut([self.acts.logits.clone(), self.acts.losses.clone()])
+            .expect("disjoint");
         let (losses, lse) = losses.split_at_mut(d.n);
-        timed!("cross_entropy.fwd", cross_entropy_fwd(th, losses, lse, logits, &self.targets, d.n, d.v));
+        timed!(
+            "cross_entropy.fwd",
+            cross_entropy_fwd(th, losses, lse, logits, &self.targets, d.n, d.v)
+        );
         Ok(Some(mean_loss(losses)))
     }
 
@@ -218,7 +271,11 @@ impl<T: Real> Model<T> {
     /// from the last to the first, then the embeddings. Overlapped gradient
     /// buckets hang off this hook.
     pub fn backward_hooked(
-        &mut self, th: &Threads, params: &[T], grads: &mut [T], ready: &mut dyn FnMut(Range<usize>, &mut [T]),
+        &mut self,
+        th: &Threads,
+        params: &[T],
+        grads: &mut [T],
+        ready: &mut dyn FnMut(Range<usize>, &mut [T]),
     ) -> Result<()> {
         self.check_len("params", params.len(), self.layout.total)?;
         self.check_len("grads", grads.len(), self.layout.total)?;
@@ -243,12 +300,17 @@ impl<T: Real> Model<T> {
         let d = &self.dims;
         let (wte, wpe) = match &self.layout.wpe {
             Some(wpe) => {
-                let [a, b] = grads.get_disjoint_mut([self.layout.wte.clone(), wpe.clone()]).expect("disjoint");
+                let [a, b] = grads
+                    .get_disjoint_mut([self.layout.wte.clone(), wpe.clone()])
+                    .expect("disjoint");
                 (a, Some(b))
             }
             None => (&mut grads[self.layout.wte.clone()], None),
         };
-        timed!("embedding.bwd", embed_bwd(th, wte, wpe, &self.dresid, &self.tokens, d.n, d.t, d.c));
+        timed!(
+            "embedding.bwd",
+            embed_bwd(th, wte, wpe, &self.dresid, &self.tokens, d.n, d.t, d.c)
+        );
         ready(0..self.layout.blocks[0].start, grads);
         Ok(())
     }
@@ -257,17 +319,34 @@ impl<T: Real> Model<T> {
         let d = &self.dims;
         let wpe = self.layout.wpe.as_ref().map(|r| &params[r.clone()]);
         let out = &mut self.arena[self.acts.emb.clone()];
-        timed!("embedding.fwd", embed_fwd(th, out, &self.tokens, &params[self.layout.wte.clone()], wpe, d.n, d.t, d.c));
+        timed!(
+            "embedding.fwd",
+            embed_fwd(
+                th,
+                out,
+                &self.tokens,
+                &params[self.layout.wte.clone()],
+                wpe,
+                d.n,
+                d.t,
+                d.c
+            )
+        );
     }
 
     fn block_forward(&mut self, th: &Threads, params: &[T], l: usize) {
         let [x, inner, out] = self
             .arena
-            .get_disjoint_mut([self.acts.input(l), self.acts.inner[l].clone(), self.acts.outs[l].clone()])
+            .get_disjoint_mut([
+                self.acts.input(l),
+                self.acts.inner[l].clone(),
+                self.acts.outs[l].clone(),
+            ])
             .expect("arena regions are disjoint");
         let mut a = BlockActs::carve(inner, &self.dims);
         let p = &params[self.layout.blocks[l].clone()];
-        self.block.forward(th, &self.dims, p, self.rope.as_ref(), &mut a, x, out);
+        self.block
+            .forward(th, &self.dims, p, self.rope.as_ref(), &mut a, x, out);
     }
 
     fn block_backward(&mut self, th: &Threads, params: &[T], grads: &mut [T], l: usize) {
@@ -278,19 +357,34 @@ impl<T: Real> Model<T> {
         let a = BlockActs::carve(inner, &self.dims);
         let mut s = BlockScratch::carve(&mut self.scratch, &self.dims);
         let r = self.layout.blocks[l].clone();
-        self.block.backward(th, &self.dims, &params[r.clone()], &mut grads[r], self.rope.as_ref(), &a, &mut s, x, &mut self.dresid);
+        self.block.backward(
+            th,
+            &self.dims,
+            &params[r.clone()],
+            &mut grads[r],
+            self.rope.as_ref(),
+            &a,
+            &mut s,
+            x,
+            &mut self.dresid,
+        );
     }
 
     fn head_weight(&self) -> Range<usize> {
-        self.layout.lm_head.clone().unwrap_or(self.layout.wte.clone())
+        self.layout
+            .lm_head
+            .clone()
+            .unwrap_or(self.layout.wte.clone())
     }
 
     fn head_forward(&mut self, th: &Threads, params: &[T]) {
         let d = &self.dims;
         let hw = self.head_weight();
         let last = self.acts.outs[self.cfg.layers - 1].clone();
-        let [x, lnf, logits] =
-            self.arena.get_disjoint_mut([last, self.acts.lnf.clone(), self.acts.logits.clone()]).expect("disjoint");
+        let [x, lnf, logits] = self
+            .arena
+            .get_disjoint_mut([last, self.acts.lnf.clone(), self.acts.logits.clone()])
+            .expect("disjoint");
         let mut k = Carve::new(lnf);
         let (out, mean, rstd) = (k.take(d.n * d.c), k.take(d.n), k.take(d.n));
         let w = &params[self.layout.lnf_w.clone()];
@@ -304,7 +398,10 @@ impl<T: Real> Model<T> {
             Norm::RmsNorm => rmsnorm_fwd(th, out, rstd, x, w, d.n, d.c, eps),
         }
         drop(p);
-        timed!("lm_head.fwd", matmul_fwd(th, logits, out, &params[hw], None, d.n, d.c, d.v));
+        timed!(
+            "lm_head.fwd",
+            matmul_fwd(th, logits, out, &params[hw], None, d.n, d.c, d.v)
+        );
     }
 
     fn head_backward(&mut self, th: &Threads, params: &[T], grads: &mut [T]) {
@@ -313,28 +410,85 @@ impl<T: Real> Model<T> {
         let last = self.acts.outs[self.cfg.layers - 1].clone();
         let [x, lnf, logits, losses] = self
             .arena
-            .get_disjoint_mut([last, self.acts.lnf.clone(), self.acts.logits.clone(), self.acts.losses.clone()])
+            .get_disjoint_mut([
+                last,
+                self.acts.lnf.clone(),
+                self.acts.logits.clone(),
+                self.acts.losses.clone(),
+            ])
             .expect("disjoint");
         let lse = &losses[d.n..];
         // Mean over the N rows.
-        timed!("cross_entropy.bwd", cross_entropy_bwd(th, logits, lse, &self.targets, d.n, d.v, T::of(1.0 / d.n as f64)));
+        timed!(
+            "cross_entropy.bwd",
+            cross_entropy_bwd(
+                th,
+                logits,
+                lse,
+                &self.targets,
+                d.n,
+                d.v,
+                T::of(1.0 / d.n as f64)
+            )
+        );
         let mut k = Carve::new(lnf);
         let (out, mean, rstd) = (k.take(d.n * d.c), k.take(d.n), k.take(d.n));
         // d lnf lands in the block scratch's first N*C elements.
         let dlnf = &mut self.scratch[..d.n * d.c];
-        timed!("lm_head.bwd_input", matmul_bwd_input(th, dlnf, T::zero(), logits, &params[hw.clone()], d.n, d.c, d.v));
-        timed!("lm_head.bwd_weight", matmul_bwd_weight(th, &mut grads[hw], None, logits, out, d.n, d.c, d.v));
+        timed!(
+            "lm_head.bwd_input",
+            matmul_bwd_input(
+                th,
+                dlnf,
+                T::zero(),
+                logits,
+                &params[hw.clone()],
+                d.n,
+                d.c,
+                d.v
+            )
+        );
+        timed!(
+            "lm_head.bwd_weight",
+            matmul_bwd_weight(th, &mut grads[hw], None, logits, out, d.n, d.c, d.v)
+        );
         let _p = scope("norm.bwd");
         self.dresid.fill(T::zero());
         let w = &params[self.layout.lnf_w.clone()];
         match (self.cfg.norm, &self.layout.lnf_b) {
             (Norm::LayerNorm, Some(b)) => {
-                let [gw, gb] = grads.get_disjoint_mut([self.layout.lnf_w.clone(), b.clone()]).expect("disjoint");
-                layernorm_bwd(th, &mut self.dresid, gw, Some(gb), dlnf, x, w, mean, rstd, d.n, d.c);
+                let [gw, gb] = grads
+                    .get_disjoint_mut([self.layout.lnf_w.clone(), b.clone()])
+                    .expect("disjoint");
+                layernorm_bwd(
+                    th,
+                    &mut self.dresid,
+                    gw,
+                    Some(gb),
+                    dlnf,
+                    x,
+                    w,
+                    mean,
+                    rstd,
+                    d.n,
+                    d.c,
+                );
             }
             (Norm::LayerNorm, None) => {
                 let gw = &mut grads[self.layout.lnf_w.clone()];
-                layernorm_bwd(th, &mut self.dresid, gw, None, dlnf, x, w, mean, rstd, d.n, d.c);
+                layernorm_bwd(
+                    th,
+                    &mut self.dresid,
+                    gw,
+                    None,
+                    dlnf,
+                    x,
+                    w,
+                    mean,
+                    rstd,
+                    d.n,
+                    d.c,
+                );
             }
             (Norm::RmsNorm, _) => {
                 let gw = &mut grads[self.layout.lnf_w.clone()];

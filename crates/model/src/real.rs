@@ -43,52 +43,104 @@ pub trait Real:
     /// regions (C may not alias A or B).
     #[allow(clippy::too_many_arguments)]
     unsafe fn gemm(
-        m: usize, k: usize, n: usize, alpha: Self,
-        a: *const Self, rsa: isize, csa: isize,
-        b: *const Self, rsb: isize, csb: isize,
-        beta: Self, c: *mut Self, rsc: isize, csc: isize,
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: Self,
+        a: *const Self,
+        rsa: isize,
+        csa: isize,
+        b: *const Self,
+        rsb: isize,
+        csb: isize,
+        beta: Self,
+        c: *mut Self,
+        rsc: isize,
+        csc: isize,
     );
 }
 
 impl Real for f64 {
     const NAME: &'static str = "f64";
     #[inline(always)]
-    fn of(x: f64) -> Self { x }
+    fn of(x: f64) -> Self {
+        x
+    }
     #[inline(always)]
-    fn exp_k(self) -> Self { self.exp() }
+    fn exp_k(self) -> Self {
+        self.exp()
+    }
     #[inline(always)]
-    fn erf_k(self) -> Self { erf_f64(self) }
+    fn erf_k(self) -> Self {
+        erf_f64(self)
+    }
     #[inline(always)]
-    fn tanh_k(self) -> Self { self.tanh() }
+    fn tanh_k(self) -> Self {
+        self.tanh()
+    }
     unsafe fn gemm(
-        m: usize, k: usize, n: usize, alpha: Self,
-        a: *const Self, rsa: isize, csa: isize,
-        b: *const Self, rsb: isize, csb: isize,
-        beta: Self, c: *mut Self, rsc: isize, csc: isize,
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: Self,
+        a: *const Self,
+        rsa: isize,
+        csa: isize,
+        b: *const Self,
+        rsb: isize,
+        csb: isize,
+        beta: Self,
+        c: *mut Self,
+        rsc: isize,
+        csc: isize,
     ) {
         // SAFETY: forwarded contract.
-        unsafe { matrixmultiply::dgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
+        unsafe {
+            matrixmultiply::dgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
+        }
     }
 }
 
 impl Real for f32 {
     const NAME: &'static str = "f32";
     #[inline(always)]
-    fn of(x: f64) -> Self { x as f32 }
+    fn of(x: f64) -> Self {
+        x as f32
+    }
     #[inline(always)]
-    fn exp_k(self) -> Self { exp_f32(self) }
+    fn exp_k(self) -> Self {
+        exp_f32(self)
+    }
     #[inline(always)]
-    fn erf_k(self) -> Self { erf_f32(self) }
+    fn erf_k(self) -> Self {
+        erf_f32(self)
+    }
     #[inline(always)]
-    fn tanh_k(self) -> Self { tanh_f32(self) }
+    fn tanh_k(self) -> Self {
+        tanh_f32(self)
+    }
     unsafe fn gemm(
-        m: usize, k: usize, n: usize, alpha: Self,
-        a: *const Self, rsa: isize, csa: isize,
-        b: *const Self, rsb: isize, csb: isize,
-        beta: Self, c: *mut Self, rsc: isize, csc: isize,
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: Self,
+        a: *const Self,
+        rsa: isize,
+        csa: isize,
+        b: *const Self,
+        rsb: isize,
+        csb: isize,
+        beta: Self,
+        c: *mut Self,
+        rsc: isize,
+        csc: isize,
     ) {
         // SAFETY: forwarded contract.
-        unsafe { crate::kernels::sgemm::sgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
+        unsafe {
+            crate::kernels::sgemm::sgemm(
+                m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc,
+            )
+        }
     }
 }
 
@@ -151,7 +203,17 @@ pub fn erf_f32(x: f32) -> f32 {
     let t = 1.0 / (1.0 + 0.5 * z);
     // Horner form of -1.26551223 + t(1.00002368 + t(0.37409196 + ...)).
     let mut p = 0.170_872_77_f32;
-    for c in [-0.822_152_23, 1.488_515_87, -1.135_203_98, 0.278_868_07, -0.186_288_06, 0.096_784_18, 0.374_091_96, 1.000_023_7, -1.265_512_2] {
+    for c in [
+        -0.822_152_23,
+        1.488_515_87,
+        -1.135_203_98,
+        0.278_868_07,
+        -0.186_288_06,
+        0.096_784_18,
+        0.374_091_96,
+        1.000_023_7,
+        -1.265_512_2,
+    ] {
         p = p.mul_add(t, c);
     }
     let big = 1.0 - t * exp_f32((-z).mul_add(z, p));

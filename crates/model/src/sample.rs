@@ -22,14 +22,27 @@ pub struct SampleConfig {
 /// batch 1). The context is the last `T` tokens; a shorter context is padded
 /// after its end, which causal attention never looks at.
 pub fn generate(
-    th: &Threads, model: &mut Model<f32>, params: &[f32], prompt: &[u32], new_tokens: usize, sc: &SampleConfig,
+    th: &Threads,
+    model: &mut Model<f32>,
+    params: &[f32],
+    prompt: &[u32],
+    new_tokens: usize,
+    sc: &SampleConfig,
 ) -> Result<Vec<u32>> {
     let d = model.dims().clone();
     if d.b != 1 {
-        return Err(ModelError::Config { field: "batch", value: d.b.to_string(), reason: "generation runs batch 1".into() });
+        return Err(ModelError::Config {
+            field: "batch",
+            value: d.b.to_string(),
+            reason: "generation runs batch 1".into(),
+        });
     }
     if prompt.is_empty() {
-        return Err(ModelError::Config { field: "prompt", value: "\"\"".into(), reason: "need at least one token".into() });
+        return Err(ModelError::Config {
+            field: "prompt",
+            value: "\"\"".into(),
+            reason: "need at least one token".into(),
+        });
     }
     if !(sc.temperature.is_finite() && sc.temperature >= 0.0) {
         return Err(ModelError::Config {
@@ -61,9 +74,16 @@ fn pick(logits: &[f32], sc: &SampleConfig, rng: &mut Rng) -> u32 {
     if sc.temperature == 0.0 {
         return idx[0];
     }
-    let keep = if sc.top_k == 0 { idx.len() } else { sc.top_k.min(idx.len()) };
+    let keep = if sc.top_k == 0 {
+        idx.len()
+    } else {
+        sc.top_k.min(idx.len())
+    };
     let top = logits[idx[0] as usize] as f64;
-    let w: Vec<f64> = idx[..keep].iter().map(|&i| ((logits[i as usize] as f64 - top) / sc.temperature).exp()).collect();
+    let w: Vec<f64> = idx[..keep]
+        .iter()
+        .map(|&i| ((logits[i as usize] as f64 - top) / sc.temperature).exp())
+        .collect();
     let total: f64 = w.iter().sum();
     let mut u = rng.uniform() * total;
     for (i, wi) in w.iter().enumerate() {

@@ -23,7 +23,10 @@ impl Threads {
     /// A pool with exactly `n` threads (1 runs everything on the caller).
     pub fn new(n: usize) -> Result<Self> {
         if n == 0 {
-            return Err(ModelError::Threads { threads: n, reason: "need at least 1 thread".into() });
+            return Err(ModelError::Threads {
+                threads: n,
+                reason: "need at least 1 thread".into(),
+            });
         }
         let pool = if n == 1 {
             None
@@ -32,7 +35,10 @@ impl Threads {
                 .num_threads(n)
                 .thread_name(|i| format!("flotilla-compute-{i}"))
                 .build()
-                .map_err(|e| ModelError::Threads { threads: n, reason: e.to_string() })?;
+                .map_err(|e| ModelError::Threads {
+                    threads: n,
+                    reason: e.to_string(),
+                })?;
             Some(p)
         };
         Ok(Self { pool, n })
@@ -58,7 +64,12 @@ impl Threads {
 
     /// Split `0..len` into at most `n` contiguous parts of at least `min`
     /// items each and run `f(range)` for each part in parallel.
-    pub fn ranges<F: Fn(std::ops::Range<usize>) + Sync + Send>(&self, len: usize, min: usize, f: F) {
+    pub fn ranges<F: Fn(std::ops::Range<usize>) + Sync + Send>(
+        &self,
+        len: usize,
+        min: usize,
+        f: F,
+    ) {
         let parts = self.parts(len, min);
         self.run(parts, |i| f(part_range(len, parts, i)));
     }
@@ -112,7 +123,10 @@ unsafe impl<T: Send> Sync for SharedMut<T> {}
 impl<T> SharedMut<T> {
     /// Wrap `s` for disjoint parallel writes.
     pub fn new(s: &mut [T]) -> Self {
-        Self { ptr: s.as_mut_ptr(), len: s.len() }
+        Self {
+            ptr: s.as_mut_ptr(),
+            len: s.len(),
+        }
     }
 
     /// The whole length.
@@ -132,7 +146,11 @@ impl<T> SharedMut<T> {
     /// the wrapped slice must outlive them.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice(&self, r: std::ops::Range<usize>) -> &mut [T] {
-        assert!(r.start <= r.end && r.end <= self.len, "SharedMut range {r:?} out of 0..{}", self.len);
+        assert!(
+            r.start <= r.end && r.end <= self.len,
+            "SharedMut range {r:?} out of 0..{}",
+            self.len
+        );
         // SAFETY: in bounds (checked); disjointness is the caller's contract.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r.start), r.end - r.start) }
     }

@@ -3,7 +3,9 @@
 //! tile-size independence and determinism across thread counts.
 use model::Threads;
 use model::gradcheck::{compare, dot, numeric_grad, rand_vec};
-use model::kernels::attention::{Tiles, attention_bwd, attention_bwd_tiled, attention_fwd, attention_fwd_tiled};
+use model::kernels::attention::{
+    Tiles, attention_bwd, attention_bwd_tiled, attention_fwd, attention_fwd_tiled,
+};
 
 #[derive(Clone, Copy, Debug)]
 struct Shape {
@@ -80,16 +82,25 @@ fn fwd(th: &Threads, qkv: &[f64], s: Shape, tiles: Tiles) -> (Vec<f64>, Vec<f64>
 fn bwd(th: &Threads, dout: &[f64], qkv: &[f64], s: Shape, tiles: Tiles) -> Vec<f64> {
     let (out, lse) = fwd(th, qkv, s, tiles);
     let mut dqkv = vec![f64::NAN; s.qkv_len()];
-    attention_bwd_tiled(th, &mut dqkv, dout, qkv, &out, &lse, s.b, s.t, s.h, s.k, s.d, tiles);
+    attention_bwd_tiled(
+        th, &mut dqkv, dout, qkv, &out, &lse, s.b, s.t, s.h, s.k, s.d, tiles,
+    );
     dqkv
 }
 
 fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
 }
 
-const SMALL: Tiles = Tiles { q: 2, k: 3, diag: 1 };
+const SMALL: Tiles = Tiles {
+    q: 2,
+    k: 3,
+    diag: 1,
+};
 
 #[test]
 fn forward_and_lse_match_naive() {
@@ -108,9 +119,21 @@ fn forward_and_lse_match_naive() {
         for tiles in [
             Tiles::FWD,
             SMALL,
-            Tiles { q: 32, k: 32, diag: 5 },
-            Tiles { q: 16, k: 32, diag: 16 },
-            Tiles { q: 32, k: 16, diag: 64 },
+            Tiles {
+                q: 32,
+                k: 32,
+                diag: 5,
+            },
+            Tiles {
+                q: 16,
+                k: 32,
+                diag: 16,
+            },
+            Tiles {
+                q: 32,
+                k: 16,
+                diag: 64,
+            },
         ] {
             let (out, lse) = fwd(&th, &qkv, s, tiles);
             let eo = max_abs_diff(&out, &want_out);
@@ -154,7 +177,8 @@ fn gradcheck(s: Shape, tiles: Tiles, seed: u64) {
     // Check q, k and v blocks separately so a failure names the part.
     let (hd, kd, w) = (s.h * s.d, s.k * s.d, s.w());
     for (name, lo, hi) in [("dq", 0, hd), ("dk", hd, hd + kd), ("dv", hd + kd, w)] {
-        let pick = |g: &[f64]| -> Vec<f64> { g.chunks(w).flat_map(|r| r[lo..hi].to_vec()).collect() };
+        let pick =
+            |g: &[f64]| -> Vec<f64> { g.chunks(w).flat_map(|r| r[lo..hi].to_vec()).collect() };
         let e = compare(&pick(&analytic), &pick(&numeric), 1e-3);
         e.assert_below(1e-6, &format!("{name} {s:?} {tiles:?}"));
     }
@@ -165,8 +189,24 @@ fn gradients_small_gqa() {
     let s = Shape::new(2, 5, 4, 2, 3);
     gradcheck(s, Tiles::FWD, 1);
     gradcheck(s, SMALL, 2);
-    gradcheck(Shape::new(1, 6, 3, 3, 2), Tiles { q: 4, k: 4, diag: 1 }, 3);
-    gradcheck(Shape::new(2, 7, 4, 1, 3), Tiles { q: 3, k: 2, diag: 2 }, 4);
+    gradcheck(
+        Shape::new(1, 6, 3, 3, 2),
+        Tiles {
+            q: 4,
+            k: 4,
+            diag: 1,
+        },
+        3,
+    );
+    gradcheck(
+        Shape::new(2, 7, 4, 1, 3),
+        Tiles {
+            q: 3,
+            k: 2,
+            diag: 2,
+        },
+        4,
+    );
 }
 
 #[test]
@@ -174,9 +214,33 @@ fn gradients_several_tiles() {
     // T larger than the tiles: several query and key tiles, the online
     // softmax rescales, tiles straddling the diagonal, unequal tile sizes.
     let s = Shape::new(1, 70, 2, 1, 3);
-    gradcheck(s, Tiles { q: 32, k: 32, diag: 8 }, 5);
-    gradcheck(s, Tiles { q: 16, k: 32, diag: 5 }, 6);
-    gradcheck(s, Tiles { q: 32, k: 16, diag: 32 }, 7);
+    gradcheck(
+        s,
+        Tiles {
+            q: 32,
+            k: 32,
+            diag: 8,
+        },
+        5,
+    );
+    gradcheck(
+        s,
+        Tiles {
+            q: 16,
+            k: 32,
+            diag: 5,
+        },
+        6,
+    );
+    gradcheck(
+        s,
+        Tiles {
+            q: 32,
+            k: 16,
+            diag: 32,
+        },
+        7,
+    );
 }
 
 #[test]
@@ -189,10 +253,26 @@ fn backward_independent_of_tiles() {
     let scale = base.iter().fold(0.0f64, |m, x| m.max(x.abs()));
     for tiles in [
         SMALL,
-        Tiles { q: 32, k: 32, diag: 3 },
-        Tiles { q: 16, k: 64, diag: 16 },
-        Tiles { q: 64, k: 16, diag: 7 },
-        Tiles { q: 64, k: 256, diag: 64 },
+        Tiles {
+            q: 32,
+            k: 32,
+            diag: 3,
+        },
+        Tiles {
+            q: 16,
+            k: 64,
+            diag: 16,
+        },
+        Tiles {
+            q: 64,
+            k: 16,
+            diag: 7,
+        },
+        Tiles {
+            q: 64,
+            k: 256,
+            diag: 64,
+        },
     ] {
         let g = bwd(&th, &dout, &qkv, s, tiles);
         let e = max_abs_diff(&g, &base);
@@ -231,7 +311,11 @@ fn gqa_equals_mha_with_repeated_kv() {
             for part in 0..2 {
                 let (og_, om_) = (g.h + part * g.k, m.h + part * m.k);
                 let want: Vec<f64> = (0..d)
-                    .map(|c| (0..g.h / g.k).map(|r| rm[(om_ + kv * (g.h / g.k) + r) * d + c]).sum())
+                    .map(|c| {
+                        (0..g.h / g.k)
+                            .map(|r| rm[(om_ + kv * (g.h / g.k) + r) * d + c])
+                            .sum()
+                    })
                     .collect();
                 assert!(max_abs_diff(&rg[(og_ + kv) * d..][..d], &want) < 1e-12);
             }
@@ -247,7 +331,9 @@ fn f32_agrees_with_f64() {
     let dout = rand_vec(14, s.out_len(), 1.0);
     let (o64, l64) = fwd(&th, &qkv, s, Tiles::FWD);
     let mut d64 = vec![0.0; s.qkv_len()];
-    attention_bwd(&th, &mut d64, &dout, &qkv, &o64, &l64, s.b, s.t, s.h, s.k, s.d);
+    attention_bwd(
+        &th, &mut d64, &dout, &qkv, &o64, &l64, s.b, s.t, s.h, s.k, s.d,
+    );
 
     let f = |v: &[f64]| -> Vec<f32> { v.iter().map(|&x| x as f32).collect() };
     let (qkv32, dout32) = (f(&qkv), f(&dout));
@@ -255,11 +341,17 @@ fn f32_agrees_with_f64() {
     let mut l32 = vec![0f32; s.lse_len()];
     attention_fwd(&th, &mut o32, &mut l32, &qkv32, s.b, s.t, s.h, s.k, s.d);
     let mut d32 = vec![f32::NAN; s.qkv_len()];
-    attention_bwd(&th, &mut d32, &dout32, &qkv32, &o32, &l32, s.b, s.t, s.h, s.k, s.d);
+    attention_bwd(
+        &th, &mut d32, &dout32, &qkv32, &o32, &l32, s.b, s.t, s.h, s.k, s.d,
+    );
 
     let rel = |a: &[f32], b: &[f64]| {
         let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-        a.iter().zip(b).map(|(&x, y)| (x as f64 - y).abs()).fold(0.0, f64::max) / scale
+        a.iter()
+            .zip(b)
+            .map(|(&x, y)| (x as f64 - y).abs())
+            .fold(0.0, f64::max)
+            / scale
     };
     assert!(rel(&o32, &o64) < 1e-5, "out {}", rel(&o32, &o64));
     assert!(rel(&l32, &l64) < 1e-5, "lse {}", rel(&l32, &l64));
@@ -269,15 +361,23 @@ fn f32_agrees_with_f64() {
 #[test]
 fn deterministic_across_runs_and_thread_counts() {
     let s = Shape::new(3, 90, 4, 2, 16);
-    let qkv: Vec<f32> = rand_vec(15, s.qkv_len(), 2.0).iter().map(|&x| x as f32).collect();
-    let dout: Vec<f32> = rand_vec(16, s.out_len(), 1.0).iter().map(|&x| x as f32).collect();
+    let qkv: Vec<f32> = rand_vec(15, s.qkv_len(), 2.0)
+        .iter()
+        .map(|&x| x as f32)
+        .collect();
+    let dout: Vec<f32> = rand_vec(16, s.out_len(), 1.0)
+        .iter()
+        .map(|&x| x as f32)
+        .collect();
     let run = |threads: usize| {
         let th = Threads::new(threads).unwrap();
         let mut out = vec![0f32; s.out_len()];
         let mut lse = vec![0f32; s.lse_len()];
         attention_fwd(&th, &mut out, &mut lse, &qkv, s.b, s.t, s.h, s.k, s.d);
         let mut dqkv = vec![f32::NAN; s.qkv_len()];
-        attention_bwd(&th, &mut dqkv, &dout, &qkv, &out, &lse, s.b, s.t, s.h, s.k, s.d);
+        attention_bwd(
+            &th, &mut dqkv, &dout, &qkv, &out, &lse, s.b, s.t, s.h, s.k, s.d,
+        );
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         (bits(&out), bits(&lse), bits(&dqkv))
     };
@@ -298,7 +398,11 @@ fn backward_overwrites() {
     let (out, lse) = fwd(&th, &qkv, s, Tiles::FWD);
     let mut a = vec![123.0; s.qkv_len()];
     let mut b = vec![-7.0; s.qkv_len()];
-    attention_bwd(&th, &mut a, &dout, &qkv, &out, &lse, s.b, s.t, s.h, s.k, s.d);
-    attention_bwd(&th, &mut b, &dout, &qkv, &out, &lse, s.b, s.t, s.h, s.k, s.d);
+    attention_bwd(
+        &th, &mut a, &dout, &qkv, &out, &lse, s.b, s.t, s.h, s.k, s.d,
+    );
+    attention_bwd(
+        &th, &mut b, &dout, &qkv, &out, &lse, s.b, s.t, s.h, s.k, s.d,
+    );
     assert_eq!(a, b);
 }

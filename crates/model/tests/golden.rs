@@ -42,7 +42,9 @@ struct Fixture {
 }
 
 fn fixture_path(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(format!("golden_{name}.safetensors"))
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(format!("golden_{name}.safetensors"))
 }
 
 fn load(name: &str) -> Result<Fixture, ModelError> {
@@ -58,14 +60,34 @@ fn load(name: &str) -> Result<Fixture, ModelError> {
     let (batch, seq) = (ts[0], ts[1]);
     let logits = f.read_f32_shaped("logits", &[batch * seq, cfg.vocab])?;
     let (ls, loss) = f.read_f32("loss")?;
-    assert_eq!(ls.iter().product::<usize>(), 1, "{name}: loss must hold one value, shape {ls:?}");
-    Ok(Fixture { name: name.into(), cfg, layout, params, batch, seq, tokens, targets, logits, loss: loss[0], grads })
+    assert_eq!(
+        ls.iter().product::<usize>(),
+        1,
+        "{name}: loss must hold one value, shape {ls:?}"
+    );
+    Ok(Fixture {
+        name: name.into(),
+        cfg,
+        layout,
+        params,
+        batch,
+        seq,
+        tokens,
+        targets,
+        logits,
+        loss: loss[0],
+        grads,
+    })
 }
 
 /// `max|ours - torch| / max|torch|` (0 when both are all zero), and `max|torch|`.
 fn rel_err(ours: &[f32], torch: &[f32]) -> (f64, f64) {
     assert_eq!(ours.len(), torch.len());
-    let diff = ours.iter().zip(torch).map(|(&a, &b)| (a as f64 - b as f64).abs()).fold(0.0, f64::max);
+    let diff = ours
+        .iter()
+        .zip(torch)
+        .map(|(&a, &b)| (a as f64 - b as f64).abs())
+        .fold(0.0, f64::max);
     let scale = torch.iter().map(|&b| (b as f64).abs()).fold(0.0, f64::max);
     let rel = if scale > 0.0 {
         diff / scale
@@ -82,7 +104,10 @@ fn rel_err(ours: &[f32], torch: &[f32]) -> (f64, f64) {
 fn compare(fx: &Fixture, recompute: bool) -> Vec<(String, f64, f64)> {
     let th = Threads::new(2).expect("2 threads");
     let mut m = Model::<f32>::new(&fx.cfg, fx.batch, fx.seq, recompute).expect("model");
-    let loss = m.forward(&th, &fx.params, &fx.tokens, Some(&fx.targets)).expect("forward").expect("loss");
+    let loss = m
+        .forward(&th, &fx.params, &fx.tokens, Some(&fx.targets))
+        .expect("forward")
+        .expect("loss");
     let logits = m.logits().to_vec();
     let mut grads = vec![0.0f32; fx.layout.total];
     m.backward(&th, &fx.params, &mut grads).expect("backward");
@@ -90,7 +115,11 @@ fn compare(fx: &Fixture, recompute: bool) -> Vec<(String, f64, f64)> {
     let (r, s) = rel_err(&logits, &fx.logits);
     rows.push(("logits".to_string(), r, s));
     let torch_loss = fx.loss as f64;
-    rows.push(("loss".to_string(), (loss - torch_loss).abs() / torch_loss.abs(), torch_loss.abs()));
+    rows.push((
+        "loss".to_string(),
+        (loss - torch_loss).abs() / torch_loss.abs(),
+        torch_loss.abs(),
+    ));
     for e in &fx.layout.entries {
         let (r, s) = rel_err(&grads[e.range()], &fx.grads[e.range()]);
         rows.push((format!("grad.{}", e.name), r, s));
@@ -106,10 +135,21 @@ fn check(name: &str) {
         for (t, r, s) in &rows {
             println!("{label}: {t:<28} rel {r:.2e}  (max|torch| {s:.3e})");
         }
-        let worst = rows.iter().max_by(|a, b| a.1.total_cmp(&b.1)).expect("rows");
-        println!("{label}: worst {} rel {:.2e} over {} tensors", worst.0, worst.1, rows.len());
-        let over: Vec<String> =
-            rows.iter().filter(|(_, r, _)| r.is_nan() || *r > TOL).map(|(t, r, _)| format!("{t} {r:.2e}")).collect();
+        let worst = rows
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .expect("rows");
+        println!(
+            "{label}: worst {} rel {:.2e} over {} tensors",
+            worst.0,
+            worst.1,
+            rows.len()
+        );
+        let over: Vec<String> = rows
+            .iter()
+            .filter(|(_, r, _)| r.is_nan() || *r > TOL)
+            .map(|(t, r, _)| format!("{t} {r:.2e}"))
+            .collect();
         assert!(
             over.is_empty(),
             "{label}: worst tensor {} at {:.3e} relative (bound {TOL:e}); over the bound: {}",

@@ -13,14 +13,18 @@
 //! succeed; otherwise that step is skipped with a note on stderr.
 use model::Threads;
 use model::config::{Activation, ModelConfig, Positions};
-use model::interop::{TensorFile, export_hf, import_hf, load_flotilla_with_config, read_reference, write_reference};
+use model::interop::{
+    TensorFile, export_hf, import_hf, load_flotilla_with_config, read_reference, write_reference,
+};
 use model::layout::Layout;
 use model::model::Model;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(format!("golden_{name}.safetensors"))
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(format!("golden_{name}.safetensors"))
 }
 
 /// Parameters for `cfg`: the fixture's tensor where it has one of that name
@@ -32,7 +36,10 @@ fn params_for(cfg: &ModelConfig, f: &TensorFile, scale: f32) -> Vec<f32> {
         let dst = &mut p[e.range()];
         match f.read_f32_shaped(&e.name, &e.shape) {
             Ok(v) => dst.copy_from_slice(&v),
-            Err(_) => dst.iter_mut().enumerate().for_each(|(i, x)| *x = scale * ((i as f32) * 0.713 + k as f32).sin()),
+            Err(_) => dst
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = scale * ((i as f32) * 0.713 + k as f32).sin()),
         }
     }
     p
@@ -40,8 +47,12 @@ fn params_for(cfg: &ModelConfig, f: &TensorFile, scale: f32) -> Vec<f32> {
 
 /// A Python that can run the check, if `FLOTILLA_HF_CHECK_PYTHON` names one.
 fn checker() -> Option<String> {
-    let py = std::env::var("FLOTILLA_HF_CHECK_PYTHON").ok().filter(|s| !s.is_empty())?;
-    let probe = Command::new(&py).args(["-c", "import torch, transformers, safetensors"]).output();
+    let py = std::env::var("FLOTILLA_HF_CHECK_PYTHON")
+        .ok()
+        .filter(|s| !s.is_empty())?;
+    let probe = Command::new(&py)
+        .args(["-c", "import torch, transformers, safetensors"])
+        .output();
     match probe {
         Ok(o) if o.status.success() => Some(py),
         Ok(o) => {
@@ -60,14 +71,23 @@ fn checker() -> Option<String> {
 
 fn run_check(py: &str, dir: &Path) {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/hf_check.py");
-    let out = Command::new(py).arg(&script).arg(dir).output().expect("run hf_check.py");
+    let out = Command::new(py)
+        .arg(&script)
+        .arg(dir)
+        .output()
+        .expect("run hf_check.py");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{}", stdout.trim());
     if !stderr.trim().is_empty() {
         println!("hf_check.py stderr:\n{}", stderr.trim());
     }
-    assert!(out.status.success(), "hf_check.py {} failed ({}):\n{stdout}\n{stderr}", dir.display(), out.status);
+    assert!(
+        out.status.success(),
+        "hf_check.py {} failed ({}):\n{stdout}\n{stderr}",
+        dir.display(),
+        out.status
+    );
 }
 
 fn case(label: &str, fixture_name: &str, edit: impl Fn(&mut ModelConfig), fill_scale: f32) {
@@ -84,7 +104,8 @@ fn case(label: &str, fixture_name: &str, edit: impl Fn(&mut ModelConfig), fill_s
     m.forward(&th, &params, &tokens, None).expect("forward");
     let logits = m.logits().to_vec();
 
-    let dir = std::env::temp_dir().join(format!("flotilla-hf-export-{}-{label}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("flotilla-hf-export-{}-{label}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     export_hf(&dir, &cfg, &params).expect("export_hf");
     write_reference(&dir, batch, &tokens, &logits).expect("write_reference");
@@ -92,8 +113,14 @@ fn case(label: &str, fixture_name: &str, edit: impl Fn(&mut ModelConfig), fill_s
     let (cfg2, params2) = import_hf(&dir).expect("import_hf");
     assert_eq!(cfg2, cfg, "{label}: config round trip");
     assert_eq!(params2.len(), params.len());
-    let first_diff = params2.iter().zip(&params).position(|(a, b)| a.to_bits() != b.to_bits());
-    assert_eq!(first_diff, None, "{label}: parameters differ after the round trip");
+    let first_diff = params2
+        .iter()
+        .zip(&params)
+        .position(|(a, b)| a.to_bits() != b.to_bits());
+    assert_eq!(
+        first_diff, None,
+        "{label}: parameters differ after the round trip"
+    );
     let (b2, t2, l2, v2) = read_reference(&dir).expect("read_reference");
     assert_eq!((b2, &t2, v2), (batch, &tokens, cfg.vocab));
     assert_eq!(l2, logits);
@@ -103,7 +130,9 @@ fn case(label: &str, fixture_name: &str, edit: impl Fn(&mut ModelConfig), fill_s
             print!("{label}: ");
             run_check(&py, &dir);
         }
-        None => eprintln!("{label}: FLOTILLA_HF_CHECK_PYTHON not usable; checked the export round trip only"),
+        None => eprintln!(
+            "{label}: FLOTILLA_HF_CHECK_PYTHON not usable; checked the export round trip only"
+        ),
     }
     std::fs::remove_dir_all(&dir).expect("clean up");
 }

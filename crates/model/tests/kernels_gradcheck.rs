@@ -29,7 +29,10 @@ fn pool(n: usize) -> Threads {
 
 fn check(what: &str, analytic: &[f64], numeric: &[f64]) {
     let e = compare(analytic, numeric, FLOOR);
-    eprintln!("{what}: max_rel {:.2e}, max_abs {:.2e}", e.max_rel, e.max_abs);
+    eprintln!(
+        "{what}: max_rel {:.2e}, max_abs {:.2e}",
+        e.max_rel, e.max_abs
+    );
     e.assert_below(TOL, what);
 }
 
@@ -55,7 +58,10 @@ fn assert_close32(what: &str, a: &[f32], b: &[f64], tol: f64) {
     assert_eq!(a.len(), b.len(), "{what}: lengths");
     for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
         let err = (x as f64 - y).abs() / y.abs().max(1.0);
-        assert!(err <= tol, "{what}[{i}]: f32 {x} vs f64 {y} (rel {err:e} > {tol:e})");
+        assert!(
+            err <= tol,
+            "{what}[{i}]: f32 {x} vs f64 {y} (rel {err:e} > {tol:e})"
+        );
     }
 }
 
@@ -65,7 +71,14 @@ fn bits(x: &[f32]) -> Vec<u32> {
 
 // ---------------------------------------------------------------- norm
 
-fn ln_fwd(th: &Threads, inp: &[f64], w: &[f64], b: Option<&[f64]>, n: usize, c: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+fn ln_fwd(
+    th: &Threads,
+    inp: &[f64],
+    w: &[f64],
+    b: Option<&[f64]>,
+    n: usize,
+    c: usize,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let (mut out, mut mean, mut rstd) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n]);
     layernorm_fwd(th, &mut out, &mut mean, &mut rstd, inp, w, b, n, c, 1e-5);
     (out, mean, rstd)
@@ -91,23 +104,53 @@ fn layernorm_gradcheck() {
                 assert!((rstd[i] - 1.0 / (var + 1e-5).sqrt()).abs() < 1e-12);
             }
             let _ = out;
-            let (b0, bw0, bb0) = (rand_vec(5, n * c, 1.0), rand_vec(6, c, 1.0), rand_vec(7, c, 1.0));
+            let (b0, bw0, bb0) = (
+                rand_vec(5, n * c, 1.0),
+                rand_vec(6, c, 1.0),
+                rand_vec(7, c, 1.0),
+            );
             let (mut dinp, mut dw, mut db) = (b0.clone(), bw0.clone(), bb0.clone());
-            layernorm_bwd(&th, &mut dinp, &mut dw, Some(&mut db), &w, &inp, &weight, &mean, &rstd, n, c);
+            layernorm_bwd(
+                &th,
+                &mut dinp,
+                &mut dw,
+                Some(&mut db),
+                &w,
+                &inp,
+                &weight,
+                &mean,
+                &rstd,
+                n,
+                c,
+            );
             let loss = |i: &[f64], wt: &[f64], b: &[f64]| {
                 dot(&ln_fwd(&th, i, wt, with_bias.then_some(b), n, c).0, &w)
             };
-            check("layernorm dinp", &added(&dinp, &b0), &numeric_grad(&inp, EPS, |x| loss(x, &weight, &bias)));
-            check("layernorm dweight", &added(&dw, &bw0), &numeric_grad(&weight, EPS, |x| loss(&inp, x, &bias)));
+            check(
+                "layernorm dinp",
+                &added(&dinp, &b0),
+                &numeric_grad(&inp, EPS, |x| loss(x, &weight, &bias)),
+            );
+            check(
+                "layernorm dweight",
+                &added(&dw, &bw0),
+                &numeric_grad(&weight, EPS, |x| loss(&inp, x, &bias)),
+            );
             // dbias = Σ dout whether or not the forward had a bias.
             let want_db: Vec<f64> = (0..c).map(|j| (0..n).map(|i| w[i * c + j]).sum()).collect();
             check("layernorm dbias", &added(&db, &bb0), &want_db);
             if with_bias {
-                check("layernorm dbias (numeric)", &added(&db, &bb0), &numeric_grad(&bias, EPS, |x| loss(&inp, &weight, x)));
+                check(
+                    "layernorm dbias (numeric)",
+                    &added(&db, &bb0),
+                    &numeric_grad(&bias, EPS, |x| loss(&inp, &weight, x)),
+                );
             }
             // Without dbias the other gradients are the same.
             let (mut dinp2, mut dw2) = (b0.clone(), bw0.clone());
-            layernorm_bwd(&th, &mut dinp2, &mut dw2, None, &w, &inp, &weight, &mean, &rstd, n, c);
+            layernorm_bwd(
+                &th, &mut dinp2, &mut dw2, None, &w, &inp, &weight, &mean, &rstd, n, c,
+            );
             assert_eq!(dinp2, dinp);
             assert_eq!(dw2, dw);
         }
@@ -141,8 +184,16 @@ fn rmsnorm_gradcheck() {
         let (mut dinp, mut dw) = (b0.clone(), bw0.clone());
         rmsnorm_bwd(&th, &mut dinp, &mut dw, &w, &inp, &weight, &rstd, n, c);
         let loss = |i: &[f64], wt: &[f64]| dot(&rms_fwd(&th, i, wt, n, c).0, &w);
-        check("rmsnorm dinp", &added(&dinp, &b0), &numeric_grad(&inp, EPS, |x| loss(x, &weight)));
-        check("rmsnorm dweight", &added(&dw, &bw0), &numeric_grad(&weight, EPS, |x| loss(&inp, x)));
+        check(
+            "rmsnorm dinp",
+            &added(&dinp, &b0),
+            &numeric_grad(&inp, EPS, |x| loss(x, &weight)),
+        );
+        check(
+            "rmsnorm dweight",
+            &added(&dw, &bw0),
+            &numeric_grad(&weight, EPS, |x| loss(&inp, x)),
+        );
     }
 }
 
@@ -166,10 +217,17 @@ fn gelu_gradcheck() {
                 let want = match kind {
                     GeluKind::Erf => 0.5 * x * (1.0 + model::real::erf_f64(x / 2f64.sqrt())),
                     GeluKind::Tanh => {
-                        0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+                        0.5 * x
+                            * (1.0
+                                + ((2.0 / std::f64::consts::PI).sqrt()
+                                    * (x + 0.044715 * x * x * x))
+                                    .tanh())
                     }
                 };
-                assert!((y - want).abs() < 1e-14, "{kind:?} gelu({x}) = {y}, want {want}");
+                assert!(
+                    (y - want).abs() < 1e-14,
+                    "{kind:?} gelu({x}) = {y}, want {want}"
+                );
             }
             let mut dinp = vec![1e3; len]; // overwritten
             gelu_bwd(&th, &mut dinp, &inp, &w, kind);
@@ -201,7 +259,11 @@ fn swiglu_gradcheck() {
         }
         let mut dinp = vec![1e3; n * 2 * f]; // overwritten
         swiglu_bwd(&th, &mut dinp, &w, &inp, n, f);
-        check("swiglu dinp", &dinp, &numeric_grad(&inp, EPS, |x| dot(&fwd(x), &w)));
+        check(
+            "swiglu dinp",
+            &dinp,
+            &numeric_grad(&inp, EPS, |x| dot(&fwd(x), &w)),
+        );
     }
 }
 
@@ -249,12 +311,19 @@ fn rope_gradcheck() {
                     let want = if head < h + k {
                         let j = i % (d / 2);
                         let ang = pos * 100f64.powf(-2.0 * j as f64 / d as f64);
-                        let rot = if i < d / 2 { -qkv[idx + d / 2] } else { qkv[idx - d / 2] };
+                        let rot = if i < d / 2 {
+                            -qkv[idx + d / 2]
+                        } else {
+                            qkv[idx - d / 2]
+                        };
                         qkv[idx] * ang.cos() + rot * ang.sin()
                     } else {
                         qkv[idx]
                     };
-                    assert!((y[idx] - want).abs() < 1e-14, "rope row {r} head {head} i {i}");
+                    assert!(
+                        (y[idx] - want).abs() < 1e-14,
+                        "rope row {r} head {head} i {i}"
+                    );
                 }
             }
         }
@@ -262,7 +331,11 @@ fn rope_gradcheck() {
         assert_eq!(&y[..row], &qkv[..row]);
         let mut dq = w.clone();
         rope_bwd(&th, &mut dq, &table, b, t, h, k, d);
-        check("rope dqkv", &dq, &numeric_grad(&qkv, EPS, |x| dot(&fwd(x), &w)));
+        check(
+            "rope dqkv",
+            &dq,
+            &numeric_grad(&qkv, EPS, |x| dot(&fwd(x), &w)),
+        );
         // The backward inverts the forward (a rotation).
         let mut back = y.clone();
         rope_bwd(&th, &mut back, &table, b, t, h, k, d);
@@ -298,10 +371,27 @@ fn embedding_gradcheck() {
             }
             let (b0, bp0) = (rand_vec(54, v * c, 1.0), rand_vec(55, max_t * c, 1.0));
             let (mut dwte, mut dwpe) = (b0.clone(), bp0.clone());
-            embed_bwd(&th, &mut dwte, with_wpe.then_some(&mut dwpe[..]), &w, &tokens, n, t, c);
-            check("embed dwte", &added(&dwte, &b0), &numeric_grad(&wte, EPS, |x| dot(&fwd(x, &wpe), &w)));
+            embed_bwd(
+                &th,
+                &mut dwte,
+                with_wpe.then_some(&mut dwpe[..]),
+                &w,
+                &tokens,
+                n,
+                t,
+                c,
+            );
+            check(
+                "embed dwte",
+                &added(&dwte, &b0),
+                &numeric_grad(&wte, EPS, |x| dot(&fwd(x, &wpe), &w)),
+            );
             if with_wpe {
-                check("embed dwpe", &added(&dwpe, &bp0), &numeric_grad(&wpe, EPS, |x| dot(&fwd(&wte, x), &w)));
+                check(
+                    "embed dwpe",
+                    &added(&dwpe, &bp0),
+                    &numeric_grad(&wpe, EPS, |x| dot(&fwd(&wte, x), &w)),
+                );
             } else {
                 assert_eq!(dwpe, bp0);
             }
@@ -311,7 +401,13 @@ fn embedding_gradcheck() {
 
 // ---------------------------------------------------------------- loss
 
-fn ce_fwd(th: &Threads, logits: &[f64], targets: &[u32], n: usize, v: usize) -> (Vec<f64>, Vec<f64>) {
+fn ce_fwd(
+    th: &Threads,
+    logits: &[f64],
+    targets: &[u32],
+    n: usize,
+    v: usize,
+) -> (Vec<f64>, Vec<f64>) {
     let (mut losses, mut lse) = (vec![0.0; n], vec![0.0; n]);
     cross_entropy_fwd(th, &mut losses, &mut lse, logits, targets, n, v);
     (losses, lse)
@@ -334,7 +430,9 @@ fn cross_entropy_gradcheck() {
         }
         let mut dl = logits.clone();
         cross_entropy_bwd(&th, &mut dl, &lse, &targets, n, v, scale);
-        let num = numeric_grad(&logits, EPS, |x| ce_fwd(&th, x, &targets, n, v).0.iter().sum::<f64>() * scale);
+        let num = numeric_grad(&logits, EPS, |x| {
+            ce_fwd(&th, x, &targets, n, v).0.iter().sum::<f64>() * scale
+        });
         check("cross-entropy dlogits", &dl, &num);
         // Each row of the gradient sums to zero.
         for row in dl.chunks(v) {
@@ -353,7 +451,11 @@ fn cross_entropy_uniform_is_ln_v() {
         let (mut losses, mut lse) = (vec![0.0f32; n], vec![0.0f32; n]);
         cross_entropy_fwd(&th, &mut losses, &mut lse, &logits, &targets, n, v);
         let want = (v as f64).ln();
-        assert!((mean_loss(&losses) - want).abs() < 1e-6, "V={v}: {} vs ln V {want}", mean_loss(&losses));
+        assert!(
+            (mean_loss(&losses) - want).abs() < 1e-6,
+            "V={v}: {} vs ln V {want}",
+            mean_loss(&losses)
+        );
         let (l64, _) = ce_fwd(&th, &vec![-2.5; n * v], &targets, n, v);
         assert!((mean_loss(&l64) - want).abs() < 1e-13);
     }
@@ -363,7 +465,9 @@ fn cross_entropy_uniform_is_ln_v() {
 fn cross_entropy_is_stable_for_large_logits() {
     let th = pool(1);
     let (n, v) = (2, 4);
-    let logits = [1000.0f32, 999.0, -1000.0, 998.0, -3000.0, -3001.0, -3000.5, -2999.0];
+    let logits = [
+        1000.0f32, 999.0, -1000.0, 998.0, -3000.0, -3001.0, -3000.5, -2999.0,
+    ];
     let targets = [1u32, 3];
     let (mut losses, mut lse) = (vec![0.0f32; n], vec![0.0f32; n]);
     cross_entropy_fwd(&th, &mut losses, &mut lse, &logits, &targets, n, v);
@@ -384,22 +488,42 @@ fn residual_gradcheck() {
     let len = 23;
     for &nt in &THREADS {
         let th = pool(nt);
-        let (a, b, w) = (rand_vec(71, len, 1.0), rand_vec(72, len, 1.0), rand_vec(73, len, 1.0));
+        let (a, b, w) = (
+            rand_vec(71, len, 1.0),
+            rand_vec(72, len, 1.0),
+            rand_vec(73, len, 1.0),
+        );
         let fwd = |a: &[f64], b: &[f64]| {
             let mut out = vec![0.0; len];
             add_fwd(&th, &mut out, a, b);
             out
         };
         // d/da and d/db of dot(a + b, w) are w (what the backward passes on).
-        check("add_fwd da", &w, &numeric_grad(&a, EPS, |x| dot(&fwd(x, &b), &w)));
-        check("add_fwd db", &w, &numeric_grad(&b, EPS, |x| dot(&fwd(&a, x), &w)));
+        check(
+            "add_fwd da",
+            &w,
+            &numeric_grad(&a, EPS, |x| dot(&fwd(x, &b), &w)),
+        );
+        check(
+            "add_fwd db",
+            &w,
+            &numeric_grad(&b, EPS, |x| dot(&fwd(&a, x), &w)),
+        );
         let acc_fn = |acc: &[f64], x: &[f64]| {
             let mut y = acc.to_vec();
             add_acc(&th, &mut y, x);
             y
         };
-        check("add_acc dacc", &w, &numeric_grad(&a, EPS, |x| dot(&acc_fn(x, &b), &w)));
-        check("add_acc dx", &w, &numeric_grad(&b, EPS, |x| dot(&acc_fn(&a, x), &w)));
+        check(
+            "add_acc dacc",
+            &w,
+            &numeric_grad(&a, EPS, |x| dot(&acc_fn(x, &b), &w)),
+        );
+        check(
+            "add_acc dx",
+            &w,
+            &numeric_grad(&b, EPS, |x| dot(&acc_fn(&a, x), &w)),
+        );
         let y = acc_fn(&a, &b);
         assert!(y.iter().zip(fwd(&a, &b)).all(|(p, q)| *p == q));
     }
@@ -423,9 +547,32 @@ fn row_wise_kernels_are_identical_across_thread_counts() {
         let mut res = Vec::new();
         // layernorm / rmsnorm forward and dinp
         let (mut out, mut mean, mut rstd) = (vec![0.0f32; n * c], vec![0.0f32; n], vec![0.0f32; n]);
-        layernorm_fwd(&th, &mut out, &mut mean, &mut rstd, &inp, &wt, Some(&bias), n, c, 1e-5);
+        layernorm_fwd(
+            &th,
+            &mut out,
+            &mut mean,
+            &mut rstd,
+            &inp,
+            &wt,
+            Some(&bias),
+            n,
+            c,
+            1e-5,
+        );
         let (mut dinp, mut dw, mut db) = (vec![0.5f32; n * c], vec![0.0f32; c], vec![0.0f32; c]);
-        layernorm_bwd(&th, &mut dinp, &mut dw, Some(&mut db), &dout, &inp, &wt, &mean, &rstd, n, c);
+        layernorm_bwd(
+            &th,
+            &mut dinp,
+            &mut dw,
+            Some(&mut db),
+            &dout,
+            &inp,
+            &wt,
+            &mean,
+            &rstd,
+            n,
+            c,
+        );
         res.extend([bits(&out), bits(&mean), bits(&rstd), bits(&dinp)]);
         let mut rstd2 = vec![0.0f32; n];
         rmsnorm_fwd(&th, &mut out, &mut rstd2, &inp, &wt, n, c, 1e-6);
@@ -490,9 +637,23 @@ fn norm_param_grads_are_deterministic() {
     let run = |nt: usize| -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let th = pool(nt);
         let (mut out, mut mean, mut rstd) = (vec![0.0f32; n * c], vec![0.0f32; n], vec![0.0f32; n]);
-        layernorm_fwd(&th, &mut out, &mut mean, &mut rstd, &inp, &wt, None, n, c, 1e-5);
+        layernorm_fwd(
+            &th, &mut out, &mut mean, &mut rstd, &inp, &wt, None, n, c, 1e-5,
+        );
         let (mut dinp, mut dw, mut db) = (vec![0.0f32; n * c], vec![0.0f32; c], vec![0.0f32; c]);
-        layernorm_bwd(&th, &mut dinp, &mut dw, Some(&mut db), &dout, &inp, &wt, &mean, &rstd, n, c);
+        layernorm_bwd(
+            &th,
+            &mut dinp,
+            &mut dw,
+            Some(&mut db),
+            &dout,
+            &inp,
+            &wt,
+            &mean,
+            &rstd,
+            n,
+            c,
+        );
         rmsnorm_fwd(&th, &mut out, &mut rstd, &inp, &wt, n, c, 1e-6);
         let mut dw2 = vec![0.0f32; c];
         rmsnorm_bwd(&th, &mut dinp, &mut dw2, &dout, &inp, &wt, &rstd, n, c);
@@ -500,7 +661,10 @@ fn norm_param_grads_are_deterministic() {
     };
     for nt in THREADS {
         let (a, b) = (run(nt), run(nt));
-        assert!(bits(&a.0) == bits(&b.0) && bits(&a.1) == bits(&b.1) && bits(&a.2) == bits(&b.2), "{nt} threads");
+        assert!(
+            bits(&a.0) == bits(&b.0) && bits(&a.1) == bits(&b.1) && bits(&a.2) == bits(&b.2),
+            "{nt} threads"
+        );
     }
     // Across thread counts only the summation order differs.
     let (a, b) = (run(1), run(3));
@@ -522,7 +686,18 @@ fn f32_forward_matches_f64() {
 
     let (out64, mean64, rstd64) = ln_fwd(&th, &inp, &wt, Some(&b), n, c);
     let (mut out, mut mean, mut rstd) = (vec![0.0f32; n * c], vec![0.0f32; n], vec![0.0f32; n]);
-    layernorm_fwd(&th, &mut out, &mut mean, &mut rstd, &inp32, &wt32, Some(&b32), n, c, 1e-5);
+    layernorm_fwd(
+        &th,
+        &mut out,
+        &mut mean,
+        &mut rstd,
+        &inp32,
+        &wt32,
+        Some(&b32),
+        n,
+        c,
+        1e-5,
+    );
     assert_close32("layernorm out", &out, &out64, TOL32);
     assert_close32("layernorm mean", &mean, &mean64, TOL32);
     assert_close32("layernorm rstd", &rstd, &rstd64, TOL32);
@@ -559,8 +734,26 @@ fn f32_forward_matches_f64() {
     let rows_q = 3;
     let (q32, q) = both(&rand_vec(105, rows_q * t * 3 * d, 1.0));
     let (mut y32, mut y) = (q32.clone(), q.clone());
-    rope_fwd(&th, &mut y32, &RopeTable::<f32>::new(t, d, 10000.0), rows_q, t, 1, 1, d);
-    rope_fwd(&th, &mut y, &RopeTable::<f64>::new(t, d, 10000.0), rows_q, t, 1, 1, d);
+    rope_fwd(
+        &th,
+        &mut y32,
+        &RopeTable::<f32>::new(t, d, 10000.0),
+        rows_q,
+        t,
+        1,
+        1,
+        d,
+    );
+    rope_fwd(
+        &th,
+        &mut y,
+        &RopeTable::<f64>::new(t, d, 10000.0),
+        rows_q,
+        t,
+        1,
+        1,
+        d,
+    );
     assert_close32("rope", &y32, &y, TOL32);
 
     let v = c;

@@ -41,15 +41,25 @@ fn check_model(cfg: ModelConfig) {
     m.forward(&th, &p, &toks, Some(&tgts)).unwrap();
     let mut g = vec![0.0; p.len()];
     m.backward(&th, &p, &mut g).unwrap();
-    let num = numeric_grad(&p, 1e-5, |q| m.forward(&th, q, &toks, Some(&tgts)).unwrap().unwrap());
+    let num = numeric_grad(&p, 1e-5, |q| {
+        m.forward(&th, q, &toks, Some(&tgts)).unwrap().unwrap()
+    });
     // Per tensor: max |analytic - numeric| <= 1e-5 * max |numeric| (a
     // per-element ratio is meaningless where the true gradient is ~0, e.g.
     // the key bias, whose gradient vanishes by softmax shift invariance).
     for e in &m.layout().entries {
         let r = e.range();
-        let scale = r.clone().map(|i| num[i].abs()).fold(0.0, f64::max).max(1e-3);
+        let scale = r
+            .clone()
+            .map(|i| num[i].abs())
+            .fold(0.0, f64::max)
+            .max(1e-3);
         let err = compare(&g[r.clone()], &num[r], scale);
-        assert!(err.max_abs <= 1e-5 * scale, "{}: gradient check failed: {err:?} (scale {scale:.3e})", e.name);
+        assert!(
+            err.max_abs <= 1e-5 * scale,
+            "{}: gradient check failed: {err:?} (scale {scale:.3e})",
+            e.name
+        );
     }
 }
 
@@ -105,10 +115,17 @@ fn per_block_recomputation_matches_and_saves_memory() {
     m.backward(&th, &p, &mut g2).unwrap();
     assert_eq!(l1.to_bits(), l2.to_bits());
     assert!(g1.iter().zip(&g2).all(|(a, b)| a.to_bits() == b.to_bits()));
-    let full = Model::<f32>::new(&cfg, 8, cfg.seq_len, false).unwrap().activation_bytes();
-    let all = Model::<f32>::new(&cfg, 8, cfg.seq_len, true).unwrap().activation_bytes();
+    let full = Model::<f32>::new(&cfg, 8, cfg.seq_len, false)
+        .unwrap()
+        .activation_bytes();
+    let all = Model::<f32>::new(&cfg, 8, cfg.seq_len, true)
+        .unwrap()
+        .activation_bytes();
     assert!(all < full, "recomputation keeps less: {all} vs {full}");
-    assert!(Model::<f32>::with_recompute(&cfg, 1, 5, vec![true]).is_err(), "one flag per block");
+    assert!(
+        Model::<f32>::with_recompute(&cfg, 1, 5, vec![true]).is_err(),
+        "one flag per block"
+    );
 }
 
 #[test]
@@ -131,12 +148,16 @@ fn hook_reports_every_gradient_range_once_in_backward_order() {
     m.forward(&th, &p, &toks, Some(&tgts)).unwrap();
     let mut g = vec![0f32; p.len()];
     let mut seen = Vec::new();
-    m.backward_hooked(&th, &p, &mut g, &mut |r, _| seen.push(r)).unwrap();
+    m.backward_hooked(&th, &p, &mut g, &mut |r, _| seen.push(r))
+        .unwrap();
     let mut covered = vec![0u8; p.len()];
     for r in &seen {
         covered[r.clone()].iter_mut().for_each(|c| *c += 1);
     }
-    assert!(covered.iter().all(|&c| c == 1), "every element reported exactly once");
+    assert!(
+        covered.iter().all(|&c| c == 1),
+        "every element reported exactly once"
+    );
     assert_eq!(seen.last().unwrap().start, 0, "embeddings come last");
     assert_eq!(seen[0].end, p.len(), "the head comes first");
 }
@@ -150,15 +171,38 @@ fn bad_inputs_are_errors_naming_the_problem() {
     let (mut toks, tgts) = batch(&cfg, 1);
     toks[3] = 99;
     match m.forward(&th, &p, &toks, Some(&tgts)) {
-        Err(ModelError::Token { what: "tokens", id: 99, pos: 3, .. }) => {}
+        Err(ModelError::Token {
+            what: "tokens",
+            id: 99,
+            pos: 3,
+            ..
+        }) => {}
         other => panic!("expected a token error, got {other:?}"),
     }
-    assert!(matches!(m.forward(&th, &p[1..], &toks, None), Err(ModelError::Shape { what: "params", .. })));
+    assert!(matches!(
+        m.forward(&th, &p[1..], &toks, None),
+        Err(ModelError::Shape { what: "params", .. })
+    ));
     let mut g = vec![0f32; p.len()];
-    assert!(m.backward(&th, &p, &mut g).is_err(), "backward without a forward with targets");
+    assert!(
+        m.backward(&th, &p, &mut g).is_err(),
+        "backward without a forward with targets"
+    );
     let mut bad = cfg.clone();
     bad.heads = 3;
-    assert!(matches!(Model::<f32>::new(&bad, 1, 5, false), Err(ModelError::Config { field: "heads", .. })));
-    assert!(matches!(Model::<f32>::new(&cfg, 1, 6, false), Err(ModelError::Config { field: "seq_len", .. })));
-    assert!(matches!(Model::<f32>::new(&cfg, 0, 5, false), Err(ModelError::Config { field: "batch", .. })));
+    assert!(matches!(
+        Model::<f32>::new(&bad, 1, 5, false),
+        Err(ModelError::Config { field: "heads", .. })
+    ));
+    assert!(matches!(
+        Model::<f32>::new(&cfg, 1, 6, false),
+        Err(ModelError::Config {
+            field: "seq_len",
+            ..
+        })
+    ));
+    assert!(matches!(
+        Model::<f32>::new(&cfg, 0, 5, false),
+        Err(ModelError::Config { field: "batch", .. })
+    ));
 }

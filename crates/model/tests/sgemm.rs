@@ -5,10 +5,14 @@ use model::kernels::sgemm::sgemm;
 
 /// Deterministic values in [-1, 1).
 fn fill(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..len)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
@@ -39,10 +43,35 @@ fn check(m: usize, k: usize, n: usize, la: Lay, lb: Lay, csc_col: bool, alpha: f
     let a = fill(alen, (m * 31 + k) as u64);
     let b = fill(blen, (k * 17 + n) as u64);
     let c0 = fill(m * n, (m + n) as u64);
-    let (rsc, csc) = if csc_col { (1, m as isize) } else { (n as isize, 1) };
-    let mut c = if beta == 0.0 { vec![f32::NAN; m * n] } else { c0.clone() };
+    let (rsc, csc) = if csc_col {
+        (1, m as isize)
+    } else {
+        (n as isize, 1)
+    };
+    let mut c = if beta == 0.0 {
+        vec![f32::NAN; m * n]
+    } else {
+        c0.clone()
+    };
     // SAFETY: all views are in bounds of their buffers; C is distinct.
-    unsafe { sgemm(m, k, n, alpha, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, beta, c.as_mut_ptr(), rsc, csc) };
+    unsafe {
+        sgemm(
+            m,
+            k,
+            n,
+            alpha,
+            a.as_ptr(),
+            rsa,
+            csa,
+            b.as_ptr(),
+            rsb,
+            csb,
+            beta,
+            c.as_mut_ptr(),
+            rsc,
+            csc,
+        )
+    };
     for i in 0..m {
         for j in 0..n {
             let mut dot = 0.0f64;
@@ -54,7 +83,12 @@ fn check(m: usize, k: usize, n: usize, la: Lay, lb: Lay, csc_col: bool, alpha: f
                 mag += (x * y).abs();
             }
             let ci = (i as isize * rsc + j as isize * csc) as usize;
-            let want = alpha as f64 * dot + if beta == 0.0 { 0.0 } else { beta as f64 * c0[ci] as f64 };
+            let want = alpha as f64 * dot
+                + if beta == 0.0 {
+                    0.0
+                } else {
+                    beta as f64 * c0[ci] as f64
+                };
             let scale = alpha.abs() as f64 * mag + beta.abs() as f64 * c0[ci].abs() as f64 + 1e-30;
             let got = c[ci] as f64;
             assert!(
@@ -68,11 +102,25 @@ fn check(m: usize, k: usize, n: usize, la: Lay, lb: Lay, csc_col: bool, alpha: f
 #[test]
 fn matches_reference_on_edge_shapes() {
     let shapes = [
-        (1, 1, 1), (13, 7, 33), (100, 300, 17), (5, 1, 40), (12, 4, 32), (14, 3, 64), (15, 9, 31),
-        (29, 65, 47), (33, 513, 35), (2, 1100, 3), (70, 9, 100),
+        (1, 1, 1),
+        (13, 7, 33),
+        (100, 300, 17),
+        (5, 1, 40),
+        (12, 4, 32),
+        (14, 3, 64),
+        (15, 9, 31),
+        (29, 65, 47),
+        (33, 513, 35),
+        (2, 1100, 3),
+        (70, 9, 100),
     ];
     for &(m, k, n) in &shapes {
-        for (la, lb) in [(Lay::Row, Lay::Row), (Lay::Col, Lay::Row), (Lay::Row, Lay::Col), (Lay::Col, Lay::Col)] {
+        for (la, lb) in [
+            (Lay::Row, Lay::Row),
+            (Lay::Col, Lay::Row),
+            (Lay::Row, Lay::Col),
+            (Lay::Col, Lay::Col),
+        ] {
             check(m, k, n, la, lb, false, 1.0, 0.0);
         }
         check(m, k, n, Lay::Padded, Lay::Padded, false, 0.5, 1.0);
@@ -93,16 +141,67 @@ fn degenerate_sizes() {
     // m or n zero: nothing touched.
     let mut c = [7.0f32; 4];
     // SAFETY: no element is accessed for an empty output.
-    unsafe { sgemm(0, 3, 4, 1.0, [0.0f32; 0].as_ptr(), 3, 1, [0.0f32; 12].as_ptr(), 4, 1, 0.0, c.as_mut_ptr(), 4, 1) };
+    unsafe {
+        sgemm(
+            0,
+            3,
+            4,
+            1.0,
+            [0.0f32; 0].as_ptr(),
+            3,
+            1,
+            [0.0f32; 12].as_ptr(),
+            4,
+            1,
+            0.0,
+            c.as_mut_ptr(),
+            4,
+            1,
+        )
+    };
     assert_eq!(c, [7.0; 4]);
     // k zero: C = beta * C, and beta 0 clears NaN.
     let mut c = [2.0f32, 4.0, 6.0, 8.0];
     // SAFETY: A and B are never read when k == 0; C is 2 x 2.
-    unsafe { sgemm(2, 0, 2, 1.0, [0.0f32; 0].as_ptr(), 0, 1, [0.0f32; 0].as_ptr(), 2, 1, 0.5, c.as_mut_ptr(), 2, 1) };
+    unsafe {
+        sgemm(
+            2,
+            0,
+            2,
+            1.0,
+            [0.0f32; 0].as_ptr(),
+            0,
+            1,
+            [0.0f32; 0].as_ptr(),
+            2,
+            1,
+            0.5,
+            c.as_mut_ptr(),
+            2,
+            1,
+        )
+    };
     assert_eq!(c, [1.0, 2.0, 3.0, 4.0]);
     let mut c = [f32::NAN; 4];
     // SAFETY: as above.
-    unsafe { sgemm(2, 0, 2, 1.0, [0.0f32; 0].as_ptr(), 0, 1, [0.0f32; 0].as_ptr(), 2, 1, 0.0, c.as_mut_ptr(), 2, 1) };
+    unsafe {
+        sgemm(
+            2,
+            0,
+            2,
+            1.0,
+            [0.0f32; 0].as_ptr(),
+            0,
+            1,
+            [0.0f32; 0].as_ptr(),
+            2,
+            1,
+            0.0,
+            c.as_mut_ptr(),
+            2,
+            1,
+        )
+    };
     assert_eq!(c, [0.0; 4]);
     check(3, 1, 1, Lay::Row, Lay::Row, false, 1.0, 0.0);
     check(1, 1, 50, Lay::Col, Lay::Col, false, 1.0, 1.0);
@@ -116,7 +215,24 @@ fn deterministic_bits() {
     let run = || {
         let mut c = vec![f32::NAN; m * n];
         // SAFETY: row-major views in bounds.
-        unsafe { sgemm(m, k, n, 1.0, a.as_ptr(), k as isize, 1, b.as_ptr(), n as isize, 1, 0.0, c.as_mut_ptr(), n as isize, 1) };
+        unsafe {
+            sgemm(
+                m,
+                k,
+                n,
+                1.0,
+                a.as_ptr(),
+                k as isize,
+                1,
+                b.as_ptr(),
+                n as isize,
+                1,
+                0.0,
+                c.as_mut_ptr(),
+                n as isize,
+                1,
+            )
+        };
         c.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
     };
     assert_eq!(run(), run());

@@ -76,7 +76,10 @@ impl TrainConfig {
             steps,
             lr: 3e-4,
             schedule: Schedule::Constant,
-            adamw: AdamWConfig { weight_decay: 0.1, ..AdamWConfig::default() },
+            adamw: AdamWConfig {
+                weight_decay: 0.1,
+                ..AdamWConfig::default()
+            },
             decay_all: true,
             grad_clip: None,
             seed: 1234,
@@ -91,13 +94,21 @@ impl TrainConfig {
     pub fn validate(&self) -> Result<()> {
         self.model.validate()?;
         let bad = |field: &'static str, value: String, reason: &str| {
-            Err(TrainError::Config { field, value, reason: reason.to_string() })
+            Err(TrainError::Config {
+                field,
+                value,
+                reason: reason.to_string(),
+            })
         };
         if self.batch == 0 {
             return bad("batch", "0".into(), "must be positive");
         }
         if self.seq_len == 0 || self.seq_len > self.model.seq_len {
-            return bad("seq_len", self.seq_len.to_string(), &format!("must be in 1..={}", self.model.seq_len));
+            return bad(
+                "seq_len",
+                self.seq_len.to_string(),
+                &format!("must be in 1..={}", self.model.seq_len),
+            );
         }
         if !(self.lr.is_finite() && self.lr >= 0.0) {
             return bad("lr", self.lr.to_string(), "must be finite and >= 0");
@@ -114,7 +125,11 @@ impl TrainConfig {
         self.schedule.validate()?;
         match &self.data {
             DataSpec::Markov { branching } if *branching == 0 || *branching > self.model.vocab => {
-                bad("branching", branching.to_string(), &format!("must be in 1..={}", self.model.vocab))
+                bad(
+                    "branching",
+                    branching.to_string(),
+                    &format!("must be in 1..={}", self.model.vocab),
+                )
             }
             DataSpec::Grammar { tokenizer, .. } | DataSpec::Text { tokenizer, .. }
                 if tokenizer.vocab_size() > self.model.vocab =>
@@ -122,10 +137,16 @@ impl TrainConfig {
                 bad(
                     "vocab",
                     self.model.vocab.to_string(),
-                    &format!("the {} tokenizer needs a vocabulary of at least {}", tokenizer, tokenizer.vocab_size()),
+                    &format!(
+                        "the {} tokenizer needs a vocabulary of at least {}",
+                        tokenizer,
+                        tokenizer.vocab_size()
+                    ),
                 )
             }
-            DataSpec::Text { paths, .. } if paths.is_empty() => bad("data", "[]".into(), "no text files given"),
+            DataSpec::Text { paths, .. } if paths.is_empty() => {
+                bad("data", "[]".into(), "no text files given")
+            }
             _ => Ok(()),
         }
     }

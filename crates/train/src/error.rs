@@ -12,7 +12,11 @@ pub enum TrainError {
     Data(#[from] data::DataError),
     /// A training setting is invalid.
     #[error("invalid training config: {field} = {value}: {reason}")]
-    Config { field: &'static str, value: String, reason: String },
+    Config {
+        field: &'static str,
+        value: String,
+        reason: String,
+    },
 }
 
 /// Result alias for the train crate.

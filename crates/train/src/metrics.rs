@@ -11,10 +11,23 @@ use std::time::Instant;
 
 /// Median GFLOP/s of an `n x n x n` f32 GEMM on `th` over `reps` runs.
 pub fn gemm_gflops(th: &Threads, n: usize, reps: usize) -> f64 {
-    let a: Vec<f32> = (0..n * n).map(|i| ((i % 97) as f32 - 48.0) * 0.01).collect();
-    let b: Vec<f32> = (0..n * n).map(|i| ((i % 89) as f32 - 44.0) * 0.01).collect();
+    let a: Vec<f32> = (0..n * n)
+        .map(|i| ((i % 97) as f32 - 48.0) * 0.01)
+        .collect();
+    let b: Vec<f32> = (0..n * n)
+        .map(|i| ((i % 89) as f32 - 44.0) * 0.01)
+        .collect();
     let mut c = vec![0f32; n * n];
-    let run = |c: &mut [f32]| gemm(th, 1.0, MatRef::new(&a, n, n), MatRef::new(&b, n, n), 0.0, c);
+    let run = |c: &mut [f32]| {
+        gemm(
+            th,
+            1.0,
+            MatRef::new(&a, n, n),
+            MatRef::new(&b, n, n),
+            0.0,
+            c,
+        )
+    };
     run(&mut c);
     let mut times: Vec<f64> = (0..reps.max(1))
         .map(|_| {

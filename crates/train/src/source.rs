@@ -48,7 +48,12 @@ impl Source {
     }
 
     /// Fill `inputs` and `targets` (B*T each) with the next batch.
-    pub fn next_batch(&mut self, batch: usize, inputs: &mut [u32], targets: &mut [u32]) -> Result<()> {
+    pub fn next_batch(
+        &mut self,
+        batch: usize,
+        inputs: &mut [u32],
+        targets: &mut [u32],
+    ) -> Result<()> {
         match self {
             Source::Markov { corpus, row } => {
                 let t = row.len() - 1;

@@ -2,10 +2,10 @@
 use crate::config::TrainConfig;
 use crate::error::Result;
 use crate::source::Source;
+use model::Threads;
 use model::init::init_params;
 use model::model::Model;
 use model::optim::{AdamW, Bf16Store, check_finite, clip_grad_norm, grad_norm};
-use model::Threads;
 use std::ops::Range;
 use std::time::Instant;
 
@@ -121,12 +121,17 @@ impl Trainer {
     /// were before the step.
     pub fn step(&mut self) -> Result<StepStats> {
         let step = self.step + 1;
-        self.source.next_batch(self.cfg.batch, &mut self.inputs, &mut self.targets)?;
+        self.source
+            .next_batch(self.cfg.batch, &mut self.inputs, &mut self.targets)?;
         let t0 = Instant::now();
         self.grads.fill(0.0);
-        let loss = self.model.forward(&self.th, &self.params, &self.inputs, Some(&self.targets))?.unwrap_or(f64::NAN);
+        let loss = self
+            .model
+            .forward(&self.th, &self.params, &self.inputs, Some(&self.targets))?
+            .unwrap_or(f64::NAN);
         check_finite("loss", step, loss)?;
-        self.model.backward(&self.th, &self.params, &mut self.grads)?;
+        self.model
+            .backward(&self.th, &self.params, &mut self.grads)?;
         let p = model::profile::scope("grad_norm");
         let norm = match self.cfg.grad_clip {
             Some(max) => clip_grad_norm(&self.th, &mut self.grads, max),
@@ -142,7 +147,9 @@ impl Trainer {
                 store.step(&self.th, &mut self.opt, lr, &self.decay)?;
                 store.decode_params(&mut self.params)?;
             }
-            None => self.opt.step(&self.th, &mut self.params, &self.grads, lr, &self.decay)?,
+            None => self
+                .opt
+                .step(&self.th, &mut self.params, &self.grads, lr, &self.decay)?,
         }
         self.step = step;
         Ok(StepStats {
@@ -159,8 +166,12 @@ impl Trainer {
     pub fn eval_loss(&mut self, batches: usize) -> Result<f64> {
         let mut sum = 0.0;
         for _ in 0..batches {
-            self.source.next_batch(self.cfg.batch, &mut self.inputs, &mut self.targets)?;
-            sum += self.model.forward(&self.th, &self.params, &self.inputs, Some(&self.targets))?.unwrap_or(f64::NAN);
+            self.source
+                .next_batch(self.cfg.batch, &mut self.inputs, &mut self.targets)?;
+            sum += self
+                .model
+                .forward(&self.th, &self.params, &self.inputs, Some(&self.targets))?
+                .unwrap_or(f64::NAN);
         }
         Ok(sum / batches.max(1) as f64)
     }

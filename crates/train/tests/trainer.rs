@@ -28,10 +28,19 @@ fn tiny_model_learns_the_builtin_corpus_and_runs_are_bit_identical() {
     let (a, floor) = losses(tiny(150));
     assert!(a[0] > 3.9, "starts near ln 64: {}", a[0]);
     let tail = a[a.len() - 10..].iter().sum::<f64>() / 10.0;
-    assert!(tail < 2.0, "mean loss of the last 10 steps {tail:.4} (entropy floor {floor:.4})");
-    assert!(tail > floor - 0.05, "cannot beat the entropy rate: {tail} vs {floor}");
+    assert!(
+        tail < 2.0,
+        "mean loss of the last 10 steps {tail:.4} (entropy floor {floor:.4})"
+    );
+    assert!(
+        tail > floor - 0.05,
+        "cannot beat the entropy rate: {tail} vs {floor}"
+    );
     let (b, _) = losses(tiny(150));
-    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "two runs differ");
+    assert!(
+        a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+        "two runs differ"
+    );
 }
 
 #[test]
@@ -75,9 +84,13 @@ fn a_diverging_run_is_an_error_naming_the_step() {
     let mut c = tiny(50);
     c.lr = 1e9;
     let mut t = Trainer::new(c).unwrap();
-    let err = (0..50).find_map(|_| t.step().err()).expect("lr 1e9 must blow up within 50 steps");
+    let err = (0..50)
+        .find_map(|_| t.step().err())
+        .expect("lr 1e9 must blow up within 50 steps");
     match err {
-        TrainError::Model(model::ModelError::NonFinite { step, .. }) => assert!(step >= 2, "step {step}"),
+        TrainError::Model(model::ModelError::NonFinite { step, .. }) => {
+            assert!(step >= 2, "step {step}")
+        }
         other => panic!("expected a non-finite error, got {other}"),
     }
 }

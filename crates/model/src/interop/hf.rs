@@ -81,7 +81,11 @@ impl HfArch {
 }
 
 fn refuse(arch: HfArch, field: &'static str, value: String, reason: &str) -> ModelError {
-    ModelError::Config { field, value, reason: format!("{} cannot represent this: {reason}", arch.class_name()) }
+    ModelError::Config {
+        field,
+        value,
+        reason: format!("{} cannot represent this: {reason}", arch.class_name()),
+    }
 }
 
 /// The Hugging Face class `cfg` maps to (LayerNorm: GPT-2, RMSNorm: Llama),
@@ -100,28 +104,51 @@ pub fn hf_arch(cfg: &ModelConfig) -> Result<HfArch> {
                 ));
             }
             if cfg.activation == Activation::SwiGlu {
-                return Err(refuse(a, "activation", "SwiGlu".into(), "GPT-2's MLP is gelu or gelu_new"));
+                return Err(refuse(
+                    a,
+                    "activation",
+                    "SwiGlu".into(),
+                    "GPT-2's MLP is gelu or gelu_new",
+                ));
             }
             if cfg.kv_heads != cfg.heads {
                 return Err(refuse(
                     a,
                     "kv_heads",
                     cfg.kv_heads.to_string(),
-                    &format!("GPT-2 has no grouped-query attention (kv_heads must equal heads = {})", cfg.heads),
+                    &format!(
+                        "GPT-2 has no grouped-query attention (kv_heads must equal heads = {})",
+                        cfg.heads
+                    ),
                 ));
             }
             if !cfg.bias {
-                return Err(refuse(a, "bias", "false".into(), "GPT-2's linears and LayerNorms always have biases"));
+                return Err(refuse(
+                    a,
+                    "bias",
+                    "false".into(),
+                    "GPT-2's linears and LayerNorms always have biases",
+                ));
             }
             Ok(a)
         }
         Norm::RmsNorm => {
             let a = HfArch::Llama;
             if cfg.positions == Positions::Learned {
-                return Err(refuse(a, "positions", "learned".into(), "Llama has rotary positions only"));
+                return Err(refuse(
+                    a,
+                    "positions",
+                    "learned".into(),
+                    "Llama has rotary positions only",
+                ));
             }
             if cfg.activation != Activation::SwiGlu {
-                return Err(refuse(a, "activation", format!("{:?}", cfg.activation), "Llama's MLP is SwiGLU (silu)"));
+                return Err(refuse(
+                    a,
+                    "activation",
+                    format!("{:?}", cfg.activation),
+                    "Llama's MLP is SwiGLU (silu)",
+                ));
             }
             Ok(a)
         }
@@ -151,17 +178,31 @@ struct HfTensor {
 /// Every Hugging Face tensor of `cfg`'s model, with `prefix` before GPT-2's
 /// `transformer.`-less names (`"transformer."` when exporting).
 fn plan(cfg: &ModelConfig, layout: &Layout, arch: HfArch, gpt2_prefix: &str) -> Vec<HfTensor> {
-    let index: HashMap<&str, usize> = layout.entries.iter().enumerate().map(|(i, e)| (e.name.as_str(), i)).collect();
+    let index: HashMap<&str, usize> = layout
+        .entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e.name.as_str(), i))
+        .collect();
     let mut out = Vec::new();
     let mut add = |hf: String, ours: &str, piece: Piece| {
-        let Some(&entry) = index.get(ours) else { return };
+        let Some(&entry) = index.get(ours) else {
+            return;
+        };
         let s = &layout.entries[entry].shape;
         let shape = match piece {
             Piece::Whole => s.clone(),
             Piece::Transposed => vec![s[1], s[0]],
-            Piece::Rows(a, b) => std::iter::once(b - a).chain(s[1..].iter().copied()).collect(),
+            Piece::Rows(a, b) => std::iter::once(b - a)
+                .chain(s[1..].iter().copied())
+                .collect(),
         };
-        out.push(HfTensor { hf, entry, piece, shape });
+        out.push(HfTensor {
+            hf,
+            entry,
+            piece,
+            shape,
+        });
     };
     match arch {
         HfArch::Gpt2 => {
@@ -185,7 +226,11 @@ fn plan(cfg: &ModelConfig, layout: &Layout, arch: HfArch, gpt2_prefix: &str) -> 
                     ("mlp.c_proj.weight", "mlp.proj.weight", true),
                     ("mlp.c_proj.bias", "mlp.proj.bias", false),
                 ] {
-                    let piece = if transposed { Piece::Transposed } else { Piece::Whole };
+                    let piece = if transposed {
+                        Piece::Transposed
+                    } else {
+                        Piece::Whole
+                    };
                     add(format!("{h}{hf}"), &format!("{o}{ours}"), piece);
                 }
             }
@@ -199,20 +244,56 @@ fn plan(cfg: &ModelConfig, layout: &Layout, arch: HfArch, gpt2_prefix: &str) -> 
             for l in 0..cfg.layers {
                 let h = format!("model.layers.{l}.");
                 let o = format!("h.{l}.");
-                add(format!("{h}input_layernorm.weight"), &format!("{o}ln1.weight"), Piece::Whole);
+                add(
+                    format!("{h}input_layernorm.weight"),
+                    &format!("{o}ln1.weight"),
+                    Piece::Whole,
+                );
                 for suffix in ["weight", "bias"] {
                     let qkv = format!("{o}attn.qkv.{suffix}");
-                    add(format!("{h}self_attn.q_proj.{suffix}"), &qkv, Piece::Rows(0, q));
-                    add(format!("{h}self_attn.k_proj.{suffix}"), &qkv, Piece::Rows(q, q + kv));
-                    add(format!("{h}self_attn.v_proj.{suffix}"), &qkv, Piece::Rows(q + kv, q + 2 * kv));
-                    add(format!("{h}self_attn.o_proj.{suffix}"), &format!("{o}attn.proj.{suffix}"), Piece::Whole);
+                    add(
+                        format!("{h}self_attn.q_proj.{suffix}"),
+                        &qkv,
+                        Piece::Rows(0, q),
+                    );
+                    add(
+                        format!("{h}self_attn.k_proj.{suffix}"),
+                        &qkv,
+                        Piece::Rows(q, q + kv),
+                    );
+                    add(
+                        format!("{h}self_attn.v_proj.{suffix}"),
+                        &qkv,
+                        Piece::Rows(q + kv, q + 2 * kv),
+                    );
+                    add(
+                        format!("{h}self_attn.o_proj.{suffix}"),
+                        &format!("{o}attn.proj.{suffix}"),
+                        Piece::Whole,
+                    );
                 }
-                add(format!("{h}post_attention_layernorm.weight"), &format!("{o}ln2.weight"), Piece::Whole);
+                add(
+                    format!("{h}post_attention_layernorm.weight"),
+                    &format!("{o}ln2.weight"),
+                    Piece::Whole,
+                );
                 for suffix in ["weight", "bias"] {
                     let fc = format!("{o}mlp.fc.{suffix}");
-                    add(format!("{h}mlp.gate_proj.{suffix}"), &fc, Piece::Rows(0, cfg.ffn));
-                    add(format!("{h}mlp.up_proj.{suffix}"), &fc, Piece::Rows(cfg.ffn, 2 * cfg.ffn));
-                    add(format!("{h}mlp.down_proj.{suffix}"), &format!("{o}mlp.proj.{suffix}"), Piece::Whole);
+                    add(
+                        format!("{h}mlp.gate_proj.{suffix}"),
+                        &fc,
+                        Piece::Rows(0, cfg.ffn),
+                    );
+                    add(
+                        format!("{h}mlp.up_proj.{suffix}"),
+                        &fc,
+                        Piece::Rows(cfg.ffn, 2 * cfg.ffn),
+                    );
+                    add(
+                        format!("{h}mlp.down_proj.{suffix}"),
+                        &format!("{o}mlp.proj.{suffix}"),
+                        Piece::Whole,
+                    );
                 }
             }
             add("model.norm.weight".into(), "ln_f.weight", Piece::Whole);
@@ -307,7 +388,12 @@ fn hf_config_value(cfg: &ModelConfig) -> Result<Value> {
         }),
         HfArch::Llama => {
             let Positions::Rope { theta } = cfg.positions else {
-                return Err(refuse(arch, "positions", "learned".into(), "Llama has rotary positions only"));
+                return Err(refuse(
+                    arch,
+                    "positions",
+                    "learned".into(),
+                    "Llama has rotary positions only",
+                ));
             };
             json!({
                 "architectures": [arch.class_name()],
@@ -347,10 +433,15 @@ pub fn export_hf(dir: impl AsRef<Path>, cfg: &ModelConfig, params: &[f32]) -> Re
     let arch = hf_arch(cfg)?;
     let layout = Layout::new(cfg);
     if params.len() != layout.total {
-        return Err(ModelError::Shape { what: "params", expected: layout.total, got: params.len() });
+        return Err(ModelError::Shape {
+            what: "params",
+            expected: layout.total,
+            got: params.len(),
+        });
     }
     let text = hf_config_json(cfg)?;
-    std::fs::create_dir_all(dir).map_err(|e| io_err(show(dir), format!("cannot create directory: {e}")))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| io_err(show(dir), format!("cannot create directory: {e}")))?;
     let mut w = TensorWriter::new(dir.join(HF_WEIGHTS));
     w.set_metadata("format", "pt");
     for t in plan(cfg, &layout, arch, "transformer.") {
@@ -388,33 +479,47 @@ impl Json<'_> {
     }
 
     fn usize(&self, key: &str) -> Result<usize> {
-        self.opt_usize(key)?.ok_or_else(|| io_err(self.path, format!("`{key}` is missing")))
+        self.opt_usize(key)?
+            .ok_or_else(|| io_err(self.path, format!("`{key}` is missing")))
     }
 
     fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
         match self.get(key) {
             None => Ok(default),
-            Some(v) => v.as_f64().ok_or_else(|| self.bad(key, v, "expected a number")),
+            Some(v) => v
+                .as_f64()
+                .ok_or_else(|| self.bad(key, v, "expected a number")),
         }
     }
 
     fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
         match self.get(key) {
             None => Ok(default),
-            Some(v) => v.as_bool().ok_or_else(|| self.bad(key, v, "expected true or false")),
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| self.bad(key, v, "expected true or false")),
         }
     }
 
     fn str_or<'b>(&'b self, key: &str, default: &'b str) -> Result<&'b str> {
         match self.get(key) {
             None => Ok(default),
-            Some(v) => v.as_str().ok_or_else(|| self.bad(key, v, "expected a string")),
+            Some(v) => v
+                .as_str()
+                .ok_or_else(|| self.bad(key, v, "expected a string")),
         }
     }
 
     fn require_bool(&self, key: &str, default: bool, want: bool, why: &str) -> Result<()> {
         let v = self.bool_or(key, default)?;
-        if v != want { Err(io_err(self.path, format!("`{key}` = {v} is not supported: {why}"))) } else { Ok(()) }
+        if v != want {
+            Err(io_err(
+                self.path,
+                format!("`{key}` = {v} is not supported: {why}"),
+            ))
+        } else {
+            Ok(())
+        }
     }
 }
 
@@ -424,8 +529,11 @@ impl Json<'_> {
 /// dropout); anything that changes the model's function and that Flotilla
 /// cannot express is refused, naming the key.
 pub fn config_from_hf_json(path: &str, text: &str) -> Result<(HfArch, ModelConfig)> {
-    let value: Value = serde_json::from_str(text).map_err(|e| io_err(path, format!("invalid JSON: {e}")))?;
-    let obj = value.as_object().ok_or_else(|| io_err(path, "expected a JSON object"))?;
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| io_err(path, format!("invalid JSON: {e}")))?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| io_err(path, "expected a JSON object"))?;
     let j = Json { path, obj };
     let model_type = j.str_or("model_type", "")?;
     let (arch, cfg) = match model_type {
@@ -443,9 +551,24 @@ pub fn config_from_hf_json(path: &str, text: &str) -> Result<(HfArch, ModelConfi
                     ));
                 }
             };
-            j.require_bool("scale_attn_weights", true, true, "Flotilla scales attention scores by 1/sqrt(head dim)")?;
-            j.require_bool("scale_attn_by_inverse_layer_idx", false, false, "Flotilla does not scale by layer index")?;
-            j.require_bool("add_cross_attention", false, false, "Flotilla is decoder-only")?;
+            j.require_bool(
+                "scale_attn_weights",
+                true,
+                true,
+                "Flotilla scales attention scores by 1/sqrt(head dim)",
+            )?;
+            j.require_bool(
+                "scale_attn_by_inverse_layer_idx",
+                false,
+                false,
+                "Flotilla does not scale by layer index",
+            )?;
+            j.require_bool(
+                "add_cross_attention",
+                false,
+                false,
+                "Flotilla is decoder-only",
+            )?;
             let heads = j.usize("n_head")?;
             let cfg = ModelConfig {
                 layers: j.usize("n_layer")?,
@@ -470,12 +593,17 @@ pub fn config_from_hf_json(path: &str, text: &str) -> Result<(HfArch, ModelConfi
             if act != "silu" {
                 return Err(io_err(
                     path,
-                    format!("`hidden_act` = {act:?} is not supported (Flotilla's SwiGLU uses silu)"),
+                    format!(
+                        "`hidden_act` = {act:?} is not supported (Flotilla's SwiGLU uses silu)"
+                    ),
                 ));
             }
             let d_model = j.usize("hidden_size")?;
             let heads = j.usize("num_attention_heads")?;
-            if let Some(hd) = j.opt_usize("head_dim")?.filter(|&hd| heads == 0 || hd * heads != d_model) {
+            if let Some(hd) = j
+                .opt_usize("head_dim")?
+                .filter(|&hd| heads == 0 || hd * heads != d_model)
+            {
                 return Err(io_err(
                     path,
                     format!(
@@ -487,29 +615,41 @@ pub fn config_from_hf_json(path: &str, text: &str) -> Result<(HfArch, ModelConfi
             let mut rope_type = String::from("default");
             for key in ["rope_scaling", "rope_parameters"] {
                 let Some(v) = j.get(key) else { continue };
-                let o = v.as_object().ok_or_else(|| j.bad(key, v, "expected an object"))?;
+                let o = v
+                    .as_object()
+                    .ok_or_else(|| j.bad(key, v, "expected an object"))?;
                 let sub = Json { path, obj: o };
                 if let Some(t) = sub.get("rope_type").or_else(|| sub.get("type")) {
-                    rope_type = t.as_str().ok_or_else(|| j.bad(key, v, "rope_type is not a string"))?.to_string();
+                    rope_type = t
+                        .as_str()
+                        .ok_or_else(|| j.bad(key, v, "rope_type is not a string"))?
+                        .to_string();
                 }
                 if o.contains_key("rope_theta") {
                     theta = sub.f64_or("rope_theta", theta)?;
                 }
-                if key == "rope_scaling" && rope_type == "default" && o.keys().any(|k| k == "factor") {
+                if key == "rope_scaling"
+                    && rope_type == "default"
+                    && o.keys().any(|k| k == "factor")
+                {
                     rope_type = "scaled".into();
                 }
             }
             if rope_type != "default" {
                 return Err(io_err(
                     path,
-                    format!("rope type {rope_type:?} is not supported (only default RoPE, no scaling)"),
+                    format!(
+                        "rope type {rope_type:?} is not supported (only default RoPE, no scaling)"
+                    ),
                 ));
             }
             let partial = j.f64_or("partial_rotary_factor", 1.0)?;
             if partial != 1.0 {
                 return Err(io_err(
                     path,
-                    format!("`partial_rotary_factor` = {partial} is not supported (Flotilla rotates whole heads)"),
+                    format!(
+                        "`partial_rotary_factor` = {partial} is not supported (Flotilla rotates whole heads)"
+                    ),
                 ));
             }
             let bias = j.bool_or("attention_bias", false)?;
@@ -541,10 +681,14 @@ pub fn config_from_hf_json(path: &str, text: &str) -> Result<(HfArch, ModelConfi
             (HfArch::Llama, cfg)
         }
         other => {
-            return Err(io_err(path, format!("`model_type` = {other:?} is not supported (gpt2 or llama)")));
+            return Err(io_err(
+                path,
+                format!("`model_type` = {other:?} is not supported (gpt2 or llama)"),
+            ));
         }
     };
-    cfg.validate().map_err(|e| io_err(path, format!("does not give a valid Flotilla config: {e}")))?;
+    cfg.validate()
+        .map_err(|e| io_err(path, format!("does not give a valid Flotilla config: {e}")))?;
     Ok((arch, cfg))
 }
 
@@ -562,19 +706,25 @@ impl Source {
         } else {
             let ipath = dir.join(HF_INDEX);
             let text = std::fs::read_to_string(&ipath).map_err(|e| {
-                io_err(show(dir), format!("neither {HF_WEIGHTS} nor {HF_INDEX} can be read ({HF_INDEX}: {e})"))
+                io_err(
+                    show(dir),
+                    format!("neither {HF_WEIGHTS} nor {HF_INDEX} can be read ({HF_INDEX}: {e})"),
+                )
             })?;
-            let v: Value =
-                serde_json::from_str(&text).map_err(|e| io_err(show(&ipath), format!("invalid JSON: {e}")))?;
+            let v: Value = serde_json::from_str(&text)
+                .map_err(|e| io_err(show(&ipath), format!("invalid JSON: {e}")))?;
             let map = v
                 .get("weight_map")
                 .and_then(Value::as_object)
                 .ok_or_else(|| io_err(show(&ipath), "`weight_map` is missing or not an object"))?;
             let mut shards: Vec<&str> = Vec::new();
             for (name, f) in map {
-                let f = f
-                    .as_str()
-                    .ok_or_else(|| io_err(show(&ipath), format!("`weight_map.{name}` is not a file name")))?;
+                let f = f.as_str().ok_or_else(|| {
+                    io_err(
+                        show(&ipath),
+                        format!("`weight_map.{name}` is not a file name"),
+                    )
+                })?;
                 if !shards.contains(&f) {
                     shards.push(f);
                 }
@@ -589,7 +739,10 @@ impl Source {
             for name in f.names() {
                 if let Some(prev) = index.insert(name.clone(), files.len()) {
                     let prev: &TensorFile = &files[prev];
-                    return Err(io_err(f.path(), format!("tensor `{name}` is also in {}", prev.path())));
+                    return Err(io_err(
+                        f.path(),
+                        format!("tensor `{name}` is also in {}", prev.path()),
+                    ));
                 }
             }
             files.push(f);
@@ -608,7 +761,10 @@ impl Source {
     fn read(&self, name: &str, shape: &[usize], dir: &Path) -> Result<Vec<f32>> {
         match self.file(name) {
             Some(f) => f.read_f32_shaped(name, shape),
-            None => Err(io_err(show(dir), format!("tensor `{name}` is missing from the checkpoint"))),
+            None => Err(io_err(
+                show(dir),
+                format!("tensor `{name}` is missing from the checkpoint"),
+            )),
         }
     }
 }
@@ -624,15 +780,18 @@ impl Source {
 pub fn import_hf(dir: impl AsRef<Path>) -> Result<(ModelConfig, Vec<f32>)> {
     let dir = dir.as_ref();
     let cpath = dir.join(HF_CONFIG);
-    let text = std::fs::read_to_string(&cpath).map_err(|e| io_err(show(&cpath), format!("cannot read: {e}")))?;
+    let text = std::fs::read_to_string(&cpath)
+        .map_err(|e| io_err(show(&cpath), format!("cannot read: {e}")))?;
     let (arch, cfg) = config_from_hf_json(&show(&cpath), &text)?;
     let src = Source::open(dir)?;
-    let prefix =
-        if arch == HfArch::Gpt2 && src.file("transformer.wte.weight").is_none() && src.file("wte.weight").is_some() {
-            ""
-        } else {
-            "transformer."
-        };
+    let prefix = if arch == HfArch::Gpt2
+        && src.file("transformer.wte.weight").is_none()
+        && src.file("wte.weight").is_some()
+    {
+        ""
+    } else {
+        "transformer."
+    };
     let layout = Layout::new(&cfg);
     let mut params = vec![0.0f32; layout.total];
     let tensors = plan(&cfg, &layout, arch, prefix);
@@ -650,7 +809,8 @@ pub fn import_hf(dir: impl AsRef<Path>) -> Result<(ModelConfig, Vec<f32>)> {
         }
         // Non-parameter buffers older exports carry: GPT-2's causal mask and
         // Llama's rotary frequencies.
-        let buffer = (arch == HfArch::Gpt2 && (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")))
+        let buffer = (arch == HfArch::Gpt2
+            && (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")))
             || (arch == HfArch::Llama && name.ends_with(".rotary_emb.inv_freq"));
         if buffer {
             continue;
@@ -658,7 +818,10 @@ pub fn import_hf(dir: impl AsRef<Path>) -> Result<(ModelConfig, Vec<f32>)> {
         if name == "lm_head.weight" && cfg.tied_embeddings {
             let e = &layout.entries[0];
             let v = src.read(name, &e.shape, dir)?;
-            if v.iter().zip(&params[layout.wte.clone()]).any(|(a, b)| a.to_bits() != b.to_bits()) {
+            if v.iter()
+                .zip(&params[layout.wte.clone()])
+                .any(|(a, b)| a.to_bits() != b.to_bits())
+            {
                 return Err(io_err(
                     src.file(name).map_or(show(dir), |f| f.path().to_string()),
                     "`lm_head.weight` differs from the token embedding although `tie_word_embeddings` is true",
@@ -692,14 +855,17 @@ mod tests {
     use std::path::PathBuf;
 
     fn tmp(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("flotilla-hf-unit-{}-{name}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("flotilla-hf-unit-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
     }
 
     fn params(cfg: &ModelConfig) -> Vec<f32> {
-        (0..Layout::new(cfg).total).map(|i| ((i as f32) * 0.731).sin()).collect()
+        (0..Layout::new(cfg).total)
+            .map(|i| ((i as f32) * 0.731).sin())
+            .collect()
     }
 
     fn field(e: ModelError) -> &'static str {
@@ -726,7 +892,12 @@ mod tests {
         llama_bias.tied_embeddings = true;
         llama_bias.positions = Positions::Rope { theta: 500_000.0 };
         llama_bias.norm_eps = 1e-6;
-        vec![ModelConfig::gpt2(2, 4, 32, 16, 64), untied, ModelConfig::llama(2, 4, 2, 32, 48, 16, 64), llama_bias]
+        vec![
+            ModelConfig::gpt2(2, 4, 32, 16, 64),
+            untied,
+            ModelConfig::llama(2, 4, 2, 32, 48, 16, 64),
+            llama_bias,
+        ]
     }
 
     #[test]
@@ -737,7 +908,10 @@ mod tests {
             export_hf(&d, &cfg, &p).unwrap();
             let (c2, p2) = import_hf(&d).unwrap();
             assert_eq!(c2, cfg);
-            assert!(p2.iter().zip(&p).all(|(a, b)| a.to_bits() == b.to_bits()), "config {i}");
+            assert!(
+                p2.iter().zip(&p).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "config {i}"
+            );
             std::fs::remove_dir_all(d).unwrap();
         }
     }
@@ -770,8 +944,12 @@ mod tests {
         let mut c = ModelConfig::gpt2(2, 4, 32, 16, 64);
         c.bias = false;
         // Refused before anything is written.
-        let never = std::env::temp_dir().join(format!("flotilla-hf-unit-{}-never", std::process::id()));
-        assert_eq!(field(export_hf(&never, &c, &params(&c)).unwrap_err()), "bias");
+        let never =
+            std::env::temp_dir().join(format!("flotilla-hf-unit-{}-never", std::process::id()));
+        assert_eq!(
+            field(export_hf(&never, &c, &params(&c)).unwrap_err()),
+            "bias"
+        );
         assert!(!never.exists());
         let mut c = ModelConfig::gpt2(2, 4, 32, 16, 64);
         c.activation = Activation::SwiGlu;
@@ -811,13 +989,26 @@ mod tests {
         };
         rewrite("model.layers.1.mlp.up_proj.weight", None, None);
         let r = reason(import_hf(&d).unwrap_err());
-        assert!(r.contains("`model.layers.1.mlp.up_proj.weight` is missing"), "{r}");
-        rewrite("", Some(("model.layers.0.self_attn.k_proj.weight", vec![32, 16])), None);
+        assert!(
+            r.contains("`model.layers.1.mlp.up_proj.weight` is missing"),
+            "{r}"
+        );
+        rewrite(
+            "",
+            Some(("model.layers.0.self_attn.k_proj.weight", vec![32, 16])),
+            None,
+        );
         let r = reason(import_hf(&d).unwrap_err());
-        assert!(r.contains("`model.layers.0.self_attn.k_proj.weight`") && r.contains("[32, 16]"), "{r}");
+        assert!(
+            r.contains("`model.layers.0.self_attn.k_proj.weight`") && r.contains("[32, 16]"),
+            "{r}"
+        );
         rewrite("", None, Some("model.layers.2.input_layernorm.weight"));
         let r = reason(import_hf(&d).unwrap_err());
-        assert!(r.contains("unexpected") && r.contains("model.layers.2.input_layernorm.weight"), "{r}");
+        assert!(
+            r.contains("unexpected") && r.contains("model.layers.2.input_layernorm.weight"),
+            "{r}"
+        );
         // Truncated weights.
         let bytes = std::fs::read(&weights).unwrap();
         std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
@@ -828,7 +1019,11 @@ mod tests {
         let base: Value = serde_json::from_str(&std::fs::read_to_string(&cpath).unwrap()).unwrap();
         for (key, value, needle) in [
             ("hidden_act", json!("gelu"), "hidden_act"),
-            ("rope_parameters", json!({"rope_type": "linear", "factor": 2.0}), "rope type"),
+            (
+                "rope_parameters",
+                json!({"rope_type": "linear", "factor": 2.0}),
+                "rope type",
+            ),
             ("model_type", json!("mistral"), "model_type"),
             ("hidden_size", json!("32"), "hidden_size"),
             ("num_key_value_heads", json!(3), "kv_heads"),
@@ -853,10 +1048,13 @@ mod tests {
         let mut w = TensorWriter::new(&weights);
         for n in good.names() {
             let (s, v) = good.read_f32(&n).unwrap();
-            w.add_f32(n.trim_start_matches("transformer."), &s, &v).unwrap();
+            w.add_f32(n.trim_start_matches("transformer."), &s, &v)
+                .unwrap();
         }
-        w.add_f32("h.0.attn.bias", &[1, 1, 4, 4], &[1.0; 16]).unwrap();
-        w.add_f32("lm_head.weight", &[10, 8], &p[Layout::new(&cfg).wte]).unwrap();
+        w.add_f32("h.0.attn.bias", &[1, 1, 4, 4], &[1.0; 16])
+            .unwrap();
+        w.add_f32("lm_head.weight", &[10, 8], &p[Layout::new(&cfg).wte])
+            .unwrap();
         w.write().unwrap();
         let (c2, p2) = import_hf(&d).unwrap();
         assert_eq!((c2, p2), (cfg, p));

@@ -25,7 +25,10 @@ pub const REFERENCE_FILE: &str = "flotilla_reference.safetensors";
 
 /// An [`ModelError::Io`] for `path`.
 pub(crate) fn io_err(path: impl Into<String>, reason: impl Into<String>) -> ModelError {
-    ModelError::Io { path: path.into(), reason: reason.into() }
+    ModelError::Io {
+        path: path.into(),
+        reason: reason.into(),
+    }
 }
 
 /// The display form of a path used in errors.
@@ -44,7 +47,9 @@ fn describe(e: &SafeTensorError, len: usize) -> String {
             format!("not a safetensors file: {len} bytes is too short for the 8-byte header length")
         }
         SafeTensorError::InvalidHeaderLength => {
-            format!("truncated safetensors file: the declared header is longer than the file ({len} bytes)")
+            format!(
+                "truncated safetensors file: the declared header is longer than the file ({len} bytes)"
+            )
         }
         SafeTensorError::MetadataIncompleteBuffer => format!(
             "truncated or padded safetensors file: the header's tensors do not cover exactly the file's {len} bytes"
@@ -65,7 +70,10 @@ pub struct TensorFile {
 
 impl std::fmt::Debug for TensorFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TensorFile").field("path", &self.path).field("bytes", &self.bytes.len()).finish()
+        f.debug_struct("TensorFile")
+            .field("path", &self.path)
+            .field("bytes", &self.bytes.len())
+            .finish()
     }
 }
 
@@ -73,15 +81,22 @@ impl TensorFile {
     /// Read and parse the file at `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| io_err(show(path), format!("cannot read: {e}")))?;
+        let bytes =
+            std::fs::read(path).map_err(|e| io_err(show(path), format!("cannot read: {e}")))?;
         Self::from_bytes(show(path), bytes)
     }
 
     /// Parse an in-memory safetensors image; `label` names it in errors.
     pub fn from_bytes(label: impl Into<String>, bytes: Vec<u8>) -> Result<Self> {
         let path = label.into();
-        let (n, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| io_err(&path, describe(&e, bytes.len())))?;
-        Ok(Self { path, data_start: 8 + n, bytes, meta })
+        let (n, meta) = SafeTensors::read_metadata(&bytes)
+            .map_err(|e| io_err(&path, describe(&e, bytes.len())))?;
+        Ok(Self {
+            path,
+            data_start: 8 + n,
+            bytes,
+            meta,
+        })
     }
 
     /// The path (or label) it was read from.
@@ -91,7 +106,11 @@ impl TensorFile {
 
     /// The value of metadata key `key`, if any.
     pub fn metadata_value(&self, key: &str) -> Option<&str> {
-        self.meta.metadata().as_ref().and_then(|m| m.get(key)).map(String::as_str)
+        self.meta
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get(key))
+            .map(String::as_str)
     }
 
     /// All metadata, sorted by key.
@@ -114,7 +133,9 @@ impl TensorFile {
     }
 
     fn info(&self, name: &str) -> Result<&safetensors::tensor::TensorInfo> {
-        self.meta.info(name).ok_or_else(|| io_err(&self.path, format!("tensor `{name}` is missing")))
+        self.meta
+            .info(name)
+            .ok_or_else(|| io_err(&self.path, format!("tensor `{name}` is missing")))
     }
 
     /// The shape of tensor `name`.
@@ -134,7 +155,12 @@ impl TensorFile {
         let data = self
             .bytes
             .get(self.data_start + s..self.data_start + e)
-            .ok_or_else(|| io_err(&self.path, format!("tensor `{name}`: data offsets {s}..{e} outside the file")))?;
+            .ok_or_else(|| {
+                io_err(
+                    &self.path,
+                    format!("tensor `{name}`: data offsets {s}..{e} outside the file"),
+                )
+            })?;
         Ok((info.dtype, &info.shape, data))
     }
 
@@ -142,17 +168,24 @@ impl TensorFile {
     pub fn read_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
         let (dtype, shape, data) = self.raw(name)?;
         let values = match dtype {
-            Dtype::F32 => data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-            Dtype::F16 => {
-                data.chunks_exact(2).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect()
-            }
-            Dtype::BF16 => {
-                data.chunks_exact(2).map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect()
-            }
+            Dtype::F32 => data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            Dtype::F16 => data
+                .chunks_exact(2)
+                .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                .collect(),
+            Dtype::BF16 => data
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                .collect(),
             other => {
                 return Err(io_err(
                     &self.path,
-                    format!("tensor `{name}`: dtype {other} is not a float (expected F32, F16 or BF16)"),
+                    format!(
+                        "tensor `{name}`: dtype {other} is not a float (expected F32, F16 or BF16)"
+                    ),
                 ));
             }
         };
@@ -165,7 +198,11 @@ impl TensorFile {
         if got != shape {
             return Err(io_err(
                 &self.path,
-                format!("tensor `{name}`: shape {} in the file, expected {}", fmt_shape(got), fmt_shape(shape)),
+                format!(
+                    "tensor `{name}`: shape {} in the file, expected {}",
+                    fmt_shape(got),
+                    fmt_shape(shape)
+                ),
             ));
         }
         Ok(self.read_f32(name)?.1)
@@ -176,27 +213,42 @@ impl TensorFile {
     pub fn read_ids(&self, name: &str) -> Result<(Vec<usize>, Vec<u32>)> {
         let (dtype, shape, data) = self.raw(name)?;
         let wide: Vec<i128> = match dtype {
-            Dtype::I32 => data.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i128).collect(),
-            Dtype::U32 => data.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i128).collect(),
+            Dtype::I32 => data
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i128)
+                .collect(),
+            Dtype::U32 => data
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i128)
+                .collect(),
             Dtype::I64 => data
                 .chunks_exact(8)
-                .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as i128)
+                .map(|c| {
+                    i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as i128
+                })
                 .collect(),
             Dtype::U64 => data
                 .chunks_exact(8)
-                .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as i128)
+                .map(|c| {
+                    u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as i128
+                })
                 .collect(),
             other => {
                 return Err(io_err(
                     &self.path,
-                    format!("tensor `{name}`: dtype {other} is not an integer (expected I32, I64, U32 or U64)"),
+                    format!(
+                        "tensor `{name}`: dtype {other} is not an integer (expected I32, I64, U32 or U64)"
+                    ),
                 ));
             }
         };
         let mut ids = Vec::with_capacity(wide.len());
         for (pos, &v) in wide.iter().enumerate() {
             let id = u32::try_from(v).map_err(|_| {
-                io_err(&self.path, format!("tensor `{name}`: value {v} at position {pos} is not a valid token id"))
+                io_err(
+                    &self.path,
+                    format!("tensor `{name}`: value {v} at position {pos} is not a valid token id"),
+                )
             })?;
             ids.push(id);
         }
@@ -218,7 +270,10 @@ impl TensorFile {
     /// The model config stored in the metadata by [`config_to_metadata`],
     /// or `None` when the file has no `flotilla.layers` key.
     pub fn config(&self) -> Result<Option<ModelConfig>> {
-        if self.metadata_value(&format!("{CONFIG_PREFIX}layers")).is_none() {
+        if self
+            .metadata_value(&format!("{CONFIG_PREFIX}layers"))
+            .is_none()
+        {
             return Ok(None);
         }
         config_from_metadata(&self.path, |k| self.metadata_value(k)).map(Some)
@@ -255,21 +310,38 @@ impl TensorWriter {
         self.metadata.extend(md);
     }
 
-    fn push(&mut self, name: &str, dtype: Dtype, shape: &[usize], count: usize, bytes: Vec<u8>) -> Result<()> {
+    fn push(
+        &mut self,
+        name: &str,
+        dtype: Dtype,
+        shape: &[usize],
+        count: usize,
+        bytes: Vec<u8>,
+    ) -> Result<()> {
         let numel: usize = shape.iter().product();
         if numel != count {
             return Err(io_err(
                 show(&self.path),
-                format!("tensor `{name}`: shape {} holds {numel} elements but {count} were given", fmt_shape(shape)),
+                format!(
+                    "tensor `{name}`: shape {} holds {numel} elements but {count} were given",
+                    fmt_shape(shape)
+                ),
             ));
         }
         if name == "__metadata__" {
-            return Err(io_err(show(&self.path), "`__metadata__` is reserved and cannot name a tensor"));
+            return Err(io_err(
+                show(&self.path),
+                "`__metadata__` is reserved and cannot name a tensor",
+            ));
         }
         if !self.names.insert(name.to_string()) {
-            return Err(io_err(show(&self.path), format!("tensor `{name}` added twice")));
+            return Err(io_err(
+                show(&self.path),
+                format!("tensor `{name}` added twice"),
+            ));
         }
-        self.tensors.push((name.to_string(), dtype, shape.to_vec(), bytes));
+        self.tensors
+            .push((name.to_string(), dtype, shape.to_vec(), bytes));
         Ok(())
     }
 
@@ -281,7 +353,10 @@ impl TensorWriter {
 
     /// Add token ids as an I64 tensor (PyTorch's index dtype).
     pub fn add_ids(&mut self, name: &str, shape: &[usize], ids: &[u32]) -> Result<()> {
-        let bytes = ids.iter().flat_map(|&x| i64::from(x).to_le_bytes()).collect();
+        let bytes = ids
+            .iter()
+            .flat_map(|&x| i64::from(x).to_le_bytes())
+            .collect();
         self.push(name, Dtype::I64, shape, ids.len(), bytes)
     }
 
@@ -308,8 +383,14 @@ impl TensorWriter {
         // Pad with spaces so the data starts 8-byte aligned.
         head.resize(head.len().next_multiple_of(8), b' ');
 
-        let name = self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let tmp = self.path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+        let name = self
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = self
+            .path
+            .with_file_name(format!(".{name}.tmp-{}", std::process::id()));
         let result = (|| -> std::io::Result<()> {
             let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
             f.write_all(&(head.len() as u64).to_le_bytes())?;
@@ -377,15 +458,29 @@ pub fn config_to_metadata(cfg: &ModelConfig) -> BTreeMap<String, String> {
 
 /// The config stored by [`config_to_metadata`]; `get` looks a metadata key
 /// up, `path` names the file in errors. The result is validated.
-pub fn config_from_metadata<'a>(path: &str, get: impl Fn(&str) -> Option<&'a str>) -> Result<ModelConfig> {
+pub fn config_from_metadata<'a>(
+    path: &str,
+    get: impl Fn(&str) -> Option<&'a str>,
+) -> Result<ModelConfig> {
     let raw = |k: &str| -> Result<&'a str> {
-        get(&format!("{CONFIG_PREFIX}{k}"))
-            .ok_or_else(|| io_err(path, format!("metadata key `{CONFIG_PREFIX}{k}` is missing")))
+        get(&format!("{CONFIG_PREFIX}{k}")).ok_or_else(|| {
+            io_err(
+                path,
+                format!("metadata key `{CONFIG_PREFIX}{k}` is missing"),
+            )
+        })
     };
-    let bad = |k: &str, v: &str, what: &str| io_err(path, format!("metadata key `{CONFIG_PREFIX}{k}` = {v:?}: {what}"));
+    let bad = |k: &str, v: &str, what: &str| {
+        io_err(
+            path,
+            format!("metadata key `{CONFIG_PREFIX}{k}` = {v:?}: {what}"),
+        )
+    };
     let int = |k: &str| -> Result<usize> {
         let v = raw(k)?;
-        v.trim().parse().map_err(|_| bad(k, v, "not a non-negative integer"))
+        v.trim()
+            .parse()
+            .map_err(|_| bad(k, v, "not a non-negative integer"))
     };
     let float = |k: &str| -> Result<f64> {
         let v = raw(k)?;
@@ -412,7 +507,9 @@ pub fn config_from_metadata<'a>(path: &str, get: impl Fn(&str) -> Option<&'a str
     };
     let positions = match raw("positions")? {
         "learned" => Positions::Learned,
-        "rope" => Positions::Rope { theta: float("rope_theta")? },
+        "rope" => Positions::Rope {
+            theta: float("rope_theta")?,
+        },
         v => return Err(bad("positions", v, "expected learned or rope")),
     };
     let cfg = ModelConfig {
@@ -431,7 +528,8 @@ pub fn config_from_metadata<'a>(path: &str, get: impl Fn(&str) -> Option<&'a str
         norm_eps: float("norm_eps")?,
         dropout: float("dropout")?,
     };
-    cfg.validate().map_err(|e| io_err(path, format!("stored config is invalid: {e}")))?;
+    cfg.validate()
+        .map_err(|e| io_err(path, format!("stored config is invalid: {e}")))?;
     Ok(cfg)
 }
 
@@ -443,7 +541,11 @@ pub(crate) fn config_diff(a: &ModelConfig, b: &ModelConfig) -> Option<(String, S
         let (va, vb) = (ma.get(k), mb.get(k));
         if va != vb {
             let s = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(none)".into());
-            return Some((k.trim_start_matches(CONFIG_PREFIX).to_string(), s(va), s(vb)));
+            return Some((
+                k.trim_start_matches(CONFIG_PREFIX).to_string(),
+                s(va),
+                s(vb),
+            ));
         }
     }
     None
@@ -453,16 +555,28 @@ pub(crate) fn config_diff(a: &ModelConfig, b: &ModelConfig) -> Option<(String, S
 pub(crate) fn check_layout(path: &str, cfg: &ModelConfig, layout: &Layout) -> Result<()> {
     cfg.validate()?;
     if layout.entries != Layout::new(cfg).entries {
-        return Err(io_err(path, "the layout passed does not match the config's layout"));
+        return Err(io_err(
+            path,
+            "the layout passed does not match the config's layout",
+        ));
     }
     Ok(())
 }
 
 /// Check that `layout` is `cfg`'s layout and `params` fills it.
-pub(crate) fn check_params(path: &str, cfg: &ModelConfig, layout: &Layout, params: &[f32]) -> Result<()> {
+pub(crate) fn check_params(
+    path: &str,
+    cfg: &ModelConfig,
+    layout: &Layout,
+    params: &[f32],
+) -> Result<()> {
     check_layout(path, cfg, layout)?;
     if params.len() != layout.total {
-        return Err(ModelError::Shape { what: "params", expected: layout.total, got: params.len() });
+        return Err(ModelError::Shape {
+            what: "params",
+            expected: layout.total,
+            got: params.len(),
+        });
     }
     Ok(())
 }
@@ -470,7 +584,12 @@ pub(crate) fn check_params(path: &str, cfg: &ModelConfig, layout: &Layout, param
 /// Save `params` (laid out by `layout`, which must be `cfg`'s) to `path`
 /// under Flotilla's tensor names and shapes, with `cfg` in the metadata
 /// (plus `format = pt`, which PyTorch tooling expects).
-pub fn save_flotilla(path: impl AsRef<Path>, cfg: &ModelConfig, layout: &Layout, params: &[f32]) -> Result<()> {
+pub fn save_flotilla(
+    path: impl AsRef<Path>,
+    cfg: &ModelConfig,
+    layout: &Layout,
+    params: &[f32],
+) -> Result<()> {
     let path = path.as_ref();
     check_params(&show(path), cfg, layout, params)?;
     let mut w = TensorWriter::new(path);
@@ -487,13 +606,19 @@ pub fn save_flotilla(path: impl AsRef<Path>, cfg: &ModelConfig, layout: &Layout,
 /// (the error names the first differing field). Every layout tensor must be
 /// present with its exact shape; tensors outside the layout (such as a
 /// golden fixture's `grad.*`) are ignored.
-pub fn load_flotilla(path: impl AsRef<Path>, cfg: &ModelConfig, layout: &Layout) -> Result<Vec<f32>> {
+pub fn load_flotilla(
+    path: impl AsRef<Path>,
+    cfg: &ModelConfig,
+    layout: &Layout,
+) -> Result<Vec<f32>> {
     let path = path.as_ref();
     let f = TensorFile::open(path)?;
     if let Some((field, theirs, ours)) = f.config()?.and_then(|stored| config_diff(&stored, cfg)) {
         return Err(io_err(
             f.path(),
-            format!("saved for a different config: {field} is {theirs} in the file, {ours} requested"),
+            format!(
+                "saved for a different config: {field} is {theirs} in the file, {ours} requested"
+            ),
         ));
     }
     check_layout(f.path(), cfg, layout)?;
@@ -523,16 +648,27 @@ pub fn load_flotilla_with_config(path: impl AsRef<Path>) -> Result<(ModelConfig,
 /// (batch*T, V), for `scripts/hf_check.py` to compare a Hugging Face model
 /// against. `tokens.len()` must be a multiple of `batch`, and `logits.len()`
 /// a multiple of `tokens.len()`.
-pub fn write_reference(dir: impl AsRef<Path>, batch: usize, tokens: &[u32], logits: &[f32]) -> Result<()> {
+pub fn write_reference(
+    dir: impl AsRef<Path>,
+    batch: usize,
+    tokens: &[u32],
+    logits: &[f32],
+) -> Result<()> {
     let path = dir.as_ref().join(REFERENCE_FILE);
     let n = tokens.len();
     if batch == 0 || n == 0 || !n.is_multiple_of(batch) {
-        return Err(io_err(show(&path), format!("{n} tokens do not split into {batch} sequences")));
+        return Err(io_err(
+            show(&path),
+            format!("{n} tokens do not split into {batch} sequences"),
+        ));
     }
     if !logits.len().is_multiple_of(n) {
         return Err(io_err(
             show(&path),
-            format!("{} logits are not a whole number of rows for {n} tokens", logits.len()),
+            format!(
+                "{} logits are not a whole number of rows for {n} tokens",
+                logits.len()
+            ),
         ));
     }
     let mut w = TensorWriter::new(&path);
@@ -586,12 +722,19 @@ mod tests {
     #[test]
     fn flotilla_round_trip_is_exact() {
         let d = tmp("rt");
-        for cfg in [ModelConfig::gpt2(2, 4, 32, 16, 64), ModelConfig::llama(2, 4, 2, 32, 48, 16, 64)] {
+        for cfg in [
+            ModelConfig::gpt2(2, 4, 32, 16, 64),
+            ModelConfig::llama(2, 4, 2, 32, 48, 16, 64),
+        ] {
             let (layout, params) = sample(&cfg);
             let p = d.join("m.safetensors");
             save_flotilla(&p, &cfg, &layout, &params).unwrap();
             let back = load_flotilla(&p, &cfg, &layout).unwrap();
-            assert!(back.iter().zip(&params).all(|(a, b)| a.to_bits() == b.to_bits()));
+            assert!(
+                back.iter()
+                    .zip(&params)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+            );
             let (c2, p2) = load_flotilla_with_config(&p).unwrap();
             assert_eq!(c2, cfg);
             assert_eq!(p2, params);
@@ -614,7 +757,10 @@ mod tests {
         std::fs::write(&t, &bytes[..5]).unwrap();
         assert!(reason(load_flotilla(&t, &cfg, &layout).unwrap_err()).contains("too short"));
         // Missing file.
-        assert!(reason(load_flotilla(d.join("nope"), &cfg, &layout).unwrap_err()).contains("cannot read"));
+        assert!(
+            reason(load_flotilla(d.join("nope"), &cfg, &layout).unwrap_err())
+                .contains("cannot read")
+        );
         // Different config.
         let other = ModelConfig::gpt2(3, 4, 32, 16, 64);
         let r = reason(load_flotilla(&p, &other, &Layout::new(&other)).unwrap_err());
@@ -632,7 +778,10 @@ mod tests {
         w.write().unwrap();
         let f = TensorFile::open(&t).unwrap();
         let r = reason(f.read_flat(&layout, "").unwrap_err());
-        assert!(r.contains("`wpe`") && r.contains("[8, 64]") && r.contains("[16, 32]"), "{r}");
+        assert!(
+            r.contains("`wpe`") && r.contains("[8, 64]") && r.contains("[16, 32]"),
+            "{r}"
+        );
         assert!(reason(f.read_f32("ln_f.bias").unwrap_err()).contains("`ln_f.bias` is missing"));
         let r = reason(f.read_f32("h.1.ln2.weight").unwrap_err());
         assert!(r.contains("`h.1.ln2.weight`") && r.contains("I64"), "{r}");
@@ -646,8 +795,14 @@ mod tests {
         let d = tmp("half");
         let p = d.join("h.safetensors");
         let vals = [1.5f32, -0.25, 3.0];
-        let f16: Vec<u8> = vals.iter().flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes()).collect();
-        let bf16: Vec<u8> = vals.iter().flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes()).collect();
+        let f16: Vec<u8> = vals
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes())
+            .collect();
+        let bf16: Vec<u8> = vals
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes())
+            .collect();
         let mut w = TensorWriter::new(&p);
         w.push("a", Dtype::F16, &[3], 3, f16).unwrap();
         w.push("b", Dtype::BF16, &[3], 3, bf16).unwrap();

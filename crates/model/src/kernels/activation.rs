@@ -82,7 +82,14 @@ pub fn gelu_bwd<T: Real>(th: &Threads, dinp: &mut [T], inp: &[T], dout: &[T], ki
             let inv_sqrt_2pi = T::of(INV_SQRT_2PI);
             par_rows(th, dinp, 1, |first, block| {
                 let end = first + block.len();
-                gelu_erf_bwd_row(block, &inp[first..end], &dout[first..end], half, inv_sqrt2, inv_sqrt_2pi);
+                gelu_erf_bwd_row(
+                    block,
+                    &inp[first..end],
+                    &dout[first..end],
+                    half,
+                    inv_sqrt2,
+                    inv_sqrt_2pi,
+                );
             });
         }
         GeluKind::Tanh => {
@@ -90,7 +97,11 @@ pub fn gelu_bwd<T: Real>(th: &Threads, dinp: &mut [T], inp: &[T], dout: &[T], ki
             let k3 = T::of(3.0 * SQRT_2_OVER_PI * GELU_COEF);
             par_rows(th, dinp, 1, |first, block| {
                 let end = first + block.len();
-                for ((o, &x), &d) in block.iter_mut().zip(&inp[first..end]).zip(&dout[first..end]) {
+                for ((o, &x), &d) in block
+                    .iter_mut()
+                    .zip(&inp[first..end])
+                    .zip(&dout[first..end])
+                {
                     let x2 = x * x;
                     let t = (x * (k0 + k1 * x2)).tanh_k();
                     let du = k0 + k3 * x2;
@@ -123,7 +134,14 @@ fn gelu_tanh_row<T: Real>(out: &mut [T], inp: &[T], half: T, k0: T, k1: T) {
 
 /// `dinp = dout (Φ(x) + x φ(x))` over one block.
 #[inline(never)]
-fn gelu_erf_bwd_row<T: Real>(dinp: &mut [T], inp: &[T], dout: &[T], half: T, inv_sqrt2: T, inv_sqrt_2pi: T) {
+fn gelu_erf_bwd_row<T: Real>(
+    dinp: &mut [T],
+    inp: &[T],
+    dout: &[T],
+    half: T,
+    inv_sqrt2: T,
+    inv_sqrt_2pi: T,
+) {
     for ((o, &x), &d) in dinp.iter_mut().zip(inp).zip(dout) {
         let cdf = half * (T::one() + (x * inv_sqrt2).erf_k());
         let pdf = inv_sqrt_2pi * (-half * x * x).exp_k();
@@ -157,13 +175,22 @@ pub fn swiglu_fwd<T: Real>(th: &Threads, out: &mut [T], inp: &[T], n: usize, f: 
 /// `dgate = dout * up * s (1 + gate (1 - s))`, `dup = dout * gate * s`.
 ///
 /// dinp: (N, 2F) rows `[dgate (F) | dup (F)]`, dout: (N, F), inp: (N, 2F).
-pub fn swiglu_bwd<T: Real>(th: &Threads, dinp: &mut [T], dout: &[T], inp: &[T], n: usize, f: usize) {
+pub fn swiglu_bwd<T: Real>(
+    th: &Threads,
+    dinp: &mut [T],
+    dout: &[T],
+    inp: &[T],
+    n: usize,
+    f: usize,
+) {
     if n == 0 || f == 0 {
         return;
     }
     let (dout, inp) = (&dout[..n * f], &inp[..n * 2 * f]);
     par_rows(th, &mut dinp[..n * 2 * f], 2 * f, |first, block| {
-        let rows = inp[first * 2 * f..].chunks_exact(2 * f).zip(dout[first * f..].chunks_exact(f));
+        let rows = inp[first * 2 * f..]
+            .chunks_exact(2 * f)
+            .zip(dout[first * f..].chunks_exact(f));
         for (dx, (row, dy)) in block.chunks_exact_mut(2 * f).zip(rows) {
             let (gate, up) = row.split_at(f);
             let (dgate, dup) = dx.split_at_mut(f);
@@ -177,7 +204,13 @@ pub fn swiglu_bwd<T: Real>(th: &Threads, dinp: &mut [T], dout: &[T], inp: &[T], 
 /// alias and vectorises the loop without runtime checks.
 #[inline]
 fn swiglu_bwd_row<T: Real>(dgate: &mut [T], dup: &mut [T], gate: &[T], up: &[T], dy: &[T]) {
-    for ((((dg, du), &g), &u), &d) in dgate.iter_mut().zip(dup.iter_mut()).zip(gate).zip(up).zip(dy) {
+    for ((((dg, du), &g), &u), &d) in dgate
+        .iter_mut()
+        .zip(dup.iter_mut())
+        .zip(gate)
+        .zip(up)
+        .zip(dy)
+    {
         let sig = T::one() / (T::one() + (-g).exp_k());
         let silu = g * sig;
         *du = d * silu;

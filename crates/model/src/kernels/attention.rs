@@ -67,16 +67,31 @@ pub struct Tiles {
 impl Tiles {
     /// The forward's tiles, chosen by measurement
     /// (`cargo run --release -p flotilla-model --example attention_bench`).
-    pub const FWD: Tiles = Tiles { q: 64, k: 128, diag: 16 };
+    pub const FWD: Tiles = Tiles {
+        q: 64,
+        k: 128,
+        diag: 16,
+    };
     /// The backward's tiles, chosen by measurement.
-    pub const BWD: Tiles = Tiles { q: 32, k: 64, diag: 16 };
+    pub const BWD: Tiles = Tiles {
+        q: 32,
+        k: 64,
+        diag: 16,
+    };
 }
 
 /// Checks shared by forward and backward; these guard the raw-pointer
 /// products, so they are real asserts (a few per call), not debug-only.
 fn check_dims(what: &str, qkv: usize, b: usize, t: usize, h: usize, k: usize, d: usize) {
-    assert!(k > 0 && h.is_multiple_of(k), "{what}: query heads {h} must be a positive multiple of kv heads {k}");
-    assert!(qkv >= b * t * (h + 2 * k) * d, "{what}: qkv has {qkv} elements, need {}", b * t * (h + 2 * k) * d);
+    assert!(
+        k > 0 && h.is_multiple_of(k),
+        "{what}: query heads {h} must be a positive multiple of kv heads {k}"
+    );
+    assert!(
+        qkv >= b * t * (h + 2 * k) * d,
+        "{what}: qkv has {qkv} elements, need {}",
+        b * t * (h + 2 * k) * d
+    );
 }
 
 /// Attention forward.
@@ -89,7 +104,15 @@ fn check_dims(what: &str, qkv: usize, b: usize, t: usize, h: usize, k: usize, d:
 /// long as the shapes above.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_fwd<T: Real>(
-    th: &Threads, out: &mut [T], lse: &mut [T], qkv: &[T], b: usize, t: usize, h: usize, k: usize, d: usize,
+    th: &Threads,
+    out: &mut [T],
+    lse: &mut [T],
+    qkv: &[T],
+    b: usize,
+    t: usize,
+    h: usize,
+    k: usize,
+    d: usize,
 ) {
     attention_fwd_tiled(th, out, lse, qkv, b, t, h, k, d, Tiles::FWD);
 }
@@ -98,14 +121,32 @@ pub fn attention_fwd<T: Real>(
 /// exercise the online-softmax rescaling; benchmarks tune them).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_fwd_tiled<T: Real>(
-    th: &Threads, out: &mut [T], lse: &mut [T], qkv: &[T], b: usize, t: usize, h: usize, k: usize, d: usize,
+    th: &Threads,
+    out: &mut [T],
+    lse: &mut [T],
+    qkv: &[T],
+    b: usize,
+    t: usize,
+    h: usize,
+    k: usize,
+    d: usize,
     tiles: Tiles,
 ) {
     check_dims("attention_fwd", qkv.len(), b, t, h, k, d);
     let n = b * t;
     let hd = h * d;
-    assert!(out.len() >= n * hd, "attention_fwd: out has {} elements, need {}", out.len(), n * hd);
-    assert!(lse.len() >= b * h * t, "attention_fwd: lse has {} elements, need {}", lse.len(), b * h * t);
+    assert!(
+        out.len() >= n * hd,
+        "attention_fwd: out has {} elements, need {}",
+        out.len(),
+        n * hd
+    );
+    assert!(
+        lse.len() >= b * h * t,
+        "attention_fwd: lse has {} elements, need {}",
+        lse.len(),
+        b * h * t
+    );
     if n == 0 || h == 0 || d == 0 {
         return;
     }
@@ -138,7 +179,11 @@ pub fn attention_fwd_tiled<T: Real>(
         // Scores / probabilities, query-contiguous: s[c*m + r].
         let mut s = vec![T::zero(); tk * tq];
         let mut o = vec![T::zero(); tq * d];
-        let (mut mx, mut l, mut alpha) = (vec![T::zero(); tq], vec![T::zero(); tq], vec![T::zero(); tq]);
+        let (mut mx, mut l, mut alpha) = (
+            vec![T::zero(); tq],
+            vec![T::zero(); tq],
+            vec![T::zero(); tq],
+        );
         for j in g * group + heads.start..g * group + heads.end {
             for i0 in (0..t).step_by(tq) {
                 let i1 = (i0 + tq).min(t);
@@ -155,8 +200,17 @@ pub fn attention_fwd_tiled<T: Real>(
                         // holds nk x m; distinct buffers.
                         unsafe {
                             gemm_km(
-                                c1 - c0, m - r0, d, scale, kt.as_ptr().add(j0 + c0), t, qt.as_ptr().add(r0), m,
-                                T::zero(), s.as_mut_ptr().add(c0 * m + r0), m,
+                                c1 - c0,
+                                m - r0,
+                                d,
+                                scale,
+                                kt.as_ptr().add(j0 + c0),
+                                t,
+                                qt.as_ptr().add(r0),
+                                m,
+                                T::zero(),
+                                s.as_mut_ptr().add(c0 * m + r0),
+                                m,
                             );
                         }
                     }
@@ -184,7 +238,9 @@ pub fn attention_fwd_tiled<T: Real>(
                         let lo = first(c);
                         let col = &mut s[c * m..(c + 1) * m];
                         col[..lo].fill(T::zero());
-                        for ((x, &mr), lr) in col[lo..].iter_mut().zip(&mx[lo..m]).zip(&mut l[lo..m]) {
+                        for ((x, &mr), lr) in
+                            col[lo..].iter_mut().zip(&mx[lo..m]).zip(&mut l[lo..m])
+                        {
                             let p = (*x - mr).exp_k();
                             *x = p;
                             *lr += p;
@@ -201,8 +257,17 @@ pub fn attention_fwd_tiled<T: Real>(
                         // product); vc is T x D (j0+c1 <= T); o is m x D.
                         unsafe {
                             gemm_km(
-                                m - r0, d, c1 - c0, T::one(), s.as_ptr().add(c0 * m + r0), m,
-                                vc.as_ptr().add((j0 + c0) * d), d, T::one(), o.as_mut_ptr().add(r0 * d), d,
+                                m - r0,
+                                d,
+                                c1 - c0,
+                                T::one(),
+                                s.as_ptr().add(c0 * m + r0),
+                                m,
+                                vc.as_ptr().add((j0 + c0) * d),
+                                d,
+                                T::one(),
+                                o.as_mut_ptr().add(r0 * d),
+                                d,
                             );
                         }
                     }
@@ -234,8 +299,17 @@ pub fn attention_fwd_tiled<T: Real>(
 /// Preconditions (asserted): as [`attention_fwd`].
 #[allow(clippy::too_many_arguments)]
 pub fn attention_bwd<T: Real>(
-    th: &Threads, dqkv: &mut [T], dout: &[T], qkv: &[T], out: &[T], lse: &[T], b: usize, t: usize, h: usize,
-    k: usize, d: usize,
+    th: &Threads,
+    dqkv: &mut [T],
+    dout: &[T],
+    qkv: &[T],
+    out: &[T],
+    lse: &[T],
+    b: usize,
+    t: usize,
+    h: usize,
+    k: usize,
+    d: usize,
 ) {
     attention_bwd_tiled(th, dqkv, dout, qkv, out, lse, b, t, h, k, d, Tiles::BWD);
 }
@@ -243,17 +317,47 @@ pub fn attention_bwd<T: Real>(
 /// [`attention_bwd`] with explicit tile sizes.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_bwd_tiled<T: Real>(
-    th: &Threads, dqkv: &mut [T], dout: &[T], qkv: &[T], out: &[T], lse: &[T], b: usize, t: usize, h: usize,
-    k: usize, d: usize, tiles: Tiles,
+    th: &Threads,
+    dqkv: &mut [T],
+    dout: &[T],
+    qkv: &[T],
+    out: &[T],
+    lse: &[T],
+    b: usize,
+    t: usize,
+    h: usize,
+    k: usize,
+    d: usize,
+    tiles: Tiles,
 ) {
     check_dims("attention_bwd", qkv.len(), b, t, h, k, d);
     let n = b * t;
     let hd = h * d;
     let w = (h + 2 * k) * d;
-    assert!(dqkv.len() >= n * w, "attention_bwd: dqkv has {} elements, need {}", dqkv.len(), n * w);
-    assert!(dout.len() >= n * hd, "attention_bwd: dout has {} elements, need {}", dout.len(), n * hd);
-    assert!(out.len() >= n * hd, "attention_bwd: out has {} elements, need {}", out.len(), n * hd);
-    assert!(lse.len() >= b * h * t, "attention_bwd: lse has {} elements, need {}", lse.len(), b * h * t);
+    assert!(
+        dqkv.len() >= n * w,
+        "attention_bwd: dqkv has {} elements, need {}",
+        dqkv.len(),
+        n * w
+    );
+    assert!(
+        dout.len() >= n * hd,
+        "attention_bwd: dout has {} elements, need {}",
+        dout.len(),
+        n * hd
+    );
+    assert!(
+        out.len() >= n * hd,
+        "attention_bwd: out has {} elements, need {}",
+        out.len(),
+        n * hd
+    );
+    assert!(
+        lse.len() >= b * h * t,
+        "attention_bwd: lse has {} elements, need {}",
+        lse.len(),
+        b * h * t
+    );
     if n == 0 || d == 0 {
         return;
     }
@@ -326,8 +430,17 @@ pub fn attention_bwd_tiled<T: Real>(
                         // no input.
                         unsafe {
                             gemm_km(
-                                m - r0, c1 - c0, d, scale, qt.as_ptr().add(r0), m, kt.as_ptr().add(j0 + c0), t,
-                                T::zero(), p.as_mut_ptr().add(r0 * nk + c0), nk,
+                                m - r0,
+                                c1 - c0,
+                                d,
+                                scale,
+                                qt.as_ptr().add(r0),
+                                m,
+                                kt.as_ptr().add(j0 + c0),
+                                t,
+                                T::zero(),
+                                p.as_mut_ptr().add(r0 * nk + c0),
+                                nk,
                             );
                         }
                     }
@@ -344,13 +457,31 @@ pub fn attention_bwd_tiled<T: Real>(
                         unsafe {
                             // dV += Pᵀ·dO
                             gemm_km(
-                                c1 - c0, d, m - r0, T::one(), p.as_ptr().add(r0 * nk + c0), nk, do_ptr.add(r0 * hd),
-                                hd, T::one(), dv_ptr.add(c0 * w), w,
+                                c1 - c0,
+                                d,
+                                m - r0,
+                                T::one(),
+                                p.as_ptr().add(r0 * nk + c0),
+                                nk,
+                                do_ptr.add(r0 * hd),
+                                hd,
+                                T::one(),
+                                dv_ptr.add(c0 * w),
+                                w,
                             );
                             // dP = dO·Vᵀ
                             gemm_km(
-                                m - r0, c1 - c0, d, T::one(), dot.as_ptr().add(r0), m, vt.as_ptr().add(j0 + c0), t,
-                                T::zero(), dp.as_mut_ptr().add(r0 * nk + c0), nk,
+                                m - r0,
+                                c1 - c0,
+                                d,
+                                T::one(),
+                                dot.as_ptr().add(r0),
+                                m,
+                                vt.as_ptr().add(j0 + c0),
+                                t,
+                                T::zero(),
+                                dp.as_mut_ptr().add(r0 * nk + c0),
+                                nk,
                             );
                         }
                     }
@@ -370,18 +501,40 @@ pub fn attention_bwd_tiled<T: Real>(
                     for (c0, c1, r0) in chunks() {
                         // The first chunk of the first key tile covers every
                         // row: it initialises dQ.
-                        let beta = if j0 == 0 && c0 == 0 { T::zero() } else { T::one() };
+                        let beta = if j0 == 0 && c0 == 0 {
+                            T::zero()
+                        } else {
+                            T::one()
+                        };
                         // SAFETY: as above.
                         unsafe {
                             // dK += scale·dSᵀ·Q
                             gemm_km(
-                                c1 - c0, d, m - r0, scale, dp.as_ptr().add(r0 * nk + c0), nk, q_ptr.add(r0 * w), w,
-                                T::one(), dk_ptr.add(c0 * w), w,
+                                c1 - c0,
+                                d,
+                                m - r0,
+                                scale,
+                                dp.as_ptr().add(r0 * nk + c0),
+                                nk,
+                                q_ptr.add(r0 * w),
+                                w,
+                                T::one(),
+                                dk_ptr.add(c0 * w),
+                                w,
                             );
                             // dQ (+)= scale·dS·K
                             gemm_km(
-                                m - r0, d, c1 - c0, scale, dst.as_ptr().add(c0 * m + r0), m,
-                                k_ptr.add((j0 + c0) * w), w, beta, dq_ptr.add(r0 * w), w,
+                                m - r0,
+                                d,
+                                c1 - c0,
+                                scale,
+                                dst.as_ptr().add(c0 * m + r0),
+                                m,
+                                k_ptr.add((j0 + c0) * w),
+                                w,
+                                beta,
+                                dq_ptr.add(r0 * w),
+                                w,
                             );
                         }
                     }
@@ -396,11 +549,20 @@ pub fn attention_bwd_tiled<T: Real>(
 /// tile rows `r0..` only (rows above see none of those keys). Keys left of
 /// the query tile form one chunk visible to all rows; the rest is cut into
 /// `diag`-wide chunks starting at key `i0`, so `r0` steps by `diag`.
-fn key_chunks(j0: usize, nk: usize, i0: usize, diag: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+fn key_chunks(
+    j0: usize,
+    nk: usize,
+    i0: usize,
+    diag: usize,
+) -> impl Iterator<Item = (usize, usize, usize)> {
     let cd = nk.min(i0.saturating_sub(j0));
     let diag = diag.max(1);
     let full = (cd > 0).then_some((0, cd, 0));
-    full.into_iter().chain((cd..nk).step_by(diag).map(move |c0| (c0, (c0 + diag).min(nk), j0 + c0 - i0)))
+    full.into_iter().chain(
+        (cd..nk)
+            .step_by(diag)
+            .map(move |c0| (c0, (c0 + diag).min(nk), j0 + c0 - i0)),
+    )
 }
 
 /// `C = alpha·A·B + beta·C` for `A` (m x k), `B` (k x n), `C` (m x n), with
@@ -413,7 +575,16 @@ fn key_chunks(j0: usize, nk: usize, i0: usize, diag: usize) -> impl Iterator<Ite
 #[allow(clippy::too_many_arguments)]
 #[inline]
 unsafe fn gemm_km<T: Real>(
-    m: usize, n: usize, k: usize, alpha: T, a: *const T, lda: usize, b: *const T, ldb: usize, beta: T, c: *mut T,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: T,
+    a: *const T,
+    lda: usize,
+    b: *const T,
+    ldb: usize,
+    beta: T,
+    c: *mut T,
     rsc: usize,
 ) {
     if m == 0 || n == 0 {
@@ -423,14 +594,48 @@ unsafe fn gemm_km<T: Real>(
     #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
     if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
         // T is f32, so these conversions are exact.
-        let (alpha, beta) = (alpha.to_f32().unwrap_or(f32::NAN), beta.to_f32().unwrap_or(f32::NAN));
+        let (alpha, beta) = (
+            alpha.to_f32().unwrap_or(f32::NAN),
+            beta.to_f32().unwrap_or(f32::NAN),
+        );
         // SAFETY: T is f32 (same layout); the contract is forwarded.
-        unsafe { simd::gemm_km_f32(m, n, k, alpha, a.cast(), lda, b.cast(), ldb, beta, c.cast(), rsc) };
+        unsafe {
+            simd::gemm_km_f32(
+                m,
+                n,
+                k,
+                alpha,
+                a.cast(),
+                lda,
+                b.cast(),
+                ldb,
+                beta,
+                c.cast(),
+                rsc,
+            )
+        };
         return;
     }
     // SAFETY: the contract is forwarded (A has row stride 1, column stride
     // lda; B row stride ldb, column stride 1).
-    unsafe { T::gemm(m, k, n, alpha, a, 1, lda as isize, b, ldb as isize, 1, beta, c, rsc as isize, 1) }
+    unsafe {
+        T::gemm(
+            m,
+            k,
+            n,
+            alpha,
+            a,
+            1,
+            lda as isize,
+            b,
+            ldb as isize,
+            1,
+            beta,
+            c,
+            rsc as isize,
+            1,
+        )
+    }
 }
 
 /// The f32 AVX-512 kernels.
@@ -449,14 +654,27 @@ mod simd {
     /// As [`super::gemm_km`].
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn gemm_km_f32(
-        m: usize, n: usize, k: usize, alpha: f32, a: *const f32, lda: usize, b: *const f32, ldb: usize, beta: f32,
-        c: *mut f32, rsc: usize,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f32,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        beta: f32,
+        c: *mut f32,
+        rsc: usize,
     ) {
         for j0 in (0..n).step_by(64) {
             let nn = (n - j0).min(64);
             let nv = nn.div_ceil(16);
             let rem = nn - (nv - 1) * 16;
-            let mask: u16 = if rem == 16 { u16::MAX } else { (1u16 << rem) - 1 };
+            let mask: u16 = if rem == 16 {
+                u16::MAX
+            } else {
+                (1u16 << rem) - 1
+            };
             let mut i0 = 0;
             while i0 < m {
                 let mr = (m - i0).min(MR);
@@ -466,10 +684,18 @@ mod simd {
                     macro_rules! tile {
                         ($mr:literal) => {
                             match nv {
-                                1 => micro::<$mr, 1>(k, alpha, ap, lda, bp, ldb, beta, cp, rsc, mask),
-                                2 => micro::<$mr, 2>(k, alpha, ap, lda, bp, ldb, beta, cp, rsc, mask),
-                                3 => micro::<$mr, 3>(k, alpha, ap, lda, bp, ldb, beta, cp, rsc, mask),
-                                _ => micro::<$mr, 4>(k, alpha, ap, lda, bp, ldb, beta, cp, rsc, mask),
+                                1 => {
+                                    micro::<$mr, 1>(k, alpha, ap, lda, bp, ldb, beta, cp, rsc, mask)
+                                }
+                                2 => {
+                                    micro::<$mr, 2>(k, alpha, ap, lda, bp, ldb, beta, cp, rsc, mask)
+                                }
+                                3 => {
+                                    micro::<$mr, 3>(k, alpha, ap, lda, bp, ldb, beta, cp, rsc, mask)
+                                }
+                                _ => {
+                                    micro::<$mr, 4>(k, alpha, ap, lda, bp, ldb, beta, cp, rsc, mask)
+                                }
                             }
                         };
                     }
@@ -496,8 +722,16 @@ mod simd {
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     unsafe fn micro<const R: usize, const NV: usize>(
-        k: usize, alpha: f32, a: *const f32, lda: usize, b: *const f32, ldb: usize, beta: f32, c: *mut f32,
-        rsc: usize, mask: u16,
+        k: usize,
+        alpha: f32,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        beta: f32,
+        c: *mut f32,
+        rsc: usize,
+        mask: u16,
     ) {
         // SAFETY: the accesses are the ones the contract allows; masked
         // loads and stores do not touch the lanes outside the mask.
@@ -547,7 +781,14 @@ mod simd {
     /// # Safety
     /// `src` valid for reads of `(rows-1)*rs + cols` elements, `dst` for
     /// writes of `(cols-1)*ld + rows`, not overlapping.
-    pub(super) unsafe fn transpose_f32(dst: *mut f32, ld: usize, src: *const f32, rs: usize, rows: usize, cols: usize) {
+    pub(super) unsafe fn transpose_f32(
+        dst: *mut f32,
+        ld: usize,
+        src: *const f32,
+        rs: usize,
+        rows: usize,
+        cols: usize,
+    ) {
         let (rf, cf) = (rows / 16 * 16, cols / 16 * 16);
         // SAFETY: every access stays inside the blocks the contract covers.
         unsafe {
@@ -565,7 +806,10 @@ mod simd {
                     }
                     for i in 0..4 {
                         let (a, b) = (_mm512_castps_pd(t[4 * i]), _mm512_castps_pd(t[4 * i + 1]));
-                        let (c, d) = (_mm512_castps_pd(t[4 * i + 2]), _mm512_castps_pd(t[4 * i + 3]));
+                        let (c, d) = (
+                            _mm512_castps_pd(t[4 * i + 2]),
+                            _mm512_castps_pd(t[4 * i + 3]),
+                        );
                         r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
                         r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
                         r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
@@ -605,13 +849,28 @@ fn transpose<T: Real>(dst: &mut [T], ld: usize, src: &[T], rs: usize, rows: usiz
         return;
     }
     // Bounds for the unchecked path.
-    assert!(ld >= rows && dst.len() >= (cols - 1) * ld + rows, "transpose: destination too short");
-    assert!(rs >= cols && src.len() >= (rows - 1) * rs + cols, "transpose: source too short");
+    assert!(
+        ld >= rows && dst.len() >= (cols - 1) * ld + rows,
+        "transpose: destination too short"
+    );
+    assert!(
+        rs >= cols && src.len() >= (rows - 1) * rs + cols,
+        "transpose: source too short"
+    );
     #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
     if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
         // SAFETY: T is f32 (same layout); bounds asserted above; dst is a
         // &mut slice, so it cannot overlap src.
-        unsafe { simd::transpose_f32(dst.as_mut_ptr().cast(), ld, src.as_ptr().cast(), rs, rows, cols) };
+        unsafe {
+            simd::transpose_f32(
+                dst.as_mut_ptr().cast(),
+                ld,
+                src.as_ptr().cast(),
+                rs,
+                rows,
+                cols,
+            )
+        };
         return;
     }
     const BS: usize = 8;
@@ -636,7 +895,14 @@ fn transpose<T: Real>(dst: &mut [T], ld: usize, src: &[T], rs: usize, rows: usiz
 /// The part of a transpose outside the first `rf` rows and `cf` columns.
 #[allow(clippy::too_many_arguments)]
 fn transpose_edges<T: Copy>(
-    dst: &mut [T], ld: usize, src: &[T], rs: usize, rows: usize, cols: usize, rf: usize, cf: usize,
+    dst: &mut [T],
+    ld: usize,
+    src: &[T],
+    rs: usize,
+    rows: usize,
+    cols: usize,
+    rf: usize,
+    cf: usize,
 ) {
     for r in 0..rows {
         let c_start = if r < rf { cf } else { 0 };
@@ -653,7 +919,11 @@ fn row_dot<T: Real>(a: &[T], b: &[T]) -> T {
     let mut acc = [T::zero(); LANES];
     let ca = a.chunks_exact(LANES);
     let cb = b.chunks_exact(LANES);
-    let mut s = ca.remainder().iter().zip(cb.remainder()).fold(T::zero(), |s, (&x, &y)| s + x * y);
+    let mut s = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .fold(T::zero(), |s, (&x, &y)| s + x * y);
     for (xa, xb) in ca.zip(cb) {
         for ((acc, &x), &y) in acc.iter_mut().zip(xa).zip(xb) {
             *acc += x * y;
@@ -681,25 +951,65 @@ mod tests {
     /// on shapes that hit every micro-tile size and mask.
     #[test]
     fn gemm_km_matches_matrixmultiply() {
-        for &(m, n, k) in &[(1, 1, 1), (6, 16, 3), (7, 17, 5), (13, 64, 64), (64, 70, 37), (5, 129, 2), (3, 3, 0)] {
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (6, 16, 3),
+            (7, 17, 5),
+            (13, 64, 64),
+            (64, 70, 37),
+            (5, 129, 2),
+            (3, 3, 0),
+        ] {
             let (lda, ldb, rsc) = (m + 3, n + 5, n + 2);
-            let a: Vec<f32> = (0..k.max(1) * lda).map(|i| ((i as f32) * 0.37).sin()).collect();
-            let b: Vec<f32> = (0..k.max(1) * ldb).map(|i| ((i as f32) * 0.11).cos()).collect();
+            let a: Vec<f32> = (0..k.max(1) * lda)
+                .map(|i| ((i as f32) * 0.37).sin())
+                .collect();
+            let b: Vec<f32> = (0..k.max(1) * ldb)
+                .map(|i| ((i as f32) * 0.11).cos())
+                .collect();
             for beta in [0.0f32, 1.0, 0.5] {
                 let c0: Vec<f32> = (0..m * rsc).map(|i| (i as f32 * 0.7).cos()).collect();
                 let (mut c1, mut c2) = (c0.clone(), c0.clone());
                 // SAFETY: the buffers are sized for the shapes above.
                 unsafe {
-                    gemm_km(m, n, k, 0.75, a.as_ptr(), lda, b.as_ptr(), ldb, beta, c1.as_mut_ptr(), rsc);
+                    gemm_km(
+                        m,
+                        n,
+                        k,
+                        0.75,
+                        a.as_ptr(),
+                        lda,
+                        b.as_ptr(),
+                        ldb,
+                        beta,
+                        c1.as_mut_ptr(),
+                        rsc,
+                    );
                     f32::gemm(
-                        m, k, n, 0.75, a.as_ptr(), 1, lda as isize, b.as_ptr(), ldb as isize, 1, beta,
-                        c2.as_mut_ptr(), rsc as isize, 1,
+                        m,
+                        k,
+                        n,
+                        0.75,
+                        a.as_ptr(),
+                        1,
+                        lda as isize,
+                        b.as_ptr(),
+                        ldb as isize,
+                        1,
+                        beta,
+                        c2.as_mut_ptr(),
+                        rsc as isize,
+                        1,
                     );
                 }
                 for i in 0..m {
                     for j in 0..rsc {
                         let (x, y) = (c1[i * rsc + j], c2[i * rsc + j]);
-                        let ok = if j < n { (x - y).abs() <= 1e-5 * (1.0 + y.abs()) } else { x == c0[i * rsc + j] };
+                        let ok = if j < n {
+                            (x - y).abs() <= 1e-5 * (1.0 + y.abs())
+                        } else {
+                            x == c0[i * rsc + j]
+                        };
                         assert!(ok, "m={m} n={n} k={k} beta={beta} at ({i},{j}): {x} vs {y}");
                     }
                 }

@@ -22,7 +22,14 @@ use crate::threads::{SharedMut, Threads, part_range};
 /// wte: (V, C), wpe: (maxT, C) with maxT >= T, or None.
 #[allow(clippy::too_many_arguments)]
 pub fn embed_fwd<T: Real>(
-    th: &Threads, out: &mut [T], tokens: &[u32], wte: &[T], wpe: Option<&[T]>, n: usize, t: usize, c: usize,
+    th: &Threads,
+    out: &mut [T],
+    tokens: &[u32],
+    wte: &[T],
+    wpe: Option<&[T]>,
+    n: usize,
+    t: usize,
+    c: usize,
 ) {
     if n == 0 || c == 0 {
         return;
@@ -31,7 +38,10 @@ pub fn embed_fwd<T: Real>(
     par_rows(th, &mut out[..n * c], c, |first, block| {
         for (i, (y, &tok)) in block.chunks_exact_mut(c).zip(&tokens[first..]).enumerate() {
             let tok = tok as usize;
-            debug_assert!((tok + 1) * c <= wte.len(), "token id {tok} outside the embedding table");
+            debug_assert!(
+                (tok + 1) * c <= wte.len(),
+                "token id {tok} outside the embedding table"
+            );
             let e = &wte[tok * c..(tok + 1) * c];
             match wpe {
                 Some(wpe) => {
@@ -53,7 +63,13 @@ pub fn embed_fwd<T: Real>(
 /// dwte: (V, C), dwpe: (maxT, C) or None, dout: (N, C), tokens: (N).
 #[allow(clippy::too_many_arguments)]
 pub fn embed_bwd<T: Real>(
-    th: &Threads, dwte: &mut [T], dwpe: Option<&mut [T]>, dout: &[T], tokens: &[u32], n: usize, t: usize,
+    th: &Threads,
+    dwte: &mut [T],
+    dwpe: Option<&mut [T]>,
+    dout: &[T],
+    tokens: &[u32],
+    n: usize,
+    t: usize,
     c: usize,
 ) {
     if n == 0 || c == 0 {
@@ -73,7 +89,10 @@ pub fn embed_bwd<T: Real>(
         for (i, (dy, &tok)) in dout.chunks_exact(c).zip(tokens).enumerate() {
             let dy = &dy[cr.clone()];
             let tok = tok as usize;
-            debug_assert!((tok + 1) * c <= swte.len(), "token id {tok} outside the embedding table");
+            debug_assert!(
+                (tok + 1) * c <= swte.len(),
+                "token id {tok} outside the embedding table"
+            );
             // SAFETY: every part touches only its own channel range `cr`
             // of each table row, so live slices of different parts never
             // overlap; within a part one slice is live at a time.

@@ -24,7 +24,13 @@ use crate::threads::{SharedMut, Threads};
 /// losses: (N), lse: (N) (saved for the backward), logits: (N, V),
 /// targets: (N) ids below V (validated by the caller).
 pub fn cross_entropy_fwd<T: Real>(
-    th: &Threads, losses: &mut [T], lse: &mut [T], logits: &[T], targets: &[u32], n: usize, v: usize,
+    th: &Threads,
+    losses: &mut [T],
+    lse: &mut [T],
+    logits: &[T],
+    targets: &[u32],
+    n: usize,
+    v: usize,
 ) {
     if n == 0 || v == 0 {
         return;
@@ -35,9 +41,14 @@ pub fn cross_entropy_fwd<T: Real>(
     th.ranges(n, min_rows(v), |r| {
         // SAFETY: row ranges of different parts are disjoint and in bounds.
         let (losses, lse) = unsafe { (sl.slice(r.clone()), ss.slice(r.clone())) };
-        let rows = logits[r.start * v..r.end * v].chunks_exact(v).zip(&targets[r.clone()]);
+        let rows = logits[r.start * v..r.end * v]
+            .chunks_exact(v)
+            .zip(&targets[r.clone()]);
         for ((row, &tgt), (loss, l)) in rows.zip(losses.iter_mut().zip(lse.iter_mut())) {
-            debug_assert!((tgt as usize) < v, "target {tgt} outside the vocabulary ({v})");
+            debug_assert!(
+                (tgt as usize) < v,
+                "target {tgt} outside the vocabulary ({v})"
+            );
             let m = max_of(row);
             let s = sum_map(row, |x| (x - m).exp_k());
             let ln_s = s.ln();
@@ -57,16 +68,28 @@ pub fn cross_entropy_fwd<T: Real>(
 /// dlogits: (N, V), holding the logits on entry; lse: (N) from
 /// [`cross_entropy_fwd`]; targets: (N).
 pub fn cross_entropy_bwd<T: Real>(
-    th: &Threads, dlogits: &mut [T], lse: &[T], targets: &[u32], n: usize, v: usize, scale: T,
+    th: &Threads,
+    dlogits: &mut [T],
+    lse: &[T],
+    targets: &[u32],
+    n: usize,
+    v: usize,
+    scale: T,
 ) {
     if n == 0 || v == 0 {
         return;
     }
     let (lse, targets) = (&lse[..n], &targets[..n]);
     par_rows(th, &mut dlogits[..n * v], v, |first, block| {
-        let rows = block.chunks_exact_mut(v).zip(&lse[first..]).zip(&targets[first..]);
+        let rows = block
+            .chunks_exact_mut(v)
+            .zip(&lse[first..])
+            .zip(&targets[first..]);
         for ((row, &l), &tgt) in rows {
-            debug_assert!((tgt as usize) < v, "target {tgt} outside the vocabulary ({v})");
+            debug_assert!(
+                (tgt as usize) < v,
+                "target {tgt} outside the vocabulary ({v})"
+            );
             for x in row.iter_mut() {
                 *x = (*x - l).exp_k() * scale;
             }

@@ -25,13 +25,29 @@ pub struct MatRef<'a, T> {
 impl<'a, T> MatRef<'a, T> {
     /// Row-major `rows x cols` view of `data`.
     pub fn new(data: &'a [T], rows: usize, cols: usize) -> Self {
-        assert!(data.len() >= rows * cols, "MatRef {rows}x{cols} over {} elements", data.len());
-        Self { data, rows, cols, rs: cols, cs: 1 }
+        assert!(
+            data.len() >= rows * cols,
+            "MatRef {rows}x{cols} over {} elements",
+            data.len()
+        );
+        Self {
+            data,
+            rows,
+            cols,
+            rs: cols,
+            cs: 1,
+        }
     }
 
     /// The transpose (no copy).
     pub fn t(self) -> Self {
-        Self { data: self.data, rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs }
+        Self {
+            data: self.data,
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+        }
     }
 
     fn ptr_at(&self, r: usize, c: usize) -> *const T {
@@ -42,10 +58,23 @@ impl<'a, T> MatRef<'a, T> {
 
 /// `C(m x n) = alpha * A(m x k) * B(k x n) + beta * C`, C row-major, split
 /// over the threads along the longer of m and n.
-pub fn gemm<T: Real>(th: &Threads, alpha: T, a: MatRef<'_, T>, b: MatRef<'_, T>, beta: T, c: &mut [T]) {
+pub fn gemm<T: Real>(
+    th: &Threads,
+    alpha: T,
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    beta: T,
+    c: &mut [T],
+) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     assert_eq!(b.rows, k, "gemm inner dimensions");
-    assert!(c.len() >= m * n, "gemm output {}x{} over {} elements", m, n, c.len());
+    assert!(
+        c.len() >= m * n,
+        "gemm output {}x{} over {} elements",
+        m,
+        n,
+        c.len()
+    );
     if m == 0 || n == 0 {
         return;
     }
@@ -59,17 +88,33 @@ pub fn gemm<T: Real>(th: &Threads, alpha: T, a: MatRef<'_, T>, b: MatRef<'_, T>,
         let r = part_range(len, parts, i);
         let (rows, cols, ap, bp, cp) = if along_rows {
             // SAFETY: row block r of C lies inside c; blocks are disjoint.
-            (r.len(), n, a.ptr_at(r.start, 0), b.ptr_at(0, 0), unsafe { cs.ptr().add(r.start * n) })
+            (r.len(), n, a.ptr_at(r.start, 0), b.ptr_at(0, 0), unsafe {
+                cs.ptr().add(r.start * n)
+            })
         } else {
             // SAFETY: column block r of C lies inside c; blocks are disjoint.
-            (m, r.len(), a.ptr_at(0, 0), b.ptr_at(0, r.start), unsafe { cs.ptr().add(r.start) })
+            (m, r.len(), a.ptr_at(0, 0), b.ptr_at(0, r.start), unsafe {
+                cs.ptr().add(r.start)
+            })
         };
         // SAFETY: views are in bounds (asserted above) and C does not alias
         // A or B (it is a distinct &mut slice).
         unsafe {
             T::gemm(
-                rows, k, cols, alpha, ap, a.rs as isize, a.cs as isize, bp, b.rs as isize, b.cs as isize,
-                beta, cp, n as isize, 1,
+                rows,
+                k,
+                cols,
+                alpha,
+                ap,
+                a.rs as isize,
+                a.cs as isize,
+                bp,
+                b.rs as isize,
+                b.cs as isize,
+                beta,
+                cp,
+                n as isize,
+                1,
             )
         }
     });
@@ -80,18 +125,36 @@ pub fn gemm<T: Real>(th: &Threads, alpha: T, a: MatRef<'_, T>, b: MatRef<'_, T>,
 /// out: (N, OC), inp: (N, C), weight: (OC, C) (PyTorch nn.Linear layout),
 /// bias: (OC).
 pub fn matmul_fwd<T: Real>(
-    th: &Threads, out: &mut [T], inp: &[T], weight: &[T], bias: Option<&[T]>, n: usize, c: usize, oc: usize,
+    th: &Threads,
+    out: &mut [T],
+    inp: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    n: usize,
+    c: usize,
+    oc: usize,
 ) {
     let out = &mut out[..n * oc];
     let beta = match bias {
         Some(b) => {
             let b = &b[..oc];
-            th.rows(out, oc, |_, block| block.chunks_exact_mut(oc).for_each(|row| row.copy_from_slice(b)));
+            th.rows(out, oc, |_, block| {
+                block
+                    .chunks_exact_mut(oc)
+                    .for_each(|row| row.copy_from_slice(b))
+            });
             T::one()
         }
         None => T::zero(),
     };
-    gemm(th, T::one(), MatRef::new(inp, n, c), MatRef::new(weight, oc, c).t(), beta, out);
+    gemm(
+        th,
+        T::one(),
+        MatRef::new(inp, n, c),
+        MatRef::new(weight, oc, c).t(),
+        beta,
+        out,
+    );
 }
 
 /// Linear backward, accumulating (`+=`) into every gradient:
@@ -101,8 +164,16 @@ pub fn matmul_fwd<T: Real>(
 /// dbias: (OC), dout: (N, OC), inp: (N, C), weight: (OC, C).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_bwd<T: Real>(
-    th: &Threads, dinp: Option<&mut [T]>, dweight: &mut [T], dbias: Option<&mut [T]>,
-    dout: &[T], inp: &[T], weight: &[T], n: usize, c: usize, oc: usize,
+    th: &Threads,
+    dinp: Option<&mut [T]>,
+    dweight: &mut [T],
+    dbias: Option<&mut [T]>,
+    dout: &[T],
+    inp: &[T],
+    weight: &[T],
+    n: usize,
+    c: usize,
+    oc: usize,
 ) {
     if let Some(dinp) = dinp {
         matmul_bwd_input(th, dinp, T::one(), dout, weight, n, c, oc);
@@ -116,9 +187,23 @@ pub fn matmul_bwd<T: Real>(
 /// dinp: (N, C), dout: (N, OC), weight: (OC, C).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_bwd_input<T: Real>(
-    th: &Threads, dinp: &mut [T], beta: T, dout: &[T], weight: &[T], n: usize, c: usize, oc: usize,
+    th: &Threads,
+    dinp: &mut [T],
+    beta: T,
+    dout: &[T],
+    weight: &[T],
+    n: usize,
+    c: usize,
+    oc: usize,
 ) {
-    gemm(th, T::one(), MatRef::new(dout, n, oc), MatRef::new(weight, oc, c), beta, &mut dinp[..n * c]);
+    gemm(
+        th,
+        T::one(),
+        MatRef::new(dout, n, oc),
+        MatRef::new(weight, oc, c),
+        beta,
+        &mut dinp[..n * c],
+    );
 }
 
 /// Parameter gradients of a linear, accumulating:
@@ -127,10 +212,24 @@ pub fn matmul_bwd_input<T: Real>(
 /// dweight: (OC, C), dbias: (OC), dout: (N, OC), inp: (N, C).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_bwd_weight<T: Real>(
-    th: &Threads, dweight: &mut [T], dbias: Option<&mut [T]>, dout: &[T], inp: &[T], n: usize, c: usize, oc: usize,
+    th: &Threads,
+    dweight: &mut [T],
+    dbias: Option<&mut [T]>,
+    dout: &[T],
+    inp: &[T],
+    n: usize,
+    c: usize,
+    oc: usize,
 ) {
     let dout_m = MatRef::new(dout, n, oc);
-    gemm(th, T::one(), dout_m.t(), MatRef::new(inp, n, c), T::one(), &mut dweight[..oc * c]);
+    gemm(
+        th,
+        T::one(),
+        dout_m.t(),
+        MatRef::new(inp, n, c),
+        T::one(),
+        &mut dweight[..oc * c],
+    );
     if let Some(db) = dbias {
         col_sum_acc(th, &mut db[..oc], dout, n, oc);
     }
@@ -174,7 +273,14 @@ mod tests {
                 let a: Vec<f64> = (0..m * k).map(|i| (i as f64 * 0.37).sin()).collect();
                 let b: Vec<f64> = (0..k * n).map(|i| (i as f64 * 0.11).cos()).collect();
                 let mut c = vec![0.0; m * n];
-                gemm(&th, 1.0, MatRef::new(&a, m, k), MatRef::new(&b, k, n), 0.0, &mut c);
+                gemm(
+                    &th,
+                    1.0,
+                    MatRef::new(&a, m, k),
+                    MatRef::new(&b, k, n),
+                    0.0,
+                    &mut c,
+                );
                 let want = naive(&a, &b, m, k, n);
                 for (x, y) in c.iter().zip(&want) {
                     assert!((x - y).abs() < 1e-12);

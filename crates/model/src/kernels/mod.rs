@@ -3,12 +3,12 @@
 //! accumulates (`+=`) into parameter gradients. All are generic over
 //! [`Real`](crate::Real): f32 is the fast path, f64 the reference path the
 //! gradient checks use.
-pub mod matmul;
-pub mod sgemm;
 pub mod activation;
 pub mod attention;
 pub mod embedding;
 pub mod loss;
+pub mod matmul;
 pub mod norm;
 pub mod residual;
 pub mod rope;
+pub mod sgemm;

@@ -27,8 +27,16 @@ use crate::threads::{SharedMut, Threads, part_range};
 /// weight: (C), bias: (C) or None (no bias).
 #[allow(clippy::too_many_arguments)]
 pub fn layernorm_fwd<T: Real>(
-    th: &Threads, out: &mut [T], mean: &mut [T], rstd: &mut [T], inp: &[T], weight: &[T],
-    bias: Option<&[T]>, n: usize, c: usize, eps: T,
+    th: &Threads,
+    out: &mut [T],
+    mean: &mut [T],
+    rstd: &mut [T],
+    inp: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    n: usize,
+    c: usize,
+    eps: T,
 ) {
     if n == 0 || c == 0 {
         return;
@@ -42,7 +50,11 @@ pub fn layernorm_fwd<T: Real>(
     th.ranges(n, min_rows(c), |r| {
         // SAFETY: row ranges of different parts are disjoint and in bounds.
         let (out, mean, rstd) = unsafe {
-            (so.slice(r.start * c..r.end * c), sm.slice(r.clone()), sr.slice(r.clone()))
+            (
+                so.slice(r.start * c..r.end * c),
+                sm.slice(r.clone()),
+                sr.slice(r.clone()),
+            )
         };
         let rows = inp[r.start * c..r.end * c].chunks_exact(c);
         for (((x, y), m_out), r_out) in rows.zip(out.chunks_exact_mut(c)).zip(mean).zip(rstd) {
@@ -55,7 +67,14 @@ pub fn layernorm_fwd<T: Real>(
 /// separate functions so their slices arrive as distinct references
 /// (LLVM then knows outputs and inputs do not alias and vectorises).
 #[inline]
-fn layernorm_row<T: Real>(y: &mut [T], x: &[T], weight: &[T], bias: Option<&[T]>, inv_c: T, eps: T) -> (T, T) {
+fn layernorm_row<T: Real>(
+    y: &mut [T],
+    x: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    inv_c: T,
+    eps: T,
+) -> (T, T) {
     let m = sum_map(x, |v| v) * inv_c;
     let var = sum_map(x, |v| (v - m) * (v - m)) * inv_c;
     let s = T::one() / (var + eps).sqrt();
@@ -83,13 +102,28 @@ fn layernorm_row<T: Real>(y: &mut [T], x: &[T], weight: &[T], bias: Option<&[T]>
 /// inp: (N, C), weight: (C), mean, rstd: (N) from [`layernorm_fwd`].
 #[allow(clippy::too_many_arguments)]
 pub fn layernorm_bwd<T: Real>(
-    th: &Threads, dinp: &mut [T], dweight: &mut [T], dbias: Option<&mut [T]>, dout: &[T], inp: &[T],
-    weight: &[T], mean: &[T], rstd: &[T], n: usize, c: usize,
+    th: &Threads,
+    dinp: &mut [T],
+    dweight: &mut [T],
+    dbias: Option<&mut [T]>,
+    dout: &[T],
+    inp: &[T],
+    weight: &[T],
+    mean: &[T],
+    rstd: &[T],
+    n: usize,
+    c: usize,
 ) {
     if n == 0 || c == 0 {
         return;
     }
-    let (dout, inp, weight, mean, rstd) = (&dout[..n * c], &inp[..n * c], &weight[..c], &mean[..n], &rstd[..n]);
+    let (dout, inp, weight, mean, rstd) = (
+        &dout[..n * c],
+        &inp[..n * c],
+        &weight[..c],
+        &mean[..n],
+        &rstd[..n],
+    );
     let parts = th.n().min(n / min_rows(c)).max(1);
     // Per part: [dweight partial (C) | dbias partial (C)].
     let mut partial = vec![T::zero(); parts * 2 * c];
@@ -99,10 +133,20 @@ pub fn layernorm_bwd<T: Real>(
     th.run(parts, |p| {
         let r = part_range(n, parts, p);
         // SAFETY: each part owns its rows of dinp and its own partial block.
-        let (dx, part) = unsafe { (sd.slice(r.start * c..r.end * c), sp.slice(p * 2 * c..(p + 1) * 2 * c)) };
+        let (dx, part) = unsafe {
+            (
+                sd.slice(r.start * c..r.end * c),
+                sp.slice(p * 2 * c..(p + 1) * 2 * c),
+            )
+        };
         let (dw, db) = part.split_at_mut(c);
-        let rows = inp[r.start * c..r.end * c].chunks_exact(c).zip(dout[r.start * c..r.end * c].chunks_exact(c));
-        for (((x, dy), dx), (&m, &s)) in rows.zip(dx.chunks_exact_mut(c)).zip(mean[r.clone()].iter().zip(&rstd[r.clone()])) {
+        let rows = inp[r.start * c..r.end * c]
+            .chunks_exact(c)
+            .zip(dout[r.start * c..r.end * c].chunks_exact(c));
+        for (((x, dy), dx), (&m, &s)) in rows
+            .zip(dx.chunks_exact_mut(c))
+            .zip(mean[r.clone()].iter().zip(&rstd[r.clone()]))
+        {
             layernorm_bwd_row(dx, dw, db, dy, x, weight, m, s, inv_c);
         }
     });
@@ -125,12 +169,26 @@ pub fn layernorm_bwd<T: Real>(
 #[allow(clippy::too_many_arguments)]
 #[inline]
 fn layernorm_bwd_row<T: Real>(
-    dx: &mut [T], dw: &mut [T], db: &mut [T], dy: &[T], x: &[T], weight: &[T], m: T, s: T, inv_c: T,
+    dx: &mut [T],
+    dw: &mut [T],
+    db: &mut [T],
+    dy: &[T],
+    x: &[T],
+    weight: &[T],
+    m: T,
+    s: T,
+    inv_c: T,
 ) {
     // mean(g) and mean(g * xhat), g = dy * w, xhat = (x - m) * s.
     let mg = sum_map2(dy, weight, |d, w| d * w) * inv_c;
     let mgx = sum_map3(dy, weight, x, |d, w, v| d * w * (v - m)) * s * inv_c;
-    for ((((o, &d), &w), &v), (dwj, dbj)) in dx.iter_mut().zip(dy).zip(weight).zip(x).zip(dw.iter_mut().zip(db.iter_mut())) {
+    for ((((o, &d), &w), &v), (dwj, dbj)) in dx
+        .iter_mut()
+        .zip(dy)
+        .zip(weight)
+        .zip(x)
+        .zip(dw.iter_mut().zip(db.iter_mut()))
+    {
         let xh = (v - m) * s;
         *dwj += d * xh;
         *dbj += d;
@@ -145,7 +203,14 @@ fn layernorm_bwd_row<T: Real>(
 /// weight: (C).
 #[allow(clippy::too_many_arguments)]
 pub fn rmsnorm_fwd<T: Real>(
-    th: &Threads, out: &mut [T], rstd: &mut [T], inp: &[T], weight: &[T], n: usize, c: usize, eps: T,
+    th: &Threads,
+    out: &mut [T],
+    rstd: &mut [T],
+    inp: &[T],
+    weight: &[T],
+    n: usize,
+    c: usize,
+    eps: T,
 ) {
     if n == 0 || c == 0 {
         return;
@@ -184,8 +249,15 @@ fn rmsnorm_row<T: Real>(y: &mut [T], x: &[T], weight: &[T], inv_c: T, eps: T) ->
 /// rstd: (N) from [`rmsnorm_fwd`].
 #[allow(clippy::too_many_arguments)]
 pub fn rmsnorm_bwd<T: Real>(
-    th: &Threads, dinp: &mut [T], dweight: &mut [T], dout: &[T], inp: &[T], weight: &[T], rstd: &[T],
-    n: usize, c: usize,
+    th: &Threads,
+    dinp: &mut [T],
+    dweight: &mut [T],
+    dout: &[T],
+    inp: &[T],
+    weight: &[T],
+    rstd: &[T],
+    n: usize,
+    c: usize,
 ) {
     if n == 0 || c == 0 {
         return;
@@ -199,8 +271,15 @@ pub fn rmsnorm_bwd<T: Real>(
     th.run(parts, |p| {
         let r = part_range(n, parts, p);
         // SAFETY: each part owns its rows of dinp and its own partial block.
-        let (dx, dw) = unsafe { (sd.slice(r.start * c..r.end * c), sp.slice(p * c..(p + 1) * c)) };
-        let rows = inp[r.start * c..r.end * c].chunks_exact(c).zip(dout[r.start * c..r.end * c].chunks_exact(c));
+        let (dx, dw) = unsafe {
+            (
+                sd.slice(r.start * c..r.end * c),
+                sp.slice(p * c..(p + 1) * c),
+            )
+        };
+        let rows = inp[r.start * c..r.end * c]
+            .chunks_exact(c)
+            .zip(dout[r.start * c..r.end * c].chunks_exact(c));
         for (((x, dy), dx), &s) in rows.zip(dx.chunks_exact_mut(c)).zip(&rstd[r.clone()]) {
             rmsnorm_bwd_row(dx, dw, dy, x, weight, s, inv_c);
         }
@@ -214,10 +293,23 @@ pub fn rmsnorm_bwd<T: Real>(
 
 /// One row of [`rmsnorm_bwd`]: `dx +=` and the part's partial `dw +=`.
 #[inline]
-fn rmsnorm_bwd_row<T: Real>(dx: &mut [T], dw: &mut [T], dy: &[T], x: &[T], weight: &[T], s: T, inv_c: T) {
+fn rmsnorm_bwd_row<T: Real>(
+    dx: &mut [T],
+    dw: &mut [T],
+    dy: &[T],
+    x: &[T],
+    weight: &[T],
+    s: T,
+    inv_c: T,
+) {
     // mean(g * xhat) = s/C * Σ dy*w*x
     let mgx = sum_map3(dy, weight, x, |d, w, v| d * w * v) * s * inv_c;
-    for (((o, &d), &w), (&v, dwj)) in dx.iter_mut().zip(dy).zip(weight).zip(x.iter().zip(dw.iter_mut())) {
+    for (((o, &d), &w), (&v, dwj)) in dx
+        .iter_mut()
+        .zip(dy)
+        .zip(weight)
+        .zip(x.iter().zip(dw.iter_mut()))
+    {
         let xh = v * s;
         *dwj += d * xh;
         *o += s * (d * w - xh * mgx);

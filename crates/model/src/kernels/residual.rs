@@ -93,7 +93,11 @@ pub(crate) fn sum_map3<T: Real>(a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -
     let len = a.len().min(b.len()).min(c.len());
     let (a, b, c) = (&a[..len], &b[..len], &c[..len]);
     let mut acc = [T::zero(); LANES];
-    let (ca, cb, cc) = (a.chunks_exact(LANES), b.chunks_exact(LANES), c.chunks_exact(LANES));
+    let (ca, cb, cc) = (
+        a.chunks_exact(LANES),
+        b.chunks_exact(LANES),
+        c.chunks_exact(LANES),
+    );
     let (ra, rb, rc) = (ca.remainder(), cb.remainder(), cc.remainder());
     for ((xa, xb), xc) in ca.zip(cb).zip(cc) {
         for (((s, &va), &vb), &vc) in acc.iter_mut().zip(xa).zip(xb).zip(xc) {
@@ -118,7 +122,9 @@ pub(crate) fn max_of<T: Real>(x: &[T]) -> T {
             *a = if v > *a { v } else { *a };
         }
     }
-    let mut m = acc.iter().fold(T::neg_infinity(), |m, &v| if v > m { v } else { m });
+    let mut m = acc
+        .iter()
+        .fold(T::neg_infinity(), |m, &v| if v > m { v } else { m });
     for &v in rem {
         m = if v > m { v } else { m };
     }
@@ -152,7 +158,13 @@ fn reduce_lanes<T: Real>(acc: [T; LANES]) -> T {
 /// # Panics
 /// If the lengths differ.
 pub fn add_fwd<T: Real>(th: &Threads, out: &mut [T], a: &[T], b: &[T]) {
-    assert!(a.len() == out.len() && b.len() == out.len(), "add_fwd lengths: out {}, a {}, b {}", out.len(), a.len(), b.len());
+    assert!(
+        a.len() == out.len() && b.len() == out.len(),
+        "add_fwd lengths: out {}, a {}, b {}",
+        out.len(),
+        a.len(),
+        b.len()
+    );
     par_rows(th, out, 1, |first, block| {
         let end = first + block.len();
         for ((o, &x), &y) in block.iter_mut().zip(&a[first..end]).zip(&b[first..end]) {

@@ -34,7 +34,9 @@ impl<T: Real> RopeTable<T> {
     pub fn new(max_t: usize, d: usize, theta: f64) -> Self {
         assert!(d.is_multiple_of(2), "RoPE head dim must be even, got {d}");
         let half = d / 2;
-        let inv_freq: Vec<f64> = (0..half).map(|i| theta.powf(-((2 * i) as f64) / d as f64)).collect();
+        let inv_freq: Vec<f64> = (0..half)
+            .map(|i| theta.powf(-((2 * i) as f64) / d as f64))
+            .collect();
         let mut cos = Vec::with_capacity(max_t * half);
         let mut sin = Vec::with_capacity(max_t * half);
         for pos in 0..max_t {
@@ -44,7 +46,12 @@ impl<T: Real> RopeTable<T> {
                 sin.push(T::of(s));
             }
         }
-        Self { cos, sin, max_t, half }
+        Self {
+            cos,
+            sin,
+            max_t,
+            half,
+        }
     }
 
     /// The longest sequence the table covers.
@@ -78,7 +85,14 @@ impl<T: Real> RopeTable<T> {
 /// If `t > table.max_t()` or `d != table.head_dim()`.
 #[allow(clippy::too_many_arguments)]
 pub fn rope_fwd<T: Real>(
-    th: &Threads, qkv: &mut [T], table: &RopeTable<T>, b: usize, t: usize, h: usize, k: usize, d: usize,
+    th: &Threads,
+    qkv: &mut [T],
+    table: &RopeTable<T>,
+    b: usize,
+    t: usize,
+    h: usize,
+    k: usize,
+    d: usize,
 ) {
     rope_apply(th, qkv, table, b, t, h, k, d, false);
 }
@@ -89,18 +103,40 @@ pub fn rope_fwd<T: Real>(
 /// through unchanged.
 #[allow(clippy::too_many_arguments)]
 pub fn rope_bwd<T: Real>(
-    th: &Threads, dqkv: &mut [T], table: &RopeTable<T>, b: usize, t: usize, h: usize, k: usize, d: usize,
+    th: &Threads,
+    dqkv: &mut [T],
+    table: &RopeTable<T>,
+    b: usize,
+    t: usize,
+    h: usize,
+    k: usize,
+    d: usize,
 ) {
     rope_apply(th, dqkv, table, b, t, h, k, d, true);
 }
 
 #[allow(clippy::too_many_arguments)]
 fn rope_apply<T: Real>(
-    th: &Threads, x: &mut [T], table: &RopeTable<T>, b: usize, t: usize, h: usize, k: usize, d: usize,
+    th: &Threads,
+    x: &mut [T],
+    table: &RopeTable<T>,
+    b: usize,
+    t: usize,
+    h: usize,
+    k: usize,
+    d: usize,
     transpose: bool,
 ) {
-    assert!(t <= table.max_t, "RoPE: sequence length {t} exceeds the table's {}", table.max_t);
-    assert_eq!(d, table.head_dim(), "RoPE: head dim differs from the table's");
+    assert!(
+        t <= table.max_t,
+        "RoPE: sequence length {t} exceeds the table's {}",
+        table.max_t
+    );
+    assert_eq!(
+        d,
+        table.head_dim(),
+        "RoPE: head dim differs from the table's"
+    );
     let n = b * t;
     let row_len = (h + 2 * k) * d;
     if n == 0 || row_len == 0 {

@@ -37,10 +37,20 @@
 /// shapes; C may not alias A or B. With `beta == 0` C is only written.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn sgemm(
-    m: usize, k: usize, n: usize, alpha: f32,
-    a: *const f32, rsa: isize, csa: isize,
-    b: *const f32, rsb: isize, csb: isize,
-    beta: f32, c: *mut f32, rsc: isize, csc: isize,
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: *const f32,
+    rsa: isize,
+    csa: isize,
+    b: *const f32,
+    rsb: isize,
+    csb: isize,
+    beta: f32,
+    c: *mut f32,
+    rsc: isize,
+    csc: isize,
 ) {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx512f") {
@@ -99,10 +109,20 @@ mod avx512 {
     /// As [`super::sgemm`], and the CPU must support AVX-512F.
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn sgemm(
-        m: usize, k: usize, n: usize, alpha: f32,
-        a: *const f32, rsa: isize, csa: isize,
-        b: *const f32, rsb: isize, csb: isize,
-        beta: f32, c: *mut f32, rsc: isize, csc: isize,
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: f32,
+        a: *const f32,
+        rsa: isize,
+        csa: isize,
+        b: *const f32,
+        rsb: isize,
+        csb: isize,
+        beta: f32,
+        c: *mut f32,
+        rsc: isize,
+        csc: isize,
     ) {
         if m == 0 || n == 0 {
             return;
@@ -127,12 +147,28 @@ mod avx512 {
                     let beta_p = if p0 == 0 { beta } else { 1.0 };
                     // SAFETY: the block (i0.., p0..) of A is in bounds; pa
                     // holds mc_max * kc_max floats.
-                    unsafe { pack_a(mc, kc, a.offset(i0 as isize * rsa + p0 as isize * csa), rsa, csa, pa) };
+                    unsafe {
+                        pack_a(
+                            mc,
+                            kc,
+                            a.offset(i0 as isize * rsa + p0 as isize * csa),
+                            rsa,
+                            csa,
+                            pa,
+                        )
+                    };
                     for j0 in (0..n).step_by(ncb) {
                         let nc = (n - j0).min(ncb);
                         // SAFETY: as above for B and pb.
                         unsafe {
-                            pack_b(kc, nc, b.offset(p0 as isize * rsb + j0 as isize * csb), rsb, csb, pb);
+                            pack_b(
+                                kc,
+                                nc,
+                                b.offset(p0 as isize * rsb + j0 as isize * csb),
+                                rsb,
+                                csb,
+                                pb,
+                            );
                             let cb = c.offset(i0 as isize * rsc + j0 as isize * csc);
                             macro_block(mc, nc, kc, alpha, pa, pb, beta_p, cb, rsc, csc);
                         }
@@ -179,7 +215,11 @@ mod avx512 {
                     for p in 0..kc {
                         let (src, d) = (ar.offset(p as isize * csa), dst.add(p * MR));
                         for i in 0..MR {
-                            *d.add(i) = if i < mr { *src.offset(i as isize * rsa) } else { 0.0 };
+                            *d.add(i) = if i < mr {
+                                *src.offset(i as isize * rsa)
+                            } else {
+                                0.0
+                            };
                         }
                     }
                 }
@@ -203,7 +243,10 @@ mod avx512 {
                     for p in 0..kc {
                         let src = bs.offset(p as isize * rsb);
                         for v in 0..NV {
-                            _mm512_store_ps(dst.add(p * NR + 16 * v), _mm512_loadu_ps(src.add(16 * v)));
+                            _mm512_store_ps(
+                                dst.add(p * NR + 16 * v),
+                                _mm512_loadu_ps(src.add(16 * v)),
+                            );
                         }
                     }
                 } else if csb == 1 {
@@ -220,7 +263,11 @@ mod avx512 {
                     for p in 0..kc {
                         let (src, d) = (bs.offset(p as isize * rsb), dst.add(p * NR));
                         for j in 0..NR {
-                            *d.add(j) = if j < nr { *src.offset(j as isize * csb) } else { 0.0 };
+                            *d.add(j) = if j < nr {
+                                *src.offset(j as isize * csb)
+                            } else {
+                                0.0
+                            };
                         }
                     }
                 }
@@ -233,8 +280,16 @@ mod avx512 {
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
     unsafe fn macro_block(
-        mc: usize, nc: usize, kc: usize, alpha: f32, pa: *const f32, pb: *const f32, beta: f32,
-        c: *mut f32, rsc: isize, csc: isize,
+        mc: usize,
+        nc: usize,
+        kc: usize,
+        alpha: f32,
+        pa: *const f32,
+        pb: *const f32,
+        beta: f32,
+        c: *mut f32,
+        rsc: isize,
+        csc: isize,
     ) {
         for r0 in (0..mc).step_by(MR) {
             let mr = (mc - r0).min(MR);
@@ -257,8 +312,16 @@ mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn micro(
-        kc: usize, alpha: f32, ap: *const f32, bp: *const f32, beta: f32, c: *mut f32, rsc: isize, csc: isize,
-        mr: usize, nr: usize,
+        kc: usize,
+        alpha: f32,
+        ap: *const f32,
+        bp: *const f32,
+        beta: f32,
+        c: *mut f32,
+        rsc: isize,
+        csc: isize,
+        mr: usize,
+        nr: usize,
     ) {
         let mut acc = [[_mm512_setzero_ps(); NV]; MR];
         // Pull the C tile towards L1 while the k loop runs, so the
@@ -267,7 +330,9 @@ mod avx512 {
             for i in 0..mr {
                 for v in 0..NV {
                     // SAFETY: prefetch never faults; the address is in C's tile.
-                    unsafe { _mm_prefetch::<_MM_HINT_T0>(c.offset(i as isize * rsc).add(16 * v).cast()) };
+                    unsafe {
+                        _mm_prefetch::<_MM_HINT_T0>(c.offset(i as isize * rsc).add(16 * v).cast())
+                    };
                 }
             }
         }
@@ -328,14 +393,22 @@ mod avx512 {
                     if j >= nr {
                         break;
                     }
-                    let mask: __mmask16 = if nr - j >= 16 { 0xffff } else { (1u16 << (nr - j)) - 1 };
+                    let mask: __mmask16 = if nr - j >= 16 {
+                        0xffff
+                    } else {
+                        (1u16 << (nr - j)) - 1
+                    };
                     // SAFETY: the masked lanes are columns j.. < nr of row i of the tile.
                     unsafe {
                         let p = c.offset(i as isize * rsc).add(j);
                         let r = if beta == 0.0 {
                             _mm512_mul_ps(va, x)
                         } else {
-                            _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask, p), _mm512_mul_ps(va, x))
+                            _mm512_fmadd_ps(
+                                vb,
+                                _mm512_maskz_loadu_ps(mask, p),
+                                _mm512_mul_ps(va, x),
+                            )
                         };
                         _mm512_mask_storeu_ps(p, mask, r);
                     }

@@ -38,12 +38,21 @@ pub struct AdamWConfig {
 
 impl Default for AdamWConfig {
     fn default() -> Self {
-        Self { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 }
+        Self {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
     }
 }
 
 fn bad(field: &'static str, value: impl std::fmt::Display, reason: &str) -> ModelError {
-    ModelError::Optim { field, value: value.to_string(), reason: reason.into() }
+    ModelError::Optim {
+        field,
+        value: value.to_string(),
+        reason: reason.into(),
+    }
 }
 
 impl AdamWConfig {
@@ -58,7 +67,11 @@ impl AdamWConfig {
             return Err(bad("eps", self.eps, "must be finite and > 0"));
         }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
-            return Err(bad("weight_decay", self.weight_decay, "must be finite and >= 0"));
+            return Err(bad(
+                "weight_decay",
+                self.weight_decay,
+                "must be finite and >= 0",
+            ));
         }
         Ok(())
     }
@@ -107,7 +120,14 @@ impl Coeffs {
 ///
 /// `decayed` says whether weight decay applies to this segment.
 #[inline]
-pub(crate) fn update(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], k: &Coeffs, decayed: bool) {
+pub(crate) fn update(
+    p: &mut [f32],
+    g: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    k: &Coeffs,
+    decayed: bool,
+) {
     // PyTorch's vectorised lerp: |w| < 0.5 ? fma(w, g - m, m) : fma(w - 1, g - m, g).
     match (decayed, k.w1 < 0.5) {
         (true, true) => update_loop::<true, true>(p, g, m, v, k),
@@ -135,7 +155,11 @@ fn update_loop<const DECAY: bool, const SMALL_W1: bool>(
             pi *= k.decay;
         }
         let mi = m[i];
-        let mi = if SMALL_W1 { k.w1.mul_add(gi - mi, mi) } else { w1m1.mul_add(gi - mi, gi) };
+        let mi = if SMALL_W1 {
+            k.w1.mul_add(gi - mi, mi)
+        } else {
+            w1m1.mul_add(gi - mi, gi)
+        };
         let vi = v[i] * k.b2;
         let vi = (k.w2 * gi).mul_add(gi, vi);
         let denom = vi.sqrt() / k.bc2_sqrt + k.eps;
@@ -151,7 +175,11 @@ pub(crate) fn normalize_ranges(ranges: &[Range<usize>], len: usize) -> Result<Ve
     let mut rs = Vec::with_capacity(ranges.len());
     for r in ranges {
         if r.start > r.end || r.end > len {
-            return Err(bad("decay", format!("{r:?}"), &format!("range must lie within 0..{len}")));
+            return Err(bad(
+                "decay",
+                format!("{r:?}"),
+                &format!("range must lie within 0..{len}"),
+            ));
         }
         if r.start < r.end {
             rs.push(r.clone());
@@ -170,7 +198,11 @@ pub(crate) fn normalize_ranges(ranges: &[Range<usize>], len: usize) -> Result<Ve
 
 /// Call `f(segment, decayed)` for consecutive segments covering `chunk`,
 /// split at the boundaries of the (normalised) decay ranges.
-pub(crate) fn for_each_segment(chunk: Range<usize>, decay: &[Range<usize>], mut f: impl FnMut(Range<usize>, bool)) {
+pub(crate) fn for_each_segment(
+    chunk: Range<usize>,
+    decay: &[Range<usize>],
+    mut f: impl FnMut(Range<usize>, bool),
+) {
     let mut idx = decay.partition_point(|d| d.end <= chunk.start);
     let mut pos = chunk.start;
     while pos < chunk.end {
@@ -208,7 +240,12 @@ impl AdamW {
     /// Fresh state (zero moments, step 0) for `len` parameters.
     pub fn new(cfg: AdamWConfig, len: usize) -> Result<Self> {
         cfg.validate()?;
-        Ok(Self { cfg, m: vec![0.0; len], v: vec![0.0; len], step: 0 })
+        Ok(Self {
+            cfg,
+            m: vec![0.0; len],
+            v: vec![0.0; len],
+            step: 0,
+        })
     }
 
     /// Restore saved state (from [`moments`](Self::moments) and
@@ -217,13 +254,25 @@ impl AdamW {
     pub fn from_state(cfg: AdamWConfig, m: Vec<f32>, v: Vec<f32>, step: u64) -> Result<Self> {
         cfg.validate()?;
         if v.len() != m.len() {
-            return Err(ModelError::Shape { what: "adamw second moment", expected: m.len(), got: v.len() });
+            return Err(ModelError::Shape {
+                what: "adamw second moment",
+                expected: m.len(),
+                got: v.len(),
+            });
         }
         if let Some(&x) = m.iter().find(|x| !x.is_finite()) {
-            return Err(ModelError::NonFinite { what: "adamw first moment", step, value: f64::from(x) });
+            return Err(ModelError::NonFinite {
+                what: "adamw first moment",
+                step,
+                value: f64::from(x),
+            });
         }
         if let Some(&x) = v.iter().find(|x| !x.is_finite()) {
-            return Err(ModelError::NonFinite { what: "adamw second moment", step, value: f64::from(x) });
+            return Err(ModelError::NonFinite {
+                what: "adamw second moment",
+                step,
+                value: f64::from(x),
+            });
         }
         if let Some(&x) = v.iter().find(|&&x| x < 0.0) {
             return Err(bad("second moment", x, "must be >= 0"));
@@ -271,7 +320,11 @@ impl AdamW {
         decay: &[Range<usize>],
     ) -> Result<()> {
         if grads.len() != self.len() {
-            return Err(ModelError::Shape { what: "adamw grads", expected: self.len(), got: grads.len() });
+            return Err(ModelError::Shape {
+                what: "adamw grads",
+                expected: self.len(),
+                got: grads.len(),
+            });
         }
         self.step_with(th, params, lr, decay, |seg, decayed, p, m, v, k| {
             update(p, &grads[seg], m, v, k, decayed)
@@ -295,7 +348,11 @@ impl AdamW {
     {
         let len = self.len();
         if params.len() != len {
-            return Err(ModelError::Shape { what: "adamw params", expected: len, got: params.len() });
+            return Err(ModelError::Shape {
+                what: "adamw params",
+                expected: len,
+                got: params.len(),
+            });
         }
         if !(lr.is_finite() && lr >= 0.0) {
             return Err(bad("lr", lr, "must be finite and >= 0"));
@@ -303,13 +360,23 @@ impl AdamW {
         let decay = normalize_ranges(decay, len)?;
         let step = self.step + 1;
         let k = Coeffs::new(&self.cfg, lr, step);
-        let (ps, ms, vs) = (SharedMut::new(params), SharedMut::new(&mut self.m), SharedMut::new(&mut self.v));
+        let (ps, ms, vs) = (
+            SharedMut::new(params),
+            SharedMut::new(&mut self.m),
+            SharedMut::new(&mut self.v),
+        );
         th.ranges(len, MIN_PER_THREAD, |chunk| {
             for_each_segment(chunk, &decay, |seg, decayed| {
                 // SAFETY: the chunks of `th.ranges` are disjoint and the
                 // segments of one chunk are disjoint; the buffers outlive
                 // the call.
-                let (p, m, v) = unsafe { (ps.slice(seg.clone()), ms.slice(seg.clone()), vs.slice(seg.clone())) };
+                let (p, m, v) = unsafe {
+                    (
+                        ps.slice(seg.clone()),
+                        ms.slice(seg.clone()),
+                        vs.slice(seg.clone()),
+                    )
+                };
                 body(seg, decayed, p, m, v, &k);
             });
         });

@@ -26,7 +26,15 @@ pub struct Bf16Store {
 }
 
 fn check_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
-    if expected == got { Ok(()) } else { Err(ModelError::Shape { what, expected, got }) }
+    if expected == got {
+        Ok(())
+    } else {
+        Err(ModelError::Shape {
+            what,
+            expected,
+            got,
+        })
+    }
 }
 
 /// `x` rounded to bf16, to nearest with ties to even; NaN stays NaN (quiet).
@@ -53,7 +61,11 @@ impl Bf16Store {
         let mut params = vec![bf16::ZERO; master.len()];
         round_into(&mut params, &master);
         let grads = vec![bf16::ZERO; master.len()];
-        Self { master, params, grads }
+        Self {
+            master,
+            params,
+            grads,
+        }
     }
 
     /// Number of parameters.
@@ -111,27 +123,46 @@ impl Bf16Store {
     /// been built for [`len`](Self::len) parameters; `lr` and `decay` are as
     /// for [`AdamW::step`]. The result equals `AdamW::step` on the master
     /// weights with the decoded gradients.
-    pub fn step(&mut self, th: &Threads, opt: &mut AdamW, lr: f32, decay: &[Range<usize>]) -> Result<()> {
+    pub fn step(
+        &mut self,
+        th: &Threads,
+        opt: &mut AdamW,
+        lr: f32,
+        decay: &[Range<usize>],
+    ) -> Result<()> {
         check_len("bf16 store vs adamw state", opt.len(), self.len())?;
         let grads = &self.grads;
         let out = SharedMut::new(&mut self.params);
-        opt.step_with(th, &mut self.master, lr, decay, |seg, decayed, p, m, v, k| {
-            // SAFETY: segments handed to the body are disjoint.
-            let out = unsafe { out.slice(seg.clone()) };
-            let mut buf = [0.0f32; DECODE_BLOCK];
-            let mut off = 0;
-            for g in grads[seg].chunks(DECODE_BLOCK) {
-                let n = g.len();
-                for (b, x) in buf.iter_mut().zip(g) {
-                    *b = x.to_f32();
+        opt.step_with(
+            th,
+            &mut self.master,
+            lr,
+            decay,
+            |seg, decayed, p, m, v, k| {
+                // SAFETY: segments handed to the body are disjoint.
+                let out = unsafe { out.slice(seg.clone()) };
+                let mut buf = [0.0f32; DECODE_BLOCK];
+                let mut off = 0;
+                for g in grads[seg].chunks(DECODE_BLOCK) {
+                    let n = g.len();
+                    for (b, x) in buf.iter_mut().zip(g) {
+                        *b = x.to_f32();
+                    }
+                    let r = off..off + n;
+                    update(
+                        &mut p[r.clone()],
+                        &buf[..n],
+                        &mut m[r.clone()],
+                        &mut v[r.clone()],
+                        k,
+                        decayed,
+                    );
+                    // Re-round while the block is in cache.
+                    round_into(&mut out[r.clone()], &p[r]);
+                    off += n;
                 }
-                let r = off..off + n;
-                update(&mut p[r.clone()], &buf[..n], &mut m[r.clone()], &mut v[r.clone()], k, decayed);
-                // Re-round while the block is in cache.
-                round_into(&mut out[r.clone()], &p[r]);
-                off += n;
-            }
-        })
+            },
+        )
     }
 
     /// Bytes of the bf16 parameters (for the memory planner).

@@ -96,5 +96,9 @@ pub fn check_max_norm(max_norm: f64) -> Result<()> {
 /// `Ok(())` when `value` is finite, else [`ModelError::NonFinite`] naming
 /// `what` and the step.
 pub fn check_finite(what: &'static str, step: u64, value: f64) -> Result<()> {
-    if value.is_finite() { Ok(()) } else { Err(ModelError::NonFinite { what, step, value }) }
+    if value.is_finite() {
+        Ok(())
+    } else {
+        Err(ModelError::NonFinite { what, step, value })
+    }
 }

@@ -44,13 +44,24 @@ impl Schedule {
     pub fn parse(name: &str, warmup: u64, total: u64, min_ratio: f64) -> Result<Self> {
         let s = match name {
             "constant" => Self::Constant,
-            "linear" => Self::Linear { warmup, total, min_lr_ratio: min_ratio },
-            "cosine" => Self::Cosine { warmup, total, min_lr_ratio: min_ratio },
+            "linear" => Self::Linear {
+                warmup,
+                total,
+                min_lr_ratio: min_ratio,
+            },
+            "cosine" => Self::Cosine {
+                warmup,
+                total,
+                min_lr_ratio: min_ratio,
+            },
             _ => {
                 return Err(ModelError::Optim {
                     field: "schedule",
                     value: format!("{name:?}"),
-                    reason: format!("unknown schedule; expected one of: {}", SCHEDULE_NAMES.join(", ")),
+                    reason: format!(
+                        "unknown schedule; expected one of: {}",
+                        SCHEDULE_NAMES.join(", ")
+                    ),
                 });
             }
         };
@@ -69,7 +80,16 @@ impl Schedule {
 
     /// Check `warmup <= total` and `min_lr_ratio` in `[0, 1]`.
     pub fn validate(&self) -> Result<()> {
-        let (Self::Linear { warmup, total, min_lr_ratio } | Self::Cosine { warmup, total, min_lr_ratio }) = *self
+        let (Self::Linear {
+            warmup,
+            total,
+            min_lr_ratio,
+        }
+        | Self::Cosine {
+            warmup,
+            total,
+            min_lr_ratio,
+        }) = *self
         else {
             return Ok(());
         };
@@ -98,7 +118,16 @@ impl Schedule {
 
     /// The multiplier of the peak learning rate at `step`.
     pub fn factor(&self, step: u64) -> f64 {
-        let (Self::Linear { warmup, total, min_lr_ratio } | Self::Cosine { warmup, total, min_lr_ratio }) = *self
+        let (Self::Linear {
+            warmup,
+            total,
+            min_lr_ratio,
+        }
+        | Self::Cosine {
+            warmup,
+            total,
+            min_lr_ratio,
+        }) = *self
         else {
             return 1.0;
         };
