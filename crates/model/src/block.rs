@@ -215,7 +215,9 @@ impl Block {
         }
     }
 
-    fn norm_fwd<T: Real>(
+    /// The block's norm (LayerNorm or RMSNorm) forward, with its weight and
+    /// bias at `w`/`b` inside `p`. Also used for the model's final norm.
+    pub(crate) fn norm_fwd<T: Real>(
         &self,
         th: &Threads,
         d: &Dims,
@@ -223,14 +225,14 @@ impl Block {
         mean: &mut [T],
         rstd: &mut [T],
         x: &[T],
-        w: &[T],
-        b: Option<&[T]>,
+        p: &[T],
+        w: &Range<usize>,
+        b: &Option<Range<usize>>,
     ) {
+        let (w, eps) = (&p[w.clone()], T::of(self.eps));
         match self.norm {
-            Norm::LayerNorm => {
-                layernorm_fwd(th, out, mean, rstd, x, w, b, d.n, d.c, T::of(self.eps))
-            }
-            Norm::RmsNorm => rmsnorm_fwd(th, out, rstd, x, w, d.n, d.c, T::of(self.eps)),
+            Norm::LayerNorm => layernorm_fwd(th, out, mean, rstd, x, w, opt(p, b), d.n, d.c, eps),
+            Norm::RmsNorm => rmsnorm_fwd(th, out, rstd, x, w, d.n, d.c, eps),
         }
     }
 
@@ -271,28 +273,12 @@ impl Block {
         timed!(
             "norm.fwd",
             self.norm_fwd(
-                th,
-                d,
-                a.ln1,
-                a.ln1_mean,
-                a.ln1_rstd,
-                x,
-                &p[l.ln1_w.clone()],
-                opt(p, &l.ln1_b)
+                th, d, a.ln1, a.ln1_mean, a.ln1_rstd, x, p, &l.ln1_w, &l.ln1_b
             )
         );
         timed!(
             "matmul.fwd",
-            matmul_fwd(
-                th,
-                a.qkv,
-                a.ln1,
-                &p[l.qkv_w.clone()],
-                opt(p, &l.qkv_b),
-                n,
-                c,
-                d.qkv
-            )
+            self.linear(th, p, &l.qkv_w, &l.qkv_b, a.qkv, a.ln1, n, c, d.qkv)
         );
         if let Some(table) = rope {
             timed!(
@@ -307,43 +293,18 @@ impl Block {
         // res2 = x + atty · Wprojᵀ: the projection lands in res2, then x is added.
         timed!(
             "matmul.fwd",
-            matmul_fwd(
-                th,
-                a.res2,
-                a.atty,
-                &p[l.proj_w.clone()],
-                opt(p, &l.proj_b),
-                n,
-                hd,
-                c
-            )
+            self.linear(th, p, &l.proj_w, &l.proj_b, a.res2, a.atty, n, hd, c)
         );
         timed!("residual", add_acc(th, a.res2, x));
         timed!(
             "norm.fwd",
             self.norm_fwd(
-                th,
-                d,
-                a.ln2,
-                a.ln2_mean,
-                a.ln2_rstd,
-                a.res2,
-                &p[l.ln2_w.clone()],
-                opt(p, &l.ln2_b)
+                th, d, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p, &l.ln2_w, &l.ln2_b
             )
         );
         timed!(
             "matmul.fwd",
-            matmul_fwd(
-                th,
-                a.fch,
-                a.ln2,
-                &p[l.fc_w.clone()],
-                opt(p, &l.fc_b),
-                n,
-                c,
-                d.fin
-            )
+            self.linear(th, p, &l.fc_w, &l.fc_b, a.fch, a.ln2, n, c, d.fin)
         );
         let _p = scope("activation.fwd");
         match self.activation {
@@ -354,16 +315,7 @@ impl Block {
         drop(_p);
         timed!(
             "matmul.fwd",
-            matmul_fwd(
-                th,
-                out,
-                a.act,
-                &p[l.fcp_w.clone()],
-                opt(p, &l.fcp_b),
-                n,
-                d.f,
-                c
-            )
+            self.linear(th, p, &l.fcp_w, &l.fcp_b, out, a.act, n, d.f, c)
         );
         let _p = scope("residual");
         add_acc(th, out, a.res2);
@@ -473,6 +425,23 @@ impl Block {
         );
     }
 
+    /// A linear forward with its weight and bias at `w`/`b` inside `p`:
+    /// `out = inp · Wᵀ + b`.
+    fn linear<T: Real>(
+        &self,
+        th: &Threads,
+        p: &[T],
+        w: &Range<usize>,
+        b: &Option<Range<usize>>,
+        out: &mut [T],
+        inp: &[T],
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        matmul_fwd(th, out, inp, &p[w.clone()], opt(p, b), n, c, oc);
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn weight_grads<T: Real>(
         &self,
@@ -496,7 +465,9 @@ impl Block {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn norm_grads<T: Real>(
+    /// The norm's backward: `dx += norm'(dnorm)`, weight/bias gradients
+    /// accumulate into `g` at `w`/`b`. Also used for the model's final norm.
+    pub(crate) fn norm_grads<T: Real>(
         &self,
         th: &Threads,
         d: &Dims,

@@ -5,15 +5,14 @@
 //! recomputation, each block keeps only its output and the block's other
 //! activations are rebuilt, one block at a time, during the backward.
 use crate::block::{Block, BlockActs, BlockScratch, Carve, Dims};
-use crate::config::{ModelConfig, Norm, Positions};
+use crate::config::{ModelConfig, Positions};
 use crate::error::{ModelError, Result};
 use crate::kernels::embedding::{embed_bwd, embed_fwd};
 use crate::kernels::loss::{cross_entropy_bwd, cross_entropy_fwd, mean_loss};
 use crate::kernels::matmul::{matmul_bwd_input, matmul_bwd_weight, matmul_fwd};
-use crate::kernels::norm::{layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd};
 use crate::kernels::rope::RopeTable;
 use crate::layout::Layout;
-use crate::profile::{scope, timed};
+use crate::profile::timed;
 use crate::real::Real;
 use crate::threads::Threads;
 use std::ops::Range;
@@ -387,17 +386,20 @@ impl<T: Real> Model<T> {
             .expect("disjoint");
         let mut k = Carve::new(lnf);
         let (out, mean, rstd) = (k.take(d.n * d.c), k.take(d.n), k.take(d.n));
-        let w = &params[self.layout.lnf_w.clone()];
-        let eps = T::of(self.cfg.norm_eps);
-        let p = scope("norm.fwd");
-        match self.cfg.norm {
-            Norm::LayerNorm => {
-                let b = self.layout.lnf_b.as_ref().map(|r| &params[r.clone()]);
-                layernorm_fwd(th, out, mean, rstd, x, w, b, d.n, d.c, eps)
-            }
-            Norm::RmsNorm => rmsnorm_fwd(th, out, rstd, x, w, d.n, d.c, eps),
-        }
-        drop(p);
+        timed!(
+            "norm.fwd",
+            self.block.norm_fwd(
+                th,
+                d,
+                out,
+                mean,
+                rstd,
+                x,
+                params,
+                &self.layout.lnf_w,
+                &self.layout.lnf_b
+            )
+        );
         timed!(
             "lm_head.fwd",
             matmul_fwd(th, logits, out, &params[hw], None, d.n, d.c, d.v)
@@ -452,48 +454,22 @@ impl<T: Real> Model<T> {
             "lm_head.bwd_weight",
             matmul_bwd_weight(th, &mut grads[hw], None, logits, out, d.n, d.c, d.v)
         );
-        let _p = scope("norm.bwd");
         self.dresid.fill(T::zero());
-        let w = &params[self.layout.lnf_w.clone()];
-        match (self.cfg.norm, &self.layout.lnf_b) {
-            (Norm::LayerNorm, Some(b)) => {
-                let [gw, gb] = grads
-                    .get_disjoint_mut([self.layout.lnf_w.clone(), b.clone()])
-                    .expect("disjoint");
-                layernorm_bwd(
-                    th,
-                    &mut self.dresid,
-                    gw,
-                    Some(gb),
-                    dlnf,
-                    x,
-                    w,
-                    mean,
-                    rstd,
-                    d.n,
-                    d.c,
-                );
-            }
-            (Norm::LayerNorm, None) => {
-                let gw = &mut grads[self.layout.lnf_w.clone()];
-                layernorm_bwd(
-                    th,
-                    &mut self.dresid,
-                    gw,
-                    None,
-                    dlnf,
-                    x,
-                    w,
-                    mean,
-                    rstd,
-                    d.n,
-                    d.c,
-                );
-            }
-            (Norm::RmsNorm, _) => {
-                let gw = &mut grads[self.layout.lnf_w.clone()];
-                rmsnorm_bwd(th, &mut self.dresid, gw, dlnf, x, w, rstd, d.n, d.c);
-            }
-        }
+        timed!(
+            "norm.bwd",
+            self.block.norm_grads(
+                th,
+                &d,
+                grads,
+                &self.layout.lnf_w,
+                &self.layout.lnf_b,
+                &mut self.dresid,
+                dlnf,
+                x,
+                params,
+                mean,
+                rstd,
+            )
+        );
     }
 }

@@ -447,7 +447,7 @@ pub fn attention_bwd_tiled<T: Real>(
                     // P = exp(S - lse), zero where masked.
                     for r in 0..m {
                         let qi = i0 + r;
-                        let valid = if qi >= j0 { (qi + 1 - j0).min(nk) } else { 0 };
+                        let valid = visible_keys(qi, j0, nk);
                         let row = &mut p[r * nk..(r + 1) * nk];
                         exp_shift(&mut row[..valid], lse_h[qi]);
                         row[valid..].fill(T::zero());
@@ -489,7 +489,7 @@ pub fn attention_bwd_tiled<T: Real>(
                     // part of dp was not computed).
                     for r in 0..m {
                         let qi = i0 + r;
-                        let valid = if qi >= j0 { (qi + 1 - j0).min(nk) } else { 0 };
+                        let valid = visible_keys(qi, j0, nk);
                         let dir = di[r];
                         let row = &mut dp[r * nk..(r + 1) * nk];
                         for (x, &pv) in row[..valid].iter_mut().zip(&p[r * nk..r * nk + valid]) {
@@ -941,6 +941,13 @@ fn exp_shift<T: Real>(x: &mut [T], shift: T) {
     for v in x {
         *v = (*v - shift).exp_k();
     }
+}
+
+/// How many keys of the tile starting at `j0` (`nk` wide) query `qi` sees
+/// under the causal mask.
+#[inline]
+fn visible_keys(qi: usize, j0: usize, nk: usize) -> usize {
+    if qi >= j0 { (qi + 1 - j0).min(nk) } else { 0 }
 }
 
 #[cfg(test)]

@@ -124,21 +124,9 @@ pub fn layernorm_bwd<T: Real>(
         &mean[..n],
         &rstd[..n],
     );
-    let parts = th.n().min(n / min_rows(c)).max(1);
-    // Per part: [dweight partial (C) | dbias partial (C)].
-    let mut partial = vec![T::zero(); parts * 2 * c];
-    let sd = SharedMut::new(&mut dinp[..n * c]);
-    let sp = SharedMut::new(&mut partial);
     let inv_c = T::one() / T::of(c as f64);
-    th.run(parts, |p| {
-        let r = part_range(n, parts, p);
-        // SAFETY: each part owns its rows of dinp and its own partial block.
-        let (dx, part) = unsafe {
-            (
-                sd.slice(r.start * c..r.end * c),
-                sp.slice(p * 2 * c..(p + 1) * 2 * c),
-            )
-        };
+    // Per part: [dweight partial (C) | dbias partial (C)].
+    let partial = per_part_partials(th, dinp, n, c, 2 * c, |r, dx, part| {
         let (dw, db) = part.split_at_mut(c);
         let rows = inp[r.start * c..r.end * c]
             .chunks_exact(c)
@@ -150,16 +138,51 @@ pub fn layernorm_bwd<T: Real>(
             layernorm_bwd_row(dx, dw, db, dy, x, weight, m, s, inv_c);
         }
     });
-    for part in partial.chunks_exact(2 * c) {
-        for (a, &v) in dweight[..c].iter_mut().zip(&part[..c]) {
-            *a += v;
-        }
-    }
+    add_partials(&mut dweight[..c], &partial, 2 * c, 0);
     if let Some(db) = dbias {
-        for part in partial.chunks_exact(2 * c) {
-            for (a, &v) in db[..c].iter_mut().zip(&part[c..]) {
-                *a += v;
-            }
+        add_partials(&mut db[..c], &partial, 2 * c, c);
+    }
+}
+
+/// Run `f(rows, dx_rows, part)` over a fixed partition of the N rows of
+/// `dinp` (N, C) (it depends only on the thread count and N*C), giving each
+/// part its own zeroed `width`-long block for partial parameter-gradient
+/// sums; returns the blocks, part after part.
+fn per_part_partials<T: Real, F>(
+    th: &Threads,
+    dinp: &mut [T],
+    n: usize,
+    c: usize,
+    width: usize,
+    f: F,
+) -> Vec<T>
+where
+    F: Fn(std::ops::Range<usize>, &mut [T], &mut [T]) + Sync + Send,
+{
+    let parts = th.n().min(n / min_rows(c)).max(1);
+    let mut partial = vec![T::zero(); parts * width];
+    let sd = SharedMut::new(&mut dinp[..n * c]);
+    let sp = SharedMut::new(&mut partial);
+    th.run(parts, |p| {
+        let r = part_range(n, parts, p);
+        // SAFETY: each part owns its rows of dinp and its own partial block.
+        let (dx, part) = unsafe {
+            (
+                sd.slice(r.start * c..r.end * c),
+                sp.slice(p * width..(p + 1) * width),
+            )
+        };
+        f(r, dx, part)
+    });
+    partial
+}
+
+/// `acc[j] += Σ_parts partial[part * stride + offset + j]`, parts in order.
+fn add_partials<T: Real>(acc: &mut [T], partial: &[T], stride: usize, offset: usize) {
+    let len = acc.len();
+    for part in partial.chunks_exact(stride) {
+        for (a, &v) in acc.iter_mut().zip(&part[offset..offset + len]) {
+            *a += v;
         }
     }
 }
@@ -263,20 +286,8 @@ pub fn rmsnorm_bwd<T: Real>(
         return;
     }
     let (dout, inp, weight, rstd) = (&dout[..n * c], &inp[..n * c], &weight[..c], &rstd[..n]);
-    let parts = th.n().min(n / min_rows(c)).max(1);
-    let mut partial = vec![T::zero(); parts * c];
-    let sd = SharedMut::new(&mut dinp[..n * c]);
-    let sp = SharedMut::new(&mut partial);
     let inv_c = T::one() / T::of(c as f64);
-    th.run(parts, |p| {
-        let r = part_range(n, parts, p);
-        // SAFETY: each part owns its rows of dinp and its own partial block.
-        let (dx, dw) = unsafe {
-            (
-                sd.slice(r.start * c..r.end * c),
-                sp.slice(p * c..(p + 1) * c),
-            )
-        };
+    let partial = per_part_partials(th, dinp, n, c, c, |r, dx, dw| {
         let rows = inp[r.start * c..r.end * c]
             .chunks_exact(c)
             .zip(dout[r.start * c..r.end * c].chunks_exact(c));
@@ -284,11 +295,7 @@ pub fn rmsnorm_bwd<T: Real>(
             rmsnorm_bwd_row(dx, dw, dy, x, weight, s, inv_c);
         }
     });
-    for part in partial.chunks_exact(c) {
-        for (a, &v) in dweight[..c].iter_mut().zip(part) {
-            *a += v;
-        }
-    }
+    add_partials(&mut dweight[..c], &partial, c, 0);
 }
 
 /// One row of [`rmsnorm_bwd`]: `dx +=` and the part's partial `dw +=`.
