@@ -104,6 +104,68 @@ pub enum DataError {
         /// The cap in bytes.
         cap: u64,
     },
+    /// A token shard failed a check: foreign file, bad header, truncation, bad index.
+    #[error("shard {}: {problem}", .path.display())]
+    CorruptShard {
+        /// The shard file.
+        path: PathBuf,
+        /// What is wrong, with the values that disagreed.
+        problem: String,
+    },
+    /// A shard's bytes do not hash to the checksum recorded for it.
+    #[error("shard {}: checksum mismatch: {recorded_in} records {expected}, the bytes hash to {actual}", .path.display())]
+    ChecksumMismatch {
+        /// The shard file.
+        path: PathBuf,
+        /// Where the expected hash came from (`footer` or `manifest`).
+        recorded_in: &'static str,
+        /// The recorded hash (hex).
+        expected: String,
+        /// The hash of the bytes on disk (hex).
+        actual: String,
+    },
+    /// The manifest lists a shard that is not on disk.
+    #[error("shard {} listed in the manifest is missing: {source}", .path.display())]
+    MissingShard {
+        /// The shard file that was expected.
+        path: PathBuf,
+        /// The error from looking it up.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A dataset manifest is unreadable, malformed or inconsistent.
+    #[error("manifest {}: {problem}", .path.display())]
+    BadManifest {
+        /// The manifest file.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+    /// Datasets or a loader state that must agree do not.
+    #[error("{what}: {detail}")]
+    Mismatch {
+        /// What was compared (`resume state`, `mixture`, ...).
+        what: &'static str,
+        /// The values that disagreed.
+        detail: String,
+    },
+    /// A dataset holds fewer sequences than one needs.
+    #[error(
+        "dataset {name} has no sequence of seq_len {seq_len}: its longest shard holds {longest_shard_tokens} tokens and a sequence needs {needed}"
+    )]
+    DatasetTooSmall {
+        /// The dataset (its directory).
+        name: String,
+        /// Requested sequence length.
+        seq_len: usize,
+        /// Tokens in the largest shard.
+        longest_shard_tokens: u64,
+        /// Tokens one sequence needs (`seq_len + 1`).
+        needed: usize,
+    },
+    /// A loader did not deliver in time, or stopped.
+    #[error("data loader: {0}")]
+    Loader(String),
     /// No text files were given.
     #[error("no input text files given")]
     NoInputFiles,
@@ -112,6 +174,74 @@ pub enum DataError {
     EmptyInput {
         /// The files that were read.
         paths: Vec<PathBuf>,
+    },
+
+    // === Dataset preparation ===
+    /// An option's text value did not parse (`--shard-size`, `--format`, `--text-docs`, ...).
+    #[error("invalid {option} {value:?}: {requirement}")]
+    InvalidOption {
+        /// The option (`--shard-size`, `--format`, ...).
+        option: &'static str,
+        /// The text that was given.
+        value: String,
+        /// What is accepted.
+        requirement: String,
+    },
+    /// An input path, glob or directory matched no file.
+    #[error("input {pattern:?}: {problem}")]
+    BadInput {
+        /// The path, glob or directory as given.
+        pattern: String,
+        /// What is wrong (no such file, no file matched, bad glob syntax, ...).
+        problem: String,
+    },
+    /// An input file's format cannot be told from its name and `--format` was not given.
+    #[error("{}: unknown input format (extension {extension:?}); name it with --format text|jsonl|parquet", .path.display())]
+    UnknownFormat {
+        /// The file.
+        path: PathBuf,
+        /// Its extension (empty when it has none).
+        extension: String,
+    },
+    /// One record of an input file is malformed (a JSON Lines line, a Parquet row group).
+    #[error("{}:{line}: {problem}", .path.display())]
+    BadRecord {
+        /// The input file.
+        path: PathBuf,
+        /// 1-based line (JSON Lines) or row-group index (Parquet).
+        line: u64,
+        /// What was wrong with it.
+        problem: String,
+    },
+    /// A file is not readable in the format it was taken for (a Parquet file's metadata, ...).
+    #[error("{}: {problem}", .path.display())]
+    BadInputFile {
+        /// The input file.
+        path: PathBuf,
+        /// What was wrong.
+        problem: String,
+    },
+    /// Something needs a cargo feature this build was compiled without.
+    #[error("{what} needs flotilla built with `--features {feature}`")]
+    FeatureDisabled {
+        /// What was asked for (`Parquet input x.parquet`, `tokenizer.json`, ...).
+        what: String,
+        /// The cargo feature that provides it.
+        feature: &'static str,
+    },
+    /// The output directory already holds a dataset and replacing it was not asked for.
+    #[error("{} already holds a dataset ({}); pass --force to replace it", .dir.display(), crate::manifest::MANIFEST_FILE)]
+    DatasetExists {
+        /// The output directory.
+        dir: PathBuf,
+    },
+    /// A tokenizer failed on some input or could not be loaded from a file.
+    #[error("tokenizer {tokenizer}: {reason}")]
+    TokenizerFailed {
+        /// The tokenizer (its name or file).
+        tokenizer: String,
+        /// What failed.
+        reason: String,
     },
 }
 

@@ -7,6 +7,8 @@
 //!   sentences for byte-level models.
 //! - [`text`]: plain-text files to one token stream, with end-of-text between files.
 //! - [`batch`]: [`TokenWindows`], seeded random (input, target) windows, and [`validate_ids`].
+//! - [`prepare`](mod@prepare): text, JSON Lines and Parquet files to a sharded dataset ([`prepare()`]), and
+//!   [`verify`](mod@verify): re-hashing every shard of one ([`verify_dataset`]).
 //!
 //! Everything random is a deterministic function of a `u64` seed (ChaCha8), so runs repeat.
 //!
@@ -29,13 +31,31 @@
 
 pub mod batch;
 pub mod corpus;
+pub mod dataset;
 pub mod error;
+pub mod loader;
+pub mod manifest;
+pub mod prepare;
 mod rng;
+pub mod sampler;
+pub mod shard;
+pub mod stress;
+pub mod synth;
 pub mod text;
 pub mod tokenizer;
+pub mod verify;
 
 pub use batch::{TokenWindows, validate_ids};
 pub use corpus::{MarkovCorpus, TextCorpus};
+pub use dataset::Dataset;
 pub use error::{DataError, Result};
+pub use loader::{Batch, Loader, LoaderConfig, LoaderMetrics, LoaderState, Prefetch};
+pub use manifest::{MANIFEST_FILE, Manifest, ShardEntry};
+pub use prepare::{PrepareConfig, PrepareSummary, prepare};
+pub use sampler::{RankShare, SampleRef, Sampler, SequenceSpace};
+pub use shard::{Shard, ShardInfo, ShardWriter};
 pub use text::{MAX_FILE_BYTES, load_tokens, load_tokens_capped};
-pub use tokenizer::{ByteTokenizer, Gpt2Tokenizer, Tokenizer, TokenizerKind};
+#[cfg(feature = "hf-tokenizer")]
+pub use tokenizer::HfTokenizer;
+pub use tokenizer::{ByteTokenizer, Gpt2Tokenizer, Tokenizer, TokenizerKind, TokenizerSpec};
+pub use verify::{VerifyReport, verify_dataset};

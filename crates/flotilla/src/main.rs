@@ -3,7 +3,15 @@
 mod bench_check;
 mod bench_comm;
 mod bench_model;
+mod data_bench_cmd;
+mod data_cmd;
+mod data_inspect_cmd;
+mod data_prepare_cmd;
+mod data_stress_cmd;
+mod data_synth_cmd;
+mod data_verify_cmd;
 mod generate_cmd;
+mod loader_args;
 mod model_args;
 mod saved;
 mod spawn;
@@ -20,11 +28,18 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+// Parsed once per process: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Train a model in this process (step, loss, tokens/s, MFU).
     Train(train_cmd::Args),
     /// Sample text from a model saved by `flotilla train --save`.
     Generate(generate_cmd::Args),
+    /// Datasets: prepare (tokenize into shards), inspect, verify, synth, stress, bench.
+    Data {
+        #[command(subcommand)]
+        what: data_cmd::DataCommand,
+    },
     /// Benchmarks (collectives, model training throughput).
     Bench {
         #[command(subcommand)]
@@ -33,6 +48,7 @@ enum Command {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)]
 enum BenchCommand {
     /// Collective bandwidth and latency in the manner of nccl-tests.
     Comm(bench_comm::Args),
@@ -56,6 +72,7 @@ fn main() {
         Command::Bench {
             what: BenchCommand::Model(a),
         } => bench_model::run(a),
+        Command::Data { what } => data_cmd::run(what),
         Command::Train(a) => train_cmd::run(a),
         Command::Generate(a) => generate_cmd::run(a),
     };

@@ -1,4 +1,5 @@
 //! Command-line options that build a model and a training config.
+use crate::loader_args::LoaderArgs;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use data::TokenizerKind;
@@ -127,6 +128,9 @@ pub struct TrainArgs {
     /// Plain-text files to train on (with --data text).
     #[arg(long, num_args = 1..)]
     pub text: Vec<PathBuf>,
+    /// Token datasets (--dataset DIR, repeatable) and their loader; --dataset overrides --data.
+    #[command(flatten)]
+    pub loader: LoaderArgs,
 }
 
 impl TrainArgs {
@@ -134,7 +138,11 @@ impl TrainArgs {
     /// no explicit `--vocab`, the vocabulary becomes the tokenizer's.
     pub fn build(&self, mut model: ModelConfig, vocab_given: bool) -> Result<TrainConfig> {
         let tokenizer: TokenizerKind = self.tokenizer.parse().context("--tokenizer")?;
-        if self.data != "markov" && !vocab_given {
+        if self.loader.given() && !vocab_given {
+            let m = data::Manifest::read(&self.loader.datasets[0])
+                .with_context(|| format!("--dataset {}", self.loader.datasets[0].display()))?;
+            model.vocab = m.vocab_size as usize;
+        } else if self.data != "markov" && !vocab_given {
             model.vocab = tokenizer.vocab_size();
         }
         let mut c = TrainConfig::new(model, self.steps);
@@ -154,6 +162,10 @@ impl TrainArgs {
         c.recompute = self.recompute;
         c.bf16 = self.bf16;
         c.data = match self.data.as_str() {
+            _ if self.loader.given() => DataSpec::Dataset {
+                dirs: self.loader.datasets.clone(),
+                loader: self.loader.config(c.seq_len, c.batch as u64, c.seed)?,
+            },
             "markov" => DataSpec::Markov {
                 branching: self.branching,
             },
@@ -165,7 +177,7 @@ impl TrainArgs {
                 paths: self.text.clone(),
                 tokenizer,
             },
-            other => bail!("--data {other}: expected markov, grammar or text"),
+            other => bail!("--data {other}: expected markov, grammar or text (or give --dataset)"),
         };
         c.validate()?;
         Ok(c)

@@ -27,6 +27,11 @@ pub fn save(dir: &Path, cfg: &TrainConfig, layout: &Layout, params: &[f32]) -> R
         DataSpec::Grammar { tokenizer, .. } | DataSpec::Text { tokenizer, .. } => {
             Some(tokenizer.to_string())
         }
+        // The tokenizer the dataset was prepared with, as its manifest names it.
+        DataSpec::Dataset { dirs, .. } => dirs
+            .first()
+            .and_then(|d| data::Manifest::read(d).ok())
+            .map(|m| m.tokenizer),
     };
     let side = Sidecar {
         tokenizer,

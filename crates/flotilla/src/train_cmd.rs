@@ -129,6 +129,17 @@ pub fn run(a: Args) -> Result<()> {
         "# done: {steps} steps, final loss {last_loss:.4}, {tps:.1} tokens/s, MFU {:.1}% (steps after the first)",
         100.0 * mfu(tps, fpt, peak)
     );
+    if let Some(m) = trainer.data_metrics() {
+        println!(
+            "# data: stall {:.2} % of step time (eq. 4.2), batch build P50 {:.3} ms P99 {:.3} ms, \
+             prefetch depth {}, {} batches",
+            m.stall_pct(),
+            m.p50_latency.as_secs_f64() * 1e3,
+            m.p99_latency.as_secs_f64() * 1e3,
+            m.depth,
+            m.batches
+        );
+    }
     if let Some(dir) = &a.save {
         crate::saved::save(dir, &cfg, trainer.model().layout(), trainer.params())?;
         println!("# saved to {}", dir.display());

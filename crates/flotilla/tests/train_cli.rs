@@ -1,37 +1,8 @@
 //! `flotilla train` and `flotilla generate` through the binary.
-use std::process::Command;
+#[path = "support/cli.rs"]
+mod cli;
 
-fn flotilla(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(args)
-        .output()
-        .expect("run flotilla");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
-
-const MICRO: &[&str] = &[
-    "--config",
-    "tiny",
-    "--layers",
-    "1",
-    "--d-model",
-    "32",
-    "--heads",
-    "2",
-    "--seq-len",
-    "32",
-    "--batch",
-    "4",
-    "--threads",
-    "2",
-    "--peak-gflops",
-    "100",
-    "--no-progress",
-];
+use cli::{MICRO, flotilla};
 
 #[test]
 fn train_saves_and_generate_continues_the_prompt() {

@@ -21,6 +21,15 @@ pub enum DataSpec {
         /// Tokenizer.
         tokenizer: TokenizerKind,
     },
+    /// Token datasets on disk (`flotilla data prepare`), read by the data loader with its
+    /// deterministic elastic shuffle. The loader's `seq_len`, `global_batch` and `seed` are
+    /// replaced by the training config's `seq_len`, `batch` and `seed`.
+    Dataset {
+        /// The dataset directories (a weighted mixture when more than one).
+        dirs: Vec<PathBuf>,
+        /// Workers, prefetch, shuffle window, mixture weights, timeout.
+        loader: data::LoaderConfig,
+    },
     /// Plain-text files, tokenized.
     Text {
         /// The files.
@@ -146,6 +155,9 @@ impl TrainConfig {
             }
             DataSpec::Text { paths, .. } if paths.is_empty() => {
                 bad("data", "[]".into(), "no text files given")
+            }
+            DataSpec::Dataset { dirs, .. } if dirs.is_empty() => {
+                bad("data", "[]".into(), "no dataset directories given")
             }
             _ => Ok(()),
         }

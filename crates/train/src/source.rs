@@ -1,7 +1,13 @@
-//! Where training batches come from, until the data pipeline lands.
+//! Where training batches come from: the built-in corpora, text files, or token datasets
+//! through the data loader.
+use std::sync::Arc;
+
 use crate::config::DataSpec;
 use crate::error::Result;
-use data::{MarkovCorpus, TextCorpus, TokenWindows, load_tokens, validate_ids};
+use data::{
+    Dataset, Loader, LoaderMetrics, MarkovCorpus, TextCorpus, TokenWindows, load_tokens,
+    validate_ids,
+};
 
 /// A deterministic stream of (inputs, targets) batches.
 pub enum Source {
@@ -14,11 +20,24 @@ pub enum Source {
     },
     /// Random windows over a tokenized buffer.
     Windows(TokenWindows),
+    /// The data loader over token datasets.
+    Loader {
+        /// The loader (boxed: it is much larger than the other variants).
+        loader: Box<Loader>,
+        /// Ids must be below this.
+        vocab: usize,
+    },
 }
 
 impl Source {
     /// Build the source for `spec`, with a model vocabulary of `vocab`.
-    pub fn new(spec: &DataSpec, vocab: usize, seq_len: usize, seed: u64) -> Result<Self> {
+    pub fn new(
+        spec: &DataSpec,
+        vocab: usize,
+        seq_len: usize,
+        batch: usize,
+        seed: u64,
+    ) -> Result<Self> {
         Ok(match spec {
             DataSpec::Markov { branching } => Source::Markov {
                 corpus: MarkovCorpus::new(vocab, seed, *branching)?,
@@ -36,14 +55,51 @@ impl Source {
                 validate_ids(&tokens, vocab)?;
                 Source::Windows(TokenWindows::new(tokens, seq_len, seed)?)
             }
+            DataSpec::Dataset { dirs, loader } => {
+                let datasets = dirs
+                    .iter()
+                    .map(|d| Dataset::open(d).map(Arc::new))
+                    .collect::<data::Result<Vec<_>>>()?;
+                if let Some(d) = datasets
+                    .iter()
+                    .find(|d| d.manifest().vocab_size as usize > vocab)
+                {
+                    return Err(crate::error::TrainError::Config {
+                        field: "vocab",
+                        value: vocab.to_string(),
+                        reason: format!(
+                            "dataset {} has ids up to {} (vocabulary {})",
+                            d.dir().display(),
+                            d.manifest().vocab_size - 1,
+                            d.manifest().vocab_size
+                        ),
+                    });
+                }
+                let mut config = loader.clone();
+                config.seq_len = seq_len;
+                config.global_batch = batch as u64 * config.world;
+                config.seed = seed;
+                Source::Loader {
+                    loader: Box::new(Loader::new(datasets, &config, None)?),
+                    vocab,
+                }
+            }
         })
+    }
+
+    /// The loader's metrics (data stall, batch latency), when reading datasets.
+    pub fn loader_metrics(&self) -> Option<&LoaderMetrics> {
+        match self {
+            Source::Loader { loader, .. } => Some(loader.metrics()),
+            _ => None,
+        }
     }
 
     /// The best achievable loss, when known (the Markov chain's entropy rate).
     pub fn entropy_floor(&self) -> Option<f64> {
         match self {
             Source::Markov { corpus, .. } => Some(corpus.entropy_rate_nats()),
-            Source::Windows(_) => None,
+            Source::Windows(_) | Source::Loader { .. } => None,
         }
     }
 
@@ -65,6 +121,14 @@ impl Source {
                 Ok(())
             }
             Source::Windows(w) => Ok(w.next_batch(batch, inputs, targets)?),
+            Source::Loader { loader, vocab } => {
+                let b = loader.next()?;
+                b.split_into(inputs, targets)?;
+                validate_ids(inputs, *vocab)?;
+                validate_ids(targets, *vocab)?;
+                loader.recycle(b);
+                Ok(())
+            }
         }
     }
 }

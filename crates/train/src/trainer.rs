@@ -24,6 +24,8 @@ pub struct StepStats {
     pub tokens: usize,
     /// Wall time of the step, seconds (batch fetch excluded).
     pub seconds: f64,
+    /// Time the step waited for its batch, seconds (the data stall, 000 eq. 4.2).
+    pub data_seconds: f64,
 }
 
 /// A single-process training run.
@@ -61,7 +63,7 @@ impl Trainer {
         };
         let decay = model.layout().decay_ranges(cfg.decay_all);
         let opt = AdamW::new(cfg.adamw, params.len())?;
-        let source = Source::new(&cfg.data, cfg.model.vocab, cfg.seq_len, cfg.seed)?;
+        let source = Source::new(&cfg.data, cfg.model.vocab, cfg.seq_len, cfg.batch, cfg.seed)?;
         let n = cfg.tokens_per_step();
         Ok(Self {
             grads: vec![0f32; params.len()],
@@ -121,8 +123,10 @@ impl Trainer {
     /// were before the step.
     pub fn step(&mut self) -> Result<StepStats> {
         let step = self.step + 1;
+        let fetch = Instant::now();
         self.source
             .next_batch(self.cfg.batch, &mut self.inputs, &mut self.targets)?;
+        let data_seconds = fetch.elapsed().as_secs_f64();
         let t0 = Instant::now();
         self.grads.fill(0.0);
         let loss = self
@@ -159,7 +163,13 @@ impl Trainer {
             grad_norm: norm,
             tokens: self.cfg.tokens_per_step(),
             seconds: t0.elapsed().as_secs_f64(),
+            data_seconds,
         })
+    }
+
+    /// The data loader's metrics, when training on datasets.
+    pub fn data_metrics(&self) -> Option<&data::LoaderMetrics> {
+        self.source.loader_metrics()
     }
 
     /// Mean loss over `batches` fresh batches without updating anything.

@@ -55,11 +55,17 @@ impl Tokenizer for Gpt2Tokenizer {
     }
 
     fn decode(&self, ids: &[u32]) -> Result<String> {
-        let bytes = self
-            .bpe
-            .decode_bytes(ids)
-            .map_err(|e| self.unknown(e.token))?;
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
+        decode(self.bpe, ids)
+    }
+
+    /// Fresh tables for the thread (25-40 ms, a few MB): every clone of a `CoreBPE` shares
+    /// one regex program and its scratch pool, so only a new build gives a thread its own.
+    fn for_thread(&self) -> Result<Option<Box<dyn Tokenizer + Send + Sync>>> {
+        let bpe = tiktoken_rs::r50k_base().map_err(|e| DataError::TokenizerInit {
+            tokenizer: Self::NAME,
+            reason: format!("{e:#}"),
+        })?;
+        Ok(Some(Box::new(ThreadGpt2 { bpe })))
     }
 
     fn vocab_size(&self) -> usize {
@@ -75,12 +81,38 @@ impl Tokenizer for Gpt2Tokenizer {
     }
 }
 
-impl Gpt2Tokenizer {
-    fn unknown(&self, id: u32) -> DataError {
-        DataError::UnknownToken {
-            id,
-            tokenizer: Self::NAME,
-            vocab: Self::VOCAB,
-        }
+fn decode(bpe: &CoreBPE, ids: &[u32]) -> Result<String> {
+    let bytes = bpe.decode_bytes(ids).map_err(|e| DataError::UnknownToken {
+        id: e.token,
+        tokenizer: Gpt2Tokenizer::NAME,
+        vocab: Gpt2Tokenizer::VOCAB,
+    })?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// GPT-2 with tables of its own, for one worker thread ([`Tokenizer::for_thread`]).
+struct ThreadGpt2 {
+    bpe: CoreBPE,
+}
+
+impl Tokenizer for ThreadGpt2 {
+    fn encode(&self, text: &str) -> Vec<u32> {
+        self.bpe.encode_ordinary(text)
+    }
+
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        decode(&self.bpe, ids)
+    }
+
+    fn vocab_size(&self) -> usize {
+        Gpt2Tokenizer::VOCAB
+    }
+
+    fn eot(&self) -> Option<u32> {
+        Some(Gpt2Tokenizer::EOT)
+    }
+
+    fn name(&self) -> &str {
+        Gpt2Tokenizer::NAME
     }
 }

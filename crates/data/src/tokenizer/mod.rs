@@ -2,16 +2,23 @@
 //!
 //! Two are built in: [`ByteTokenizer`] (one id per UTF-8 byte plus end-of-text, vocabulary 257)
 //! and [`Gpt2Tokenizer`] (GPT-2's byte-level BPE, `r50k_base`, vocabulary 50257). Pick one by
-//! name with [`TokenizerKind`].
+//! name with [`TokenizerKind`]. With the `hf-tokenizer` feature, `HfTokenizer` loads a Hugging
+//! Face `tokenizer.json`; [`TokenizerSpec`] names any of them (`byte`, `gpt2` or a file path).
 
 mod byte;
 mod gpt2;
+#[cfg(feature = "hf-tokenizer")]
+mod hf;
+mod spec;
 
 use std::fmt;
 use std::str::FromStr;
 
 pub use byte::ByteTokenizer;
 pub use gpt2::Gpt2Tokenizer;
+#[cfg(feature = "hf-tokenizer")]
+pub use hf::HfTokenizer;
+pub use spec::TokenizerSpec;
 
 use crate::error::{DataError, Result};
 
@@ -23,6 +30,15 @@ pub trait Tokenizer {
     /// Encodes `text` as ordinary text: special-token spellings such as `<|endoftext|>` in the
     /// input are encoded like any other characters, never as the end-of-text id.
     fn encode(&self, text: &str) -> Vec<u32>;
+
+    /// Encodes `text` like [`Tokenizer::encode`], reporting a failure instead of hiding it.
+    /// The built-in tokenizers never fail; a loaded one (Hugging Face `tokenizer.json`) can.
+    ///
+    /// # Errors
+    /// [`DataError::TokenizerFailed`] with the tokenizer's reason.
+    fn try_encode(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self.encode(text))
+    }
 
     /// Decodes `ids` to text. Byte sequences that are not valid UTF-8 (a multi-byte character
     /// split across ids, or a stray byte) are replaced by U+FFFD rather than failing.
@@ -37,8 +53,20 @@ pub trait Tokenizer {
     /// The end-of-text id, if the tokenizer has one.
     fn eot(&self) -> Option<u32>;
 
-    /// Short name, as accepted by [`TokenizerKind`]'s `FromStr`.
-    fn name(&self) -> &'static str;
+    /// A tokenizer for one more worker thread, encoding exactly as `self` does, or `None` when
+    /// threads may simply share `self`. GPT-2's returns its own tables: its regex keeps a
+    /// scratch pool that threads sharing one instance contend on (measured: two threads
+    /// sharing it did the work of one).
+    ///
+    /// # Errors
+    /// As the tokenizer's constructor.
+    fn for_thread(&self) -> Result<Option<Box<dyn Tokenizer + Send + Sync>>> {
+        Ok(None)
+    }
+
+    /// Short name, as recorded in shard headers and manifests: a [`TokenizerKind`] name, or
+    /// `hf:<16 hex digits>` for a loaded `tokenizer.json`.
+    fn name(&self) -> &str;
 }
 
 /// The built-in tokenizers, selectable by name.

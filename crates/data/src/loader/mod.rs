@@ -1,0 +1,587 @@
+//! The loader: reader threads fill a bounded, ordered queue of batches (004 Algorithm 28.1).
+//!
+//! Batch `n` (counted from where the loader started) is this rank's share of global batch
+//! `cursor + n G` (see [`crate::sampler`]). Worker threads claim batch numbers in order, but only
+//! while fewer than `K` batches are ready or being built (`K` is the prefetch depth), build them
+//! (map and verify shards on first use, copy each sequence's tokens), and file them under their
+//! number; [`Loader::next`] hands them out strictly in order. The algorithm's invariants:
+//!
+//! - (iii) ready + in-flight batches never exceed `K`: a worker claims batch `n` only when
+//!   `n < delivered + K`, and waits on a condition variable otherwise (no unbounded prefetch, no
+//!   spinning);
+//! - (iv) a batch that fails (a corrupt shard, an I/O error, a panicking worker) is returned as
+//!   that batch's error, in its place in the order, and nothing after it is delivered: a failure
+//!   is never skipped;
+//! - (i), (ii): a batch is handed over by value only once complete, and the consumer owns it
+//!   until dropped, so it is never read before it is built nor overwritten while in use.
+//!
+//! Every wait has a timeout: `next` gives up after [`LoaderConfig::timeout`] with an error that
+//! says which batch it waited for and what the queue held.
+
+mod batch;
+mod metrics;
+mod state;
+
+pub use batch::{Batch, BatchTokens};
+pub use metrics::{LoaderMetrics, auto_depth};
+pub use state::LoaderState;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::dataset::Dataset;
+use crate::error::{DataError, Result};
+use crate::sampler::{RankShare, SampleRef, Sampler, SequenceSpace};
+use crate::shard::Shard;
+use metrics::LatencyWindow;
+
+/// Shards each worker keeps mapped; a shuffle window spans a few shards, so this covers it.
+const OPEN_PER_WORKER: usize = 8;
+
+/// Rows whose lines are prefetched ahead of the one being copied (2 measured no better).
+const PREFETCH_ROWS: usize = 1;
+
+/// Batches between refreshes of the latency percentiles and the automatic depth.
+const REFRESH_EVERY: u64 = 16;
+
+/// How far ahead the workers may build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prefetch {
+    /// Exactly this many batches (at least 1).
+    Fixed(usize),
+    /// From measured batch latency and step time (000 eq. 4.3), at most `max`.
+    Auto {
+        /// Upper bound on the depth.
+        max: usize,
+    },
+}
+
+/// How a loader cuts, orders and delivers sequences.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoaderConfig {
+    /// Tokens per sequence (inputs), T; each row holds T + 1 tokens.
+    pub seq_len: usize,
+    /// Sequences per global batch, all ranks together (G).
+    pub global_batch: u64,
+    /// Data-parallel ranks (W); G must be a multiple of W.
+    pub world: u64,
+    /// This rank.
+    pub rank: u64,
+    /// Reader threads.
+    pub workers: usize,
+    /// Prefetch depth.
+    pub prefetch: Prefetch,
+    /// Shuffle seed.
+    pub seed: u64,
+    /// Shuffle window, in sequences (the bounded shuffle buffer).
+    pub shuffle_window: u64,
+    /// One mixture weight per dataset.
+    pub weights: Vec<f64>,
+    /// Longest `next` waits for one batch.
+    pub timeout: Duration,
+}
+
+impl LoaderConfig {
+    /// Defaults for one rank of one: 2 workers, automatic prefetch up to 16, a shuffle window
+    /// of 65536 sequences, a 120 s timeout, one dataset.
+    pub fn new(seq_len: usize, global_batch: u64, seed: u64) -> LoaderConfig {
+        LoaderConfig {
+            seq_len,
+            global_batch,
+            world: 1,
+            rank: 0,
+            workers: 2,
+            prefetch: Prefetch::Auto { max: 16 },
+            seed,
+            shuffle_window: 1 << 16,
+            weights: vec![1.0],
+            timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// What the workers and the consumer share, under one mutex.
+struct Queue {
+    /// Built batches (or their errors) by batch number.
+    ready: BTreeMap<u64, Result<Batch>>,
+    /// Next batch number a worker will claim.
+    next_claim: u64,
+    /// Batches handed to the consumer (the next one it wants is this number).
+    delivered: u64,
+    /// Current prefetch depth K.
+    depth: usize,
+    /// First batch number that failed; nothing at or after it is claimed.
+    failed_at: Option<u64>,
+    shutdown: bool,
+    /// The consumer sleeps on `filed` (so a worker filing its batch must wake it).
+    consumer_waiting: bool,
+    /// Workers sleeping on `space`.
+    workers_waiting: usize,
+    latencies: LatencyWindow,
+    max_outstanding: usize,
+    /// Token buffers handed back by [`Loader::recycle`], reused by the workers.
+    pool: Vec<BatchTokens>,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Signalled when a batch is filed.
+    filed: Condvar,
+    /// Signalled when a batch is taken, or on shutdown.
+    space: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// What one worker needs to build any batch.
+#[derive(Clone)]
+struct Builder {
+    datasets: Vec<Arc<Dataset>>,
+    /// This worker's handles on the shards it used last, most recent first (at most
+    /// [`OPEN_PER_WORKER`]); older ones are let go, so unused shards get unmapped.
+    open: Vec<(usize, usize, Arc<Shard>)>,
+    width: u32,
+    sampler: Sampler,
+    share: RankShare,
+    seq_len: usize,
+    cursor: u64,
+    steps: u64,
+}
+
+impl Builder {
+    /// Builds batch `n` into `tokens` (a recycled buffer of the right size, or a fresh one);
+    /// every id of it is overwritten.
+    fn build(&mut self, n: u64, tokens: Option<BatchTokens>) -> Result<Batch> {
+        let start = self.cursor + n * self.share.global_batch;
+        let positions = self.share.positions(start);
+        let w = self.seq_len + 1;
+        let rows = positions.clone().count();
+        let mut tokens = tokens
+            .filter(|t| t.len() == rows * w)
+            .unwrap_or_else(|| BatchTokens::zeroed(self.width, rows * w));
+        let samples: Vec<SampleRef> = positions.clone().map(|p| self.sampler.sample(p)).collect();
+        let mut shards = Vec::with_capacity(rows);
+        for s in &samples {
+            shards.push(self.shard(s.source as usize, s.shard as usize)?);
+        }
+        // Rows are scattered over the shuffle window: keep the lines of the next
+        // PREFETCH_ROWS rows on their way while one is copied, so the copies do not wait on
+        // memory one line at a time.
+        let start_of = |s: &SampleRef| s.index * self.seq_len as u64;
+        for (s, shard) in samples.iter().zip(&shards).take(PREFETCH_ROWS) {
+            shard.prefetch(start_of(s), w);
+        }
+        for (row, (s, shard)) in samples.iter().zip(&shards).enumerate() {
+            if let (Some(ahead), Some(ahead_shard)) = (
+                samples.get(row + PREFETCH_ROWS),
+                shards.get(row + PREFETCH_ROWS),
+            ) {
+                ahead_shard.prefetch(start_of(ahead), w);
+            }
+            tokens.fill_from(row * w, shard, start_of(s), w)?;
+        }
+        Ok(Batch {
+            step: self.steps + n,
+            position: positions.start,
+            seq_len: self.seq_len,
+            tokens,
+            samples,
+        })
+    }
+}
+
+impl Builder {
+    fn shard(&mut self, source: usize, shard: usize) -> Result<Arc<Shard>> {
+        if let Some(i) = self
+            .open
+            .iter()
+            .position(|(d, s, _)| (*d, *s) == (source, shard))
+        {
+            let hit = self.open.remove(i);
+            let s = hit.2.clone();
+            self.open.insert(0, hit);
+            return Ok(s);
+        }
+        let s = self.datasets[source].shard(shard)?;
+        self.open.truncate(OPEN_PER_WORKER - 1);
+        self.open.insert(0, (source, shard, s.clone()));
+        Ok(s)
+    }
+}
+
+/// The data loader of one rank.
+pub struct Loader {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    builder: Builder,
+    prefetch: Prefetch,
+    worker_count: usize,
+    timeout: Duration,
+    state: LoaderState,
+    metrics: LoaderMetrics,
+    last_delivery: Option<Instant>,
+    /// Consumer time between deliveries, smoothed, for the automatic depth.
+    compute_ewma: Option<Duration>,
+    /// The error that stopped the loader, repeated on later calls.
+    stopped: Option<String>,
+}
+
+impl Loader {
+    /// Starts a loader over `datasets` (mixed by `config.weights`), from the beginning or from
+    /// a saved `resume` state.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] for a bad batch/world/rank equation, zero workers, zero
+    /// depth or sequence length; [`DataError::Mismatch`] if the datasets disagree on tokenizer
+    /// or vocabulary, or `resume` was saved over a different order;
+    /// [`DataError::DatasetTooSmall`] if a dataset has no sequence of this length.
+    pub fn new(
+        datasets: Vec<Arc<Dataset>>,
+        config: &LoaderConfig,
+        resume: Option<&LoaderState>,
+    ) -> Result<Loader> {
+        let share = RankShare::new(config.global_batch, config.world, config.rank)?;
+        check_config(config)?;
+        check_compatible(&datasets)?;
+        let mut spaces = Vec::with_capacity(datasets.len());
+        for d in &datasets {
+            let tokens: Vec<u64> = d.manifest().shards.iter().map(|s| s.tokens).collect();
+            let space = SequenceSpace::new(&tokens, config.seq_len);
+            if space.total() == 0 {
+                return Err(DataError::DatasetTooSmall {
+                    name: d.dir().display().to_string(),
+                    seq_len: config.seq_len,
+                    longest_shard_tokens: tokens.iter().copied().max().unwrap_or(0),
+                    needed: config.seq_len + 1,
+                });
+            }
+            spaces.push(space);
+        }
+        let mut sampler =
+            Sampler::new(spaces, &config.weights, config.seed, config.shuffle_window)?;
+        let mut state = LoaderState {
+            version: 1,
+            seed: config.seed,
+            seq_len: config.seq_len,
+            shuffle_window: config.shuffle_window,
+            weights: sampler.weights().to_vec(),
+            snapshots: datasets
+                .iter()
+                .map(|d| d.manifest().snapshot.clone())
+                .collect(),
+            cursor: 0,
+            steps: 0,
+            epoch: 0,
+        };
+        if let Some(saved) = resume {
+            saved.check_matches(&state)?;
+            state.cursor = saved.cursor;
+            state.steps = saved.steps;
+        }
+        state.epoch = sampler.epoch_at(0, state.cursor);
+        let depth = match config.prefetch {
+            Prefetch::Fixed(k) => k,
+            Prefetch::Auto { max } => (2 * config.workers).clamp(2, max.max(2)),
+        };
+        let builder = Builder {
+            open: Vec::with_capacity(OPEN_PER_WORKER),
+            width: datasets[0].manifest().token_bytes,
+            datasets,
+            sampler,
+            share,
+            seq_len: config.seq_len,
+            cursor: state.cursor,
+            steps: state.steps,
+        };
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue {
+                ready: BTreeMap::new(),
+                next_claim: 0,
+                delivered: 0,
+                depth,
+                failed_at: None,
+                shutdown: false,
+                consumer_waiting: false,
+                workers_waiting: 0,
+                latencies: LatencyWindow::default(),
+                max_outstanding: 0,
+                pool: Vec::new(),
+            }),
+            filed: Condvar::new(),
+            space: Condvar::new(),
+        });
+        let mut workers = Vec::with_capacity(config.workers);
+        for w in 0..config.workers {
+            let (shared, builder) = (shared.clone(), builder.clone());
+            let handle = std::thread::Builder::new()
+                .name(format!("flotilla-loader-{w}"))
+                .spawn(move || worker(&shared, builder))
+                .map_err(|e| DataError::Loader(format!("cannot start reader thread {w}: {e}")))?;
+            workers.push(handle);
+        }
+        Ok(Loader {
+            shared,
+            workers,
+            builder,
+            prefetch: config.prefetch,
+            worker_count: config.workers,
+            timeout: config.timeout,
+            state,
+            metrics: LoaderMetrics {
+                depth,
+                ..Default::default()
+            },
+            last_delivery: None,
+            compute_ewma: None,
+            stopped: None,
+        })
+    }
+
+    /// The next batch, in order.
+    ///
+    /// # Errors
+    /// The batch's own error (corrupt shard, I/O) in its place in the order; after that, and
+    /// after a timeout, every call fails with [`DataError::Loader`] naming the cause.
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> Result<Batch> {
+        if let Some(why) = &self.stopped {
+            return Err(DataError::Loader(format!("stopped: {why}")));
+        }
+        let called = Instant::now();
+        let got = self.wait_for_batch(called);
+        let now = Instant::now();
+        match got {
+            Ok(batch) => {
+                self.record_delivery(called, now, &batch);
+                Ok(batch)
+            }
+            Err(e) => {
+                self.stopped = Some(e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    fn wait_for_batch(&mut self, called: Instant) -> Result<Batch> {
+        let mut q = self.shared.lock();
+        let want = q.delivered;
+        loop {
+            if let Some(result) = q.ready.remove(&want) {
+                q.delivered += 1;
+                let wake = q.workers_waiting > 0;
+                drop(q);
+                if wake {
+                    // One slot opened: one worker can claim it.
+                    self.shared.space.notify_one();
+                }
+                return result;
+            }
+            let waited = called.elapsed();
+            if waited >= self.timeout {
+                return Err(DataError::Loader(format!(
+                    "batch {} (step {}) not ready after {:.1} s; {} batches ready out of order, \
+                     {} claimed, prefetch depth {}",
+                    want,
+                    self.builder.steps + want,
+                    waited.as_secs_f64(),
+                    q.ready.len(),
+                    q.next_claim - q.delivered,
+                    q.depth
+                )));
+            }
+            q.consumer_waiting = true;
+            q = self
+                .shared
+                .filed
+                .wait_timeout(q, self.timeout - waited)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+            q.consumer_waiting = false;
+        }
+    }
+
+    fn record_delivery(&mut self, called: Instant, now: Instant, batch: &Batch) {
+        let stall = now - called;
+        let m = &mut self.metrics;
+        m.batches += 1;
+        m.tokens += batch.tokens.len() as u64;
+        m.last_stall = stall;
+        if let Some(prev) = self.last_delivery {
+            m.last_step = now - prev;
+            m.total_step += m.last_step;
+            m.total_stall += stall;
+            let compute = called.saturating_duration_since(prev);
+            self.compute_ewma = Some(match self.compute_ewma {
+                None => compute,
+                Some(c) => (c * 7 + compute) / 8,
+            });
+        }
+        self.last_delivery = Some(now);
+        self.state.cursor += self.builder.share.global_batch;
+        self.state.steps += 1;
+        // Percentiles sort the latency window: refreshed every few batches, not every one.
+        if m.batches % REFRESH_EVERY != 1 {
+            return;
+        }
+        let mut q = self.shared.lock();
+        m.p50_latency = q.latencies.quantile(0.50);
+        m.p99_latency = q.latencies.quantile(0.99);
+        m.max_outstanding = q.max_outstanding;
+        if let (Prefetch::Auto { max }, Some(compute)) = (self.prefetch, self.compute_ewma) {
+            q.depth = auto_depth(m.p99_latency, compute, self.worker_count, max);
+        }
+        m.depth = q.depth;
+    }
+
+    /// The state to save with a checkpoint: resuming from it continues right after the last
+    /// batch returned by [`Loader::next`].
+    pub fn state(&mut self) -> LoaderState {
+        let mut s = self.state.clone();
+        s.epoch = self.builder.sampler.epoch_at(0, s.cursor);
+        s
+    }
+
+    /// Hands a used batch's token buffer back for the workers to fill again, which saves an
+    /// allocation and its page faults per batch. Optional: batches that are simply dropped
+    /// cost only that.
+    pub fn recycle(&self, batch: Batch) {
+        let mut q = self.shared.lock();
+        // Never more buffers than the queue can hold.
+        if q.pool.len() < q.depth {
+            q.pool.push(batch.tokens);
+        }
+    }
+
+    /// What the loader measured so far. Latency percentiles, depth and the outstanding
+    /// maximum are refreshed every 16 batches; counts and stall times after every batch.
+    pub fn metrics(&self) -> &LoaderMetrics {
+        &self.metrics
+    }
+
+    /// This rank's rows per batch.
+    pub fn local_batch(&self) -> usize {
+        self.builder.share.local_batch() as usize
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        self.shared.lock().shutdown = true;
+        self.shared.space.notify_all();
+        self.shared.filed.notify_all();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+fn check_config(config: &LoaderConfig) -> Result<()> {
+    let invalid = |field, value: usize, requirement: &str| {
+        Err(DataError::InvalidArgument {
+            field,
+            value: value as u64,
+            requirement: requirement.into(),
+        })
+    };
+    if config.seq_len == 0 {
+        return invalid("seq_len", 0, "at least 1 token");
+    }
+    if config.workers == 0 {
+        return invalid("workers", 0, "at least 1 reader thread");
+    }
+    match config.prefetch {
+        Prefetch::Fixed(0) => invalid("prefetch depth", 0, "at least 1 batch"),
+        Prefetch::Auto { max: 0 } => invalid("prefetch max depth", 0, "at least 1 batch"),
+        _ => Ok(()),
+    }
+}
+
+fn check_compatible(datasets: &[Arc<Dataset>]) -> Result<()> {
+    let Some(first) = datasets.first() else {
+        return Err(DataError::InvalidArgument {
+            field: "datasets",
+            value: 0,
+            requirement: "at least one dataset".into(),
+        });
+    };
+    let (tok, vocab) = (&first.manifest().tokenizer, first.manifest().vocab_size);
+    for d in &datasets[1..] {
+        let m = d.manifest();
+        if (&m.tokenizer, m.vocab_size) != (tok, vocab) {
+            return Err(DataError::Mismatch {
+                what: "mixture",
+                detail: format!(
+                    "{} uses tokenizer {} (vocab {}), {} uses {} (vocab {})",
+                    first.dir().display(),
+                    tok,
+                    vocab,
+                    d.dir().display(),
+                    m.tokenizer,
+                    m.vocab_size
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A reader thread: claim the next batch number while the queue has room, build, file.
+fn worker(shared: &Shared, mut builder: Builder) {
+    loop {
+        let (n, buffer) = {
+            let mut q = shared.lock();
+            loop {
+                if q.shutdown {
+                    return;
+                }
+                let blocked = q.failed_at.is_some_and(|f| q.next_claim >= f);
+                let full = q.next_claim >= q.delivered + q.depth as u64;
+                if !blocked && !full {
+                    break;
+                }
+                // Woken by a delivery or shutdown; the timeout only bounds a lost wake-up.
+                q.workers_waiting += 1;
+                q = shared
+                    .space
+                    .wait_timeout(q, Duration::from_secs(1))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+                q.workers_waiting -= 1;
+            }
+            let n = q.next_claim;
+            q.next_claim += 1;
+            q.max_outstanding = q.max_outstanding.max((q.next_claim - q.delivered) as usize);
+            (n, q.pool.pop())
+        };
+        let started = Instant::now();
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| builder.build(n, buffer)))
+                .unwrap_or_else(|panic| {
+                    let why = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".into());
+                    Err(DataError::Loader(format!(
+                        "reader thread panicked building batch {n}: {why}"
+                    )))
+                });
+        let mut q = shared.lock();
+        q.latencies.push(started.elapsed());
+        if result.is_err() {
+            q.failed_at = Some(q.failed_at.map_or(n, |f| f.min(n)));
+        }
+        q.ready.insert(n, result);
+        let wake = q.consumer_waiting && n == q.delivered;
+        drop(q);
+        if wake {
+            shared.filed.notify_one();
+        }
+    }
+}

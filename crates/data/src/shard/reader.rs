@@ -1,0 +1,243 @@
+//! Reading one shard through a read-only memory map.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use xxhash_rust::xxh3::xxh3_128;
+
+use super::{END_MAGIC, FOOTER_LEN, HEADER_LEN, Header, combine, file_len, hex128, index_offset};
+use crate::error::{DataError, Result};
+
+/// What a shard holds, as recorded in its header (and in the manifest).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardInfo {
+    /// The shard file.
+    pub path: PathBuf,
+    /// File length in bytes.
+    pub bytes: u64,
+    /// Token ids in the shard.
+    pub tokens: u64,
+    /// Documents in the shard.
+    pub docs: u64,
+    /// Vocabulary size: every id is below it.
+    pub vocab: u32,
+    /// Bytes per token id (2 or 4).
+    pub width: u32,
+    /// Name of the tokenizer that produced the ids.
+    pub tokenizer: String,
+    /// The footer checksum (see the module docs).
+    pub checksum: u128,
+}
+
+/// An open, mapped shard.
+///
+/// [`Shard::open`] checks only what is cheap (magic, version, header fields, exact file length,
+/// end magic); [`Shard::verify`] hashes every byte and checks the document index. Readers of a
+/// [`crate::Dataset`] always get verified shards.
+pub struct Shard {
+    info: ShardInfo,
+    map: Mmap,
+}
+
+impl Shard {
+    /// Maps `path` and checks its header and length.
+    ///
+    /// # Errors
+    /// [`DataError::Io`] if the file cannot be opened or mapped; [`DataError::CorruptShard`]
+    /// naming the file for a foreign file, an unknown version, bad header fields, a length other
+    /// than the header implies (truncated or extended), or a missing end marker.
+    pub fn open(path: &Path) -> Result<Shard> {
+        let io = |source| DataError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        // SAFETY: the map is read-only and shards are immutable once renamed into place; a
+        // process that truncates a mapped shard underneath us is outside the supported use.
+        // Populated: every page is mapped in one pass, since verification reads all of them
+        // anyway (instead of one page fault per 4 KiB).
+        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }.map_err(io)?;
+        let corrupt = |problem: String| DataError::CorruptShard {
+            path: path.to_path_buf(),
+            problem,
+        };
+        let header = Header::decode(&map).map_err(corrupt)?;
+        let expected = file_len(header.tokens, header.docs, header.width).ok_or_else(|| {
+            corrupt(format!(
+                "header counts overflow: {} tokens, {} documents",
+                header.tokens, header.docs
+            ))
+        })?;
+        let actual = map.len() as u64;
+        if actual != expected {
+            let how = if actual < expected {
+                "truncated"
+            } else {
+                "too long"
+            };
+            return Err(corrupt(format!(
+                "{how}: the file is {actual} bytes, its header ({} tokens, {} documents) implies {expected}",
+                header.tokens, header.docs
+            )));
+        }
+        if &map[map.len() - 8..] != END_MAGIC {
+            return Err(corrupt("end marker missing (incomplete write?)".into()));
+        }
+        let checksum = u128::from_le_bytes(map[map.len() - 24..map.len() - 8].try_into().unwrap());
+        Ok(Shard {
+            info: ShardInfo {
+                path: path.to_path_buf(),
+                bytes: actual,
+                tokens: header.tokens,
+                docs: header.docs,
+                vocab: header.vocab,
+                width: header.width,
+                tokenizer: header.tokenizer,
+                checksum,
+            },
+            map,
+        })
+    }
+
+    /// What the header says.
+    pub fn info(&self) -> &ShardInfo {
+        &self.info
+    }
+
+    /// Hashes the whole file and checks the document index.
+    ///
+    /// `expected` is the checksum recorded elsewhere (the manifest); the footer's is always
+    /// checked.
+    ///
+    /// # Errors
+    /// [`DataError::ChecksumMismatch`] naming where the disagreeing hash was recorded;
+    /// [`DataError::CorruptShard`] for an index that does not start at 0, decreases, or does not
+    /// end at the token count.
+    pub fn verify(&self, expected: Option<u128>) -> Result<()> {
+        let body = &self.map[HEADER_LEN as usize..self.map.len() - FOOTER_LEN as usize];
+        let actual = combine(&self.map[..HEADER_LEN as usize], xxh3_128(body));
+        let mismatch = |recorded_in, want: u128| DataError::ChecksumMismatch {
+            path: self.info.path.clone(),
+            recorded_in,
+            expected: hex128(want),
+            actual: hex128(actual),
+        };
+        if actual != self.info.checksum {
+            return Err(mismatch("the shard's footer", self.info.checksum));
+        }
+        if let Some(want) = expected
+            && want != actual
+        {
+            return Err(mismatch("the manifest", want));
+        }
+        self.check_index()
+    }
+
+    fn check_index(&self) -> Result<()> {
+        let mut prev = None;
+        for d in 0..=self.info.docs {
+            let off = self.index_entry(d);
+            let ok = match prev {
+                None => off == 0,
+                Some(p) => off >= p && off <= self.info.tokens,
+            };
+            if !ok {
+                return Err(DataError::CorruptShard {
+                    path: self.info.path.clone(),
+                    problem: format!(
+                        "document index entry {d} is {off} (previous {prev:?}, {} tokens)",
+                        self.info.tokens
+                    ),
+                });
+            }
+            prev = Some(off);
+        }
+        if prev != Some(self.info.tokens) {
+            return Err(DataError::CorruptShard {
+                path: self.info.path.clone(),
+                problem: format!(
+                    "document index ends at {prev:?}, not at the token count {}",
+                    self.info.tokens
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn index_entry(&self, d: u64) -> u64 {
+        let base = index_offset(self.info.tokens, self.info.width).expect("checked at open");
+        let at = (base + d * 8) as usize;
+        u64::from_le_bytes(self.map[at..at + 8].try_into().unwrap())
+    }
+
+    /// Token range `[start, end)` of document `d`, or `None` past the last document.
+    pub fn doc_range(&self, d: u64) -> Option<std::ops::Range<u64>> {
+        (d < self.info.docs).then(|| self.index_entry(d)..self.index_entry(d + 1))
+    }
+
+    /// The stored bytes of `count` tokens from token `start` (little-endian ids of the shard's
+    /// width).
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] if the range runs past the shard's tokens.
+    pub fn token_bytes(&self, start: u64, count: usize) -> Result<&[u8]> {
+        self.check_range(start, count)?;
+        let w = self.info.width as usize;
+        let from = HEADER_LEN as usize + start as usize * w;
+        Ok(&self.map[from..from + count * w])
+    }
+
+    /// Hints the CPU to start loading the cache lines of `count` tokens from token `start`
+    /// (x86-64: `prefetcht0` per 64-byte line; elsewhere nothing). Out-of-range is ignored.
+    pub fn prefetch(&self, start: u64, count: usize) {
+        let Ok(bytes) = self.token_bytes(start, count) else {
+            return;
+        };
+        #[cfg(target_arch = "x86_64")]
+        for line in bytes.chunks(64) {
+            // SAFETY: prefetch is a hint on a valid address of a live mapping; it never faults.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    line.as_ptr().cast(),
+                )
+            };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = bytes;
+    }
+
+    fn check_range(&self, start: u64, count: usize) -> Result<()> {
+        let end = start.checked_add(count as u64);
+        if end.is_none_or(|e| e > self.info.tokens) {
+            return Err(DataError::InvalidArgument {
+                field: "token range start",
+                value: start,
+                requirement: format!(
+                    "{start} + {count} must not pass the {} tokens of {}",
+                    self.info.tokens,
+                    self.info.path.display()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies `out.len()` token ids starting at token `start` into `out`, widened to `u32`.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] if the range runs past the shard's tokens.
+    pub fn read_tokens(&self, start: u64, out: &mut [u32]) -> Result<()> {
+        let bytes = self.token_bytes(start, out.len())?;
+        if self.info.width == 2 {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = u32::from(u16::from_le_bytes([b[0], b[1]]));
+            }
+        } else {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,171 @@
+//! `flotilla data bench`: loader bandwidth against a plain sequential read of the same files,
+//! in the same run, and the time to resume mid-epoch.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use data::stress::{StressConfig, sequential_read};
+use data::{Dataset, Loader};
+
+use crate::loader_args::LoaderRunArgs;
+
+/// Options of `flotilla data bench`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub run: LoaderRunArgs,
+    /// Epochs of the first dataset the loader reads (fractions allowed).
+    #[arg(long, default_value_t = 1.0)]
+    pub epochs: f64,
+    /// Where in the first epoch the resume test restarts, as a fraction.
+    #[arg(long, default_value_t = 0.5)]
+    pub resume_at: f64,
+    /// Cold page cache: drop the kernel's caches before the raw read and before the loader
+    /// (root only: writes /proc/sys/vm/drop_caches), so both read the disk.
+    #[arg(long)]
+    pub cold: bool,
+    /// Print the results as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Empties the page cache so the next read comes from the disk.
+fn drop_caches() -> Result<()> {
+    // SAFETY: sync has no preconditions.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3\n").map_err(|e| {
+        anyhow::anyhow!("--cold: cannot write /proc/sys/vm/drop_caches ({e}); it needs root")
+    })
+}
+
+/// Runs the benchmark and prints its figures.
+pub fn run(args: Args) -> Result<()> {
+    if !(args.epochs > 0.0 && (0.0..1.0).contains(&args.resume_at)) {
+        bail!(
+            "--epochs {} must be positive and --resume-at {} in [0, 1)",
+            args.epochs,
+            args.resume_at
+        );
+    }
+    let datasets = args.run.loader.open()?;
+    let config = args.run.config()?;
+    let paths: Vec<PathBuf> = datasets
+        .iter()
+        .flat_map(|d| {
+            (0..d.num_shards())
+                .map(|i| d.shard_path(i))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let width = datasets[0].manifest().token_bytes;
+    let dataset_tokens: u64 = datasets.iter().map(|d| d.manifest().tokens).sum();
+    let epoch_len = epoch_len(&datasets[0], args.run.seq_len);
+
+    if args.cold {
+        drop_caches()?;
+    }
+    let raw_before = sequential_read(&paths)?;
+    if args.cold {
+        drop_caches()?;
+    }
+    // The loader owns the only handles on the datasets: dropping it unmaps every shard, so a
+    // cold re-read really is cold.
+    let mut loader = Loader::new(datasets, &config, None)?;
+    let local = loader.local_batch() as u64;
+    let batches = ((args.epochs * epoch_len as f64) / local as f64).ceil() as u64;
+    let stress = StressConfig {
+        target_tokens_per_s: None,
+        duration: Duration::from_secs(24 * 3600),
+        max_batches: Some(batches.max(1)),
+    };
+    let report = data::stress::stress(&mut loader, &stress, width)?;
+    let mut state = loader.state();
+    drop(loader);
+    if args.cold {
+        drop_caches()?;
+    }
+    let raw_after = sequential_read(&paths)?;
+
+    // Payload without the one token consecutive rows share.
+    let payload = report.batches * local * args.run.seq_len as u64 * u64::from(width);
+    let loader_bps = payload as f64 / report.elapsed.as_secs_f64();
+    let raw_bps = raw_before.bytes_per_s.max(raw_after.bytes_per_s);
+
+    // Resume: a fresh process's work, from opening the datasets to holding the first batch.
+    let cursor =
+        (args.resume_at * epoch_len as f64) as u64 / args.run.global_batch * args.run.global_batch;
+    state.cursor = cursor;
+    state.steps = cursor / args.run.global_batch;
+    if args.cold {
+        drop_caches()?;
+    }
+    let t0 = Instant::now();
+    let reopened = args.run.loader.open()?;
+    let t_open = t0.elapsed();
+    let mut resumed = Loader::new(reopened, &config, Some(&state))?;
+    let t_new = t0.elapsed();
+    let first = resumed.next()?;
+    let t_first = t0.elapsed();
+
+    let out = serde_json::json!({
+        "files": paths.len(),
+        "cold": args.cold,
+        "dataset_tokens": dataset_tokens,
+        "dataset_bytes": raw_before.bytes,
+        "raw_read_before_gbps": raw_before.bytes_per_s / 1e9,
+        "raw_read_after_gbps": raw_after.bytes_per_s / 1e9,
+        "loader_gbps": loader_bps / 1e9,
+        "loader_vs_raw": loader_bps / raw_bps,
+        "loader_tokens_per_s": report.tokens_per_s,
+        "loader_batches": report.batches,
+        "loader_seconds": report.elapsed.as_secs_f64(),
+        "loader_stall_pct": report.metrics.stall_pct(),
+        "build_p99_ms": report.metrics.p99_latency.as_secs_f64() * 1e3,
+        "resume_position": cursor,
+        "resume_step": first.step,
+        "resume_open_ms": t_open.as_secs_f64() * 1e3,
+        "resume_loader_ms": (t_new - t_open).as_secs_f64() * 1e3,
+        "resume_first_batch_ms": t_first.as_secs_f64() * 1e3,
+    });
+    if args.json {
+        println!("{out}");
+        return Ok(());
+    }
+    println!(
+        "data bench ({} page cache): {} shard files, {} tokens, {:.2} GB",
+        if args.cold { "cold" } else { "warm" },
+        paths.len(),
+        dataset_tokens,
+        raw_before.bytes as f64 / 1e9
+    );
+    println!(
+        "  raw sequential read (8 MiB reads)  {:.2} GB/s before, {:.2} GB/s after",
+        raw_before.bytes_per_s / 1e9,
+        raw_after.bytes_per_s / 1e9
+    );
+    println!(
+        "  loader ({} workers, {} batches)    {:.2} GB/s of tokens = {:.0} % of raw; {:.3e} tokens/s",
+        config.workers,
+        report.batches,
+        loader_bps / 1e9,
+        100.0 * loader_bps / raw_bps,
+        report.tokens_per_s
+    );
+    println!(
+        "  resume at sequence {cursor} (step {}): datasets open {:.2} ms, loader {:.2} ms, \
+         first batch {:.2} ms (total)",
+        first.step,
+        t_open.as_secs_f64() * 1e3,
+        (t_new - t_open).as_secs_f64() * 1e3,
+        t_first.as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+/// Sequences per epoch of `dataset` at `seq_len`.
+fn epoch_len(dataset: &Arc<Dataset>, seq_len: usize) -> u64 {
+    let tokens: Vec<u64> = dataset.manifest().shards.iter().map(|s| s.tokens).collect();
+    data::SequenceSpace::new(&tokens, seq_len).total()
+}

@@ -1,0 +1,127 @@
+//! `flotilla data prepare`: tokenize input files into a sharded dataset, with a summary.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use data::prepare::{InputFormat, PrepareConfig, TextDocs, parse_byte_size, prepare};
+use data::{Tokenizer, TokenizerSpec};
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Options of `flotilla data prepare`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Input files, directories (walked recursively, hidden files skipped) and glob patterns.
+    #[arg(required = true)]
+    inputs: Vec<String>,
+    /// Dataset directory to write (created if needed).
+    #[arg(long, short)]
+    output: PathBuf,
+    /// Tokenizer: `byte`, `gpt2`, or a Hugging Face tokenizer.json (feature `hf-tokenizer`).
+    #[arg(long, default_value = "gpt2")]
+    tokenizer: TokenizerSpec,
+    /// End-of-text token of a tokenizer.json (default: `<|endoftext|>`, `</s>` or `<eos>`).
+    #[arg(long)]
+    eot: Option<String>,
+    /// Input format for every file: text, jsonl or parquet (default: from each extension).
+    #[arg(long)]
+    format: Option<InputFormat>,
+    /// How plain text splits into documents: file, line, or paragraph (blank-line separated).
+    #[arg(long, default_value = "paragraph")]
+    text_docs: TextDocs,
+    /// JSON Lines field or Parquet column holding the text.
+    #[arg(long, default_value = "text")]
+    field: String,
+    /// Count and skip malformed JSON Lines lines instead of stopping at the first.
+    #[arg(long)]
+    skip_bad_lines: bool,
+    /// Target shard size in token bytes, e.g. 64MiB, 1GiB, or plain bytes.
+    #[arg(long, default_value = "64MiB", value_parser = shard_size)]
+    shard_size: u64,
+    /// Longest document; longer ones are cut at line boundaries.
+    #[arg(long, default_value = "64MiB", value_parser = doc_size)]
+    max_doc_size: u64,
+    /// Tokenizer threads (0: every core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Replace a dataset already in the output directory.
+    #[arg(long)]
+    force: bool,
+    /// Hide the progress bar (it is also hidden when stderr is not a terminal).
+    #[arg(long)]
+    no_progress: bool,
+}
+
+fn shard_size(s: &str) -> Result<u64, data::DataError> {
+    parse_byte_size("--shard-size", s)
+}
+
+fn doc_size(s: &str) -> Result<u64, data::DataError> {
+    parse_byte_size("--max-doc-size", s)
+}
+
+/// Run `flotilla data prepare`.
+pub fn run(a: Args) -> Result<()> {
+    let tokenizer = a
+        .tokenizer
+        .build(a.eot.as_deref())
+        .with_context(|| format!("loading tokenizer {}", a.tokenizer))?;
+    let mut cfg = PrepareConfig::new(a.inputs, a.output);
+    cfg.format = a.format;
+    cfg.text_docs = a.text_docs;
+    cfg.field = a.field;
+    cfg.skip_bad_lines = a.skip_bad_lines;
+    cfg.shard_bytes = a.shard_size;
+    cfg.max_doc_bytes = usize::try_from(a.max_doc_size).context("--max-doc-size")?;
+    cfg.threads = a.threads;
+    cfg.force = a.force;
+
+    let pb = if a.no_progress || !std::io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(0)
+    };
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{bar:30} {bytes}/{total_bytes} {bytes_per_sec} {msg} [{elapsed_precise}<{eta_precise}]",
+        )
+        .context("progress template")?,
+    );
+    let tok: &(dyn Tokenizer + Sync) = tokenizer.as_ref();
+    let summary = prepare(&cfg, tok, &mut |p| {
+        pb.set_length(p.input_bytes);
+        pb.set_position(p.input_bytes_done.min(p.input_bytes));
+        pb.set_message(format!(
+            "{} docs, {} tokens, {} shards",
+            p.docs, p.tokens, p.shards
+        ));
+    })
+    .with_context(|| format!("preparing {}", cfg.output.display()))?;
+    pb.finish_and_clear();
+
+    let s = &summary;
+    println!(
+        "prepared {}: {} documents, {} tokens, {} shards, {} bytes ({})",
+        cfg.output.display(),
+        s.docs,
+        s.tokens,
+        s.shards,
+        s.bytes_written,
+        s.manifest.tokenizer
+    );
+    println!(
+        "read {} input file(s) ({:.1} MB, {:.1} MB of text) in {:.2} s: {:.1} MB/s of text, {:.2} M tokens/s",
+        s.files,
+        s.input_bytes as f64 / 1e6,
+        s.text_bytes as f64 / 1e6,
+        s.elapsed.as_secs_f64(),
+        s.text_mb_per_s(),
+        s.tokens_per_s() / 1e6
+    );
+    println!(
+        "skipped records: {}, documents cut at --max-doc-size: {}, files of an earlier run removed: {}",
+        s.skipped, s.split_docs, s.removed_files
+    );
+    println!("snapshot {}", s.manifest.snapshot);
+    Ok(())
+}

@@ -1,0 +1,53 @@
+//! `flotilla data verify`: re-hash every shard of a dataset.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use data::{Dataset, verify_dataset};
+
+/// Options of `flotilla data verify`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Dataset directory (holding manifest.json).
+    dir: PathBuf,
+    /// Threads hashing shards in parallel (0: every core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+}
+
+/// Run `flotilla data verify`: prints one line per shard and fails naming every bad one.
+pub fn run(a: Args) -> Result<()> {
+    let dataset =
+        Dataset::open(&a.dir).with_context(|| format!("opening dataset {}", a.dir.display()))?;
+    let report = verify_dataset(&dataset, a.threads)?;
+    for check in &report.shards {
+        match &check.result {
+            Ok(()) => println!(
+                "ok   {} ({} bytes, {:.3} s)",
+                check.file,
+                check.bytes,
+                check.elapsed.as_secs_f64()
+            ),
+            Err(e) => println!("BAD  {}: {e}", check.file),
+        }
+    }
+    let bad: Vec<&str> = report.failures().map(|c| c.file.as_str()).collect();
+    println!(
+        "checked {} shards, {} bytes in {:.3} s: {:.2} GB/s; snapshot {}",
+        report.shards.len(),
+        report.bytes(),
+        report.elapsed.as_secs_f64(),
+        report.gb_per_s(),
+        dataset.manifest().snapshot
+    );
+    if !bad.is_empty() {
+        bail!(
+            "{} of {} shards of {} failed verification: {}",
+            bad.len(),
+            report.shards.len(),
+            a.dir.display(),
+            bad.join(", ")
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,117 @@
+//! Command-line options that build a data loader (shared by `train`, `data stress`, `data bench`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use data::{Dataset, LoaderConfig, Prefetch};
+
+/// Which datasets to read and how to cut, shuffle and deliver them.
+#[derive(clap::Args, Clone, Debug)]
+pub struct LoaderArgs {
+    /// Dataset directories (made by `flotilla data prepare` or `data synth`); several make a
+    /// weighted mixture.
+    #[arg(long = "dataset", value_name = "DIR")]
+    pub datasets: Vec<PathBuf>,
+    /// Mixture weights, one per --dataset, comma-separated (default: equal).
+    #[arg(long, value_delimiter = ',')]
+    pub weights: Vec<f64>,
+    /// Reader threads.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Prefetch depth in batches, or `auto` (from P99 batch latency and step time, eq. 4.3).
+    #[arg(long, default_value = "auto")]
+    pub prefetch: String,
+    /// Shuffle window in sequences (the bounded within-shard shuffle buffer).
+    #[arg(long, default_value_t = 1 << 16)]
+    pub shuffle_window: u64,
+    /// Data-parallel world size this loader is one rank of.
+    #[arg(long, default_value_t = 1)]
+    pub world: u64,
+    /// This loader's rank.
+    #[arg(long, default_value_t = 0)]
+    pub rank: u64,
+    /// Seconds `next` waits for a batch before failing.
+    #[arg(long, default_value_t = 120.0)]
+    pub data_timeout: f64,
+}
+
+/// A loader run outside training (`data stress`, `data bench`): the loader options plus the
+/// sequence shape and seed that training would otherwise supply.
+#[derive(clap::Args, Clone, Debug)]
+pub struct LoaderRunArgs {
+    #[command(flatten)]
+    pub loader: LoaderArgs,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 1024)]
+    pub seq_len: usize,
+    /// Sequences per global batch.
+    #[arg(long, default_value_t = 8)]
+    pub global_batch: u64,
+    /// Shuffle seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl LoaderRunArgs {
+    /// The loader config for these options.
+    pub fn config(&self) -> Result<LoaderConfig> {
+        self.loader
+            .config(self.seq_len, self.global_batch, self.seed)
+    }
+}
+
+impl LoaderArgs {
+    /// Whether any dataset was given.
+    pub fn given(&self) -> bool {
+        !self.datasets.is_empty()
+    }
+
+    /// Opens the datasets (manifest read, every shard stat-ed).
+    pub fn open(&self) -> Result<Vec<Arc<Dataset>>> {
+        if self.datasets.is_empty() {
+            bail!("no --dataset given");
+        }
+        self.datasets
+            .iter()
+            .map(|d| {
+                Dataset::open(d)
+                    .map(Arc::new)
+                    .with_context(|| format!("opening dataset {}", d.display()))
+            })
+            .collect()
+    }
+
+    /// The loader config for sequences of `seq_len` tokens, `global_batch` per step.
+    pub fn config(&self, seq_len: usize, global_batch: u64, seed: u64) -> Result<LoaderConfig> {
+        let mut c = LoaderConfig::new(seq_len, global_batch, seed);
+        c.world = self.world;
+        c.rank = self.rank;
+        c.workers = self.workers;
+        c.shuffle_window = self.shuffle_window;
+        c.prefetch = match self.prefetch.as_str() {
+            "auto" => Prefetch::Auto { max: 64 },
+            n => Prefetch::Fixed(
+                n.parse()
+                    .with_context(|| format!("--prefetch {n}: expected a number or auto"))?,
+            ),
+        };
+        c.weights = match self.weights.len() {
+            0 => vec![1.0; self.datasets.len().max(1)],
+            n if n == self.datasets.len() => self.weights.clone(),
+            n => bail!(
+                "--weights has {n} values for {} datasets: give one per --dataset",
+                self.datasets.len()
+            ),
+        };
+        if !(self.data_timeout.is_finite() && self.data_timeout > 0.0) {
+            bail!(
+                "--data-timeout {}: expected positive seconds",
+                self.data_timeout
+            );
+        }
+        c.timeout = Duration::from_secs_f64(self.data_timeout);
+        Ok(c)
+    }
+}

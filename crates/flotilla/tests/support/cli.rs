@@ -1,0 +1,38 @@
+//! Running the built `flotilla` binary from integration tests.
+#![allow(dead_code)]
+
+use std::process::Command;
+
+/// Runs `flotilla args...`; returns (success, stdout, stderr).
+pub fn flotilla(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .output()
+        .expect("run flotilla");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// A one-layer, 32-wide model trained on 2 threads in a blink (`train` and `bench model`).
+pub const MICRO: &[&str] = &[
+    "--config",
+    "tiny",
+    "--layers",
+    "1",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--seq-len",
+    "32",
+    "--batch",
+    "4",
+    "--threads",
+    "2",
+    "--peak-gflops",
+    "100",
+    "--no-progress",
+];
