@@ -44,11 +44,13 @@ pub fn run(a: Args) -> Result<()> {
     }
     let cfg = a.train.build(a.model.build()?, a.model.vocab.is_some())?;
     let steps = cfg.steps;
-    let mut trainer = Trainer::new(cfg.clone())?;
+    // The peak is measured before the trainer exists: its data loader starts reading (and
+    // hashing shards) at once, which would steal cores from the measurement.
     let peak = match a.peak_gflops {
         Some(p) => p,
-        None => gemm_gflops(trainer.threads(), 2048, 5),
+        None => gemm_gflops(&model::Threads::new(cfg.threads)?, 2048, 5),
     };
+    let mut trainer = Trainer::new(cfg.clone())?;
     let fpt = trainer.flops_per_token();
     let m = &cfg.model;
     println!(
