@@ -175,9 +175,9 @@ fn prefetch_never_exceeds_its_depth() {
         c.workers = 3;
         c.prefetch = prefetch;
         let mut l = Loader::new(vec![ds.clone()], &c, None).unwrap();
-        for _ in 0..40 {
+        for _ in 0..200 {
             l.next().unwrap();
-            std::thread::sleep(Duration::from_millis(1));
+            std::thread::sleep(Duration::from_micros(200));
         }
         let limit = match prefetch {
             Prefetch::Fixed(k) => k,
@@ -186,8 +186,8 @@ fn prefetch_never_exceeds_its_depth() {
         let m = l.metrics();
         assert!(m.max_outstanding <= limit, "{prefetch:?}: {m:?}");
         assert!(m.max_outstanding >= 1);
-        assert_eq!(m.batches, 40);
-        assert_eq!(m.tokens, 40 * 4 * 17);
+        assert_eq!(m.batches, 200);
+        assert_eq!(m.tokens, 200 * 4 * 17);
         assert!(m.stall_pct() >= 0.0 && m.stall_pct() <= 100.0);
     }
 }

@@ -67,15 +67,14 @@ impl LatencyWindow {
         self.recent.push_back(d);
     }
 
-    /// The `q`-quantile (nearest rank) of the window; zero when empty.
-    pub(crate) fn quantile(&self, q: f64) -> Duration {
+    /// Several quantiles (nearest rank) from one sort of the window; zeros when empty.
+    pub(crate) fn quantiles<const N: usize>(&self, qs: [f64; N]) -> [Duration; N] {
         if self.recent.is_empty() {
-            return Duration::ZERO;
+            return [Duration::ZERO; N];
         }
         let mut v: Vec<Duration> = self.recent.iter().copied().collect();
         v.sort_unstable();
-        let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
-        v[rank - 1]
+        qs.map(|q| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1])
     }
 }
 
@@ -111,9 +110,9 @@ mod tests {
         for i in 1..=100 {
             w.push(Duration::from_millis(i));
         }
-        assert_eq!(w.quantile(0.5), Duration::from_millis(50));
-        assert_eq!(w.quantile(0.99), Duration::from_millis(99));
-        assert_eq!(LatencyWindow::default().quantile(0.99), Duration::ZERO);
+        let ms = Duration::from_millis;
+        assert_eq!(w.quantiles([0.5, 0.99]), [ms(50), ms(99)]);
+        assert_eq!(LatencyWindow::default().quantiles([0.99]), [Duration::ZERO]);
     }
 
     #[test]
