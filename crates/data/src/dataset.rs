@@ -115,14 +115,6 @@ impl Dataset {
         Ok(shard)
     }
 
-    /// Whether shard `i` has been hashed in this process.
-    pub fn is_verified(&self, i: usize) -> bool {
-        self.slots[i]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .verified
-    }
-
     /// Maps and verifies shard `i` afresh, without caching it (what `flotilla data verify` does).
     ///
     /// # Errors

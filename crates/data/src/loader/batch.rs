@@ -113,13 +113,6 @@ impl Batch {
         out
     }
 
-    /// All ids, row-major, widened to `u32`.
-    pub fn to_u32(&self) -> Vec<u32> {
-        let mut out = vec![0; self.tokens.len()];
-        self.tokens.widen(0, &mut out);
-        out
-    }
-
     /// Writes inputs (each row's first T ids) and targets (its last T) as `rows x T` arrays.
     ///
     /// # Errors
