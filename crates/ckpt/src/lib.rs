@@ -1,0 +1,69 @@
+//! # flotilla-ckpt: distributed checkpoints
+//!
+//! A checkpoint is one directory per step under a root:
+//!
+//! ```text
+//! root/
+//!   step-100/            committed: has COMMIT
+//!     rank-00000.bin     raw piece bytes written by rank 0, back to back
+//!     rank-00001.bin
+//!     manifest.json      tensors, pieces (file, byte range, global slice, xxh3-128), run state
+//!     COMMIT             written last; records the manifest's length and xxh3-128
+//!   step-200.tmp/        being written (or abandoned by a crash): invisible to readers
+//! ```
+//!
+//! Every rank writes its own pieces with a [`RankWriter`]; one coordinator [`commit`]s after
+//! re-verifying all of them. Readers see only steps with a commit marker ([`list_committed`]);
+//! [`open_latest`] verifies marker, manifest and (optionally) every piece, falls back to the
+//! newest earlier step on any mismatch and reports what it rejected. [`Checkpoint::read_slice`]
+//! serves any global slice of any tensor from whatever pieces overlap it, so a checkpoint saved
+//! under one sharding loads under any other.
+//!
+//! This slice is synchronous and local-filesystem only.
+//!
+//! ```
+//! use ckpt::{CheckpointMeta, DType, RankWriter, Slice, TensorMeta, Verify, commit, open_latest};
+//!
+//! let root = tempfile::tempdir()?;
+//! let w = TensorMeta { name: "w".into(), dtype: DType::U8, shape: vec![4, 2] };
+//! // Two ranks save row halves...
+//! let mut pieces = Vec::new();
+//! for rank in 0..2u8 {
+//!     let mut writer = RankWriter::create(root.path(), 7, rank.into())?;
+//!     let rows = Slice::new(&[(2 * rank as u64, 2), (0, 2)]);
+//!     writer.write_piece(&w, &rows, &[4 * rank, 4 * rank + 1, 4 * rank + 2, 4 * rank + 3])?;
+//!     pieces.extend(writer.finish()?);
+//! }
+//! let meta = CheckpointMeta {
+//!     run_id: "demo".into(),
+//!     world_size: 2,
+//!     layout: serde_json::json!("rows"),
+//!     config_hash: "0".into(),
+//!     tensors: vec![w],
+//!     state: serde_json::json!({"optimizer_step": 7}),
+//! };
+//! commit(root.path(), 7, pieces, meta)?;
+//! // ...and one rank loads column 1 of every row.
+//! let opened = open_latest(root.path(), Verify::AllPieces)?;
+//! let col = opened.checkpoint.read_slice("w", &Slice::new(&[(0, 4), (1, 1)]))?;
+//! assert_eq!(col, [1, 3, 5, 7]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod error;
+mod fsio;
+pub mod layout;
+pub mod manifest;
+pub mod reader;
+pub mod writer;
+
+pub use error::{CkptError, Result};
+pub use fsio::checksum_hex;
+pub use layout::{DType, Extent, Slice, TensorMeta, copy_overlap};
+pub use manifest::{CommitMarker, Manifest, Piece};
+pub use reader::{
+    Checkpoint, Opened, Rejected, Verify, list_committed, open_latest, step_dir_name,
+};
+pub use writer::{
+    CheckpointMeta, FailPoint, RankWriter, commit, commit_with_fail_point, tmp_dir_name,
+};
