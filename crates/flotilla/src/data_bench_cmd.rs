@@ -32,7 +32,7 @@ pub struct Args {
 }
 
 /// Empties the page cache so the next read comes from the disk.
-fn drop_caches() -> Result<()> {
+pub(crate) fn drop_caches() -> Result<()> {
     // SAFETY: sync has no preconditions.
     unsafe { libc::sync() };
     std::fs::write("/proc/sys/vm/drop_caches", "3\n").map_err(|e| {

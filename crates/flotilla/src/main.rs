@@ -3,6 +3,8 @@
 mod bench_check;
 mod bench_comm;
 mod bench_model;
+mod ckpt_bench_cmd;
+mod ckpt_cmd;
 mod data_bench_cmd;
 mod data_cmd;
 mod data_inspect_cmd;
@@ -40,6 +42,11 @@ enum Command {
         #[command(subcommand)]
         what: data_cmd::DataCommand,
     },
+    /// Checkpoints: list steps, show a manifest, verify every piece, benchmark save and load.
+    Ckpt {
+        #[command(subcommand)]
+        what: ckpt_cmd::CkptCommand,
+    },
     /// Benchmarks (collectives, model training throughput).
     Bench {
         #[command(subcommand)]
@@ -73,6 +80,7 @@ fn main() {
             what: BenchCommand::Model(a),
         } => bench_model::run(a),
         Command::Data { what } => data_cmd::run(what),
+        Command::Ckpt { what } => ckpt_cmd::run(what),
         Command::Train(a) => train_cmd::run(a),
         Command::Generate(a) => generate_cmd::run(a),
     };

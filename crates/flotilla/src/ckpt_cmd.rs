@@ -1,0 +1,261 @@
+//! `flotilla ckpt ...`: listing, showing and verifying checkpoints, and the save/load benchmark.
+//!
+//! `ls`, `show` and `verify` are small and live here; the benchmark has its own module.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use ckpt::{Checkpoint, Manifest, Verify, open_latest};
+
+use crate::ckpt_bench_cmd;
+
+/// The `flotilla ckpt` subcommands.
+#[derive(clap::Subcommand)]
+pub enum CkptCommand {
+    /// List every step directory: committed steps and uncommitted leftovers.
+    Ls(LsArgs),
+    /// Summarise the manifest of the newest committed step (or `--step N`).
+    Show(ShowArgs),
+    /// Read and checksum every piece of one step, or of every committed step.
+    Verify(VerifyArgs),
+    /// Save and load bandwidth against the disk's sequential write and read bandwidth.
+    Bench(ckpt_bench_cmd::Args),
+}
+
+/// Options of `flotilla ckpt ls`.
+#[derive(clap::Args)]
+pub struct LsArgs {
+    /// Checkpoint root (holding `step-<N>` directories).
+    root: PathBuf,
+}
+
+/// Options of `flotilla ckpt show`.
+#[derive(clap::Args)]
+pub struct ShowArgs {
+    /// Checkpoint root (holding `step-<N>` directories).
+    root: PathBuf,
+    /// Step to show (default: the newest loadable committed step).
+    #[arg(long)]
+    step: Option<u64>,
+    /// Print the whole manifest as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Options of `flotilla ckpt verify`.
+#[derive(clap::Args)]
+pub struct VerifyArgs {
+    /// Checkpoint root (holding `step-<N>` directories).
+    root: PathBuf,
+    /// Step to verify (default: every committed step).
+    #[arg(long)]
+    step: Option<u64>,
+}
+
+/// Runs one `flotilla ckpt` subcommand.
+pub fn run(command: CkptCommand) -> Result<()> {
+    match command {
+        CkptCommand::Ls(a) => ls(&a.root),
+        CkptCommand::Show(a) => show(a),
+        CkptCommand::Verify(a) => verify(a),
+        CkptCommand::Bench(a) => ckpt_bench_cmd::run(a),
+    }
+}
+
+/// What a `step-...` entry of a checkpoint root is.
+#[derive(Debug, PartialEq, Eq)]
+enum StepDir {
+    /// `step-<N>` holding a `COMMIT` marker.
+    Committed,
+    /// `step-<N>` without a marker (a crash between rename and marker).
+    NoMarker,
+    /// `step-<N>.tmp`: a staging directory.
+    Staging,
+}
+
+/// Every `step-<N>` and `step-<N>.tmp` entry under `root` as (step, name, kind), by step.
+fn step_dirs(root: &Path) -> Result<Vec<(u64, String, StepDir)>> {
+    let entries = std::fs::read_dir(root)
+        .with_context(|| format!("reading checkpoint root {}", root.display()))?;
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.with_context(|| format!("reading {}", root.display()))?;
+        let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        let Some(rest) = name.strip_prefix("step-") else {
+            continue;
+        };
+        let (digits, staging) = match rest.strip_suffix(".tmp") {
+            Some(d) => (d, true),
+            None => (rest, false),
+        };
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(step) = digits.parse::<u64>() else {
+            continue;
+        };
+        let kind = if staging {
+            StepDir::Staging
+        } else if entry.path().join("COMMIT").exists() {
+            StepDir::Committed
+        } else {
+            StepDir::NoMarker
+        };
+        found.push((step, name, kind));
+    }
+    found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    Ok(found)
+}
+
+/// Total bytes of all pieces of a manifest.
+fn piece_bytes(m: &Manifest) -> u64 {
+    m.pieces.iter().map(|p| p.bytes).sum()
+}
+
+/// `flotilla ckpt ls`: one line per step directory.
+fn ls(root: &Path) -> Result<()> {
+    let dirs = step_dirs(root)?;
+    println!(
+        "{:<24} {:<12} {:>8} {:>8} {:>14} {:>6}  RUN",
+        "DIR", "STATE", "TENSORS", "PIECES", "BYTES", "WORLD"
+    );
+    for (step, name, kind) in &dirs {
+        match kind {
+            StepDir::Committed => match Checkpoint::open(root, *step, Verify::ManifestOnly) {
+                Ok(c) => {
+                    let m = c.manifest();
+                    println!(
+                        "{name:<24} {:<12} {:>8} {:>8} {:>14} {:>6}  {}",
+                        "committed",
+                        m.tensors.len(),
+                        m.pieces.len(),
+                        piece_bytes(m),
+                        m.world_size,
+                        m.run_id
+                    );
+                }
+                Err(e) => println!("{name:<24} {:<12} {e}", "BAD"),
+            },
+            StepDir::NoMarker => println!("{name:<24} {:<12} no COMMIT marker", "uncommitted"),
+            StepDir::Staging => {
+                println!("{name:<24} {:<12} staging directory", "uncommitted")
+            }
+        }
+    }
+    if dirs.is_empty() {
+        println!("(no step directories in {})", root.display());
+    }
+    Ok(())
+}
+
+/// Opens `step`, or the newest loadable committed step (reporting rejected newer ones).
+fn open_step(root: &Path, step: Option<u64>, verify: Verify) -> Result<Checkpoint> {
+    match step {
+        Some(n) => Checkpoint::open(root, n, verify)
+            .with_context(|| format!("opening step {n} of {}", root.display())),
+        None => {
+            let opened = open_latest(root, verify)?;
+            for r in &opened.rejected {
+                eprintln!("warning: skipped committed step {}: {}", r.step, r.error);
+            }
+            Ok(opened.checkpoint)
+        }
+    }
+}
+
+/// `flotilla ckpt show`: the manifest summary or the manifest as JSON.
+fn show(a: ShowArgs) -> Result<()> {
+    let c = open_step(&a.root, a.step, Verify::ManifestOnly)?;
+    let m = c.manifest();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(m)?);
+        return Ok(());
+    }
+    println!("dir:         {}", c.dir().display());
+    println!("run id:      {}", m.run_id);
+    println!("step:        {}", m.step);
+    println!("world size:  {}", m.world_size);
+    println!("layout:      {}", m.layout);
+    println!("config hash: {}", m.config_hash);
+    println!(
+        "tensors:     {} ({} pieces, {} bytes)",
+        m.tensors.len(),
+        m.pieces.len(),
+        piece_bytes(m)
+    );
+    println!(
+        "  {:<40} {:<5} {:<20} {:>14} {:>6}",
+        "NAME", "DTYPE", "SHAPE", "BYTES", "PIECES"
+    );
+    for t in &m.tensors {
+        let pieces = m.pieces.iter().filter(|p| p.tensor == t.name).count();
+        let bytes = t
+            .byte_size()
+            .map_or_else(|e| e.to_string(), |b| b.to_string());
+        println!(
+            "  {:<40} {:<5} {:<20} {:>14} {:>6}",
+            t.name,
+            format!("{:?}", t.dtype),
+            format!("{:?}", t.shape),
+            bytes,
+            pieces
+        );
+    }
+    println!("state:       {}", serde_json::to_string_pretty(c.state())?);
+    Ok(())
+}
+
+/// Opens `step` with every piece verified; returns the bytes checked and the seconds taken.
+fn verify_step(root: &Path, step: u64) -> Result<(u64, f64)> {
+    let start = Instant::now();
+    let c = Checkpoint::open(root, step, Verify::AllPieces)?;
+    Ok((piece_bytes(c.manifest()), start.elapsed().as_secs_f64()))
+}
+
+/// Prints one verification result; returns whether it passed.
+fn report_step(step: u64, result: &Result<(u64, f64)>) -> bool {
+    match result {
+        Ok((bytes, secs)) => {
+            let gbps = *bytes as f64 / secs.max(1e-9) / 1e9;
+            println!("ok   step-{step}: {bytes} bytes in {secs:.3} s: {gbps:.2} GB/s");
+            true
+        }
+        Err(e) => {
+            println!("BAD  step-{step}: {e:#}");
+            false
+        }
+    }
+}
+
+/// `flotilla ckpt verify`: every piece of one step, or of every committed step.
+fn verify(a: VerifyArgs) -> Result<()> {
+    let steps: Vec<u64> = match a.step {
+        Some(n) => vec![n],
+        None => step_dirs(&a.root)?
+            .into_iter()
+            .filter(|(_, _, kind)| *kind == StepDir::Committed)
+            .map(|(step, _, _)| step)
+            .collect(),
+    };
+    if steps.is_empty() {
+        bail!("no committed step in {}", a.root.display());
+    }
+    let bad: Vec<String> = steps
+        .iter()
+        .filter(|&&step| !report_step(step, &verify_step(&a.root, step)))
+        .map(|step| format!("step-{step}"))
+        .collect();
+    if !bad.is_empty() {
+        bail!(
+            "{} of {} committed steps of {} failed verification: {}",
+            bad.len(),
+            steps.len(),
+            a.root.display(),
+            bad.join(", ")
+        );
+    }
+    Ok(())
+}
