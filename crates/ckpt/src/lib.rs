@@ -12,8 +12,8 @@
 //!   step-200.tmp/        being written (or abandoned by a crash): invisible to readers
 //! ```
 //!
-//! Every rank writes its own pieces with a [`RankWriter`]; one coordinator [`commit`]s after
-//! re-verifying all of them. Readers see only steps with a commit marker ([`list_committed`]);
+//! Every rank writes its own pieces with a [`RankWriter`] and verifies them after fsync; one
+//! coordinator [`commit`]s once every rank has. Readers see only steps with a commit marker ([`list_committed`]);
 //! [`open_latest`] verifies marker, manifest and (optionally) every piece, falls back to the
 //! newest earlier step on any mismatch and reports what it rejected. [`Checkpoint::read_slice`]
 //! serves any global slice of any tensor from whatever pieces overlap it, so a checkpoint saved

@@ -3,9 +3,11 @@
 //!
 //! Commit protocol (each arrow is durable before the next begins):
 //!
-//! 1. every rank writes `step-<N>.tmp/rank-<r>.bin` and fsyncs it and the directory;
-//! 2. the coordinator validates the assembled manifest and re-reads every piece, checking its
-//!    file length and xxh3-128;
+//! 1. every rank writes `step-<N>.tmp/rank-<r>.bin`, fsyncs it and the directory, and reads
+//!    its pieces back, checking each against the xxh3-128 taken from its buffer (ranks verify
+//!    in parallel, each on its own disk);
+//! 2. the coordinator validates the assembled manifest and checks that every piece file is a
+//!    regular file long enough for its pieces;
 //! 3. it writes `step-<N>.tmp/manifest.json` (tmp file, fsync, rename, dir fsync);
 //! 4. it renames `step-<N>.tmp` to `step-<N>` and fsyncs the root;
 //! 5. it writes `step-<N>/COMMIT` last (tmp file, fsync, rename, dir fsync). The marker records
@@ -19,7 +21,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::{CkptError, Result, io_err};
-use crate::fsio::{checksum_hex, fsync_dir, write_atomic};
+use crate::fsio::{checksum_hex, file_len, fsync_dir, open_read, write_atomic};
 use crate::layout::{Slice, TensorMeta};
 use crate::manifest::{COMMIT_FILE, CommitMarker, FORMAT, MANIFEST_FILE, Manifest, Piece, VERSION};
 use crate::reader::{read_verified_piece, step_dir_name};
@@ -175,6 +177,12 @@ impl RankWriter {
         let path = self.dir.join(&self.file_name);
         self.file.sync_all().map_err(io_err("fsync", &path))?;
         fsync_dir(&self.dir)?;
+        // Read back what is now durable and check every piece against the checksum taken from
+        // the caller's buffer: each rank verifies its own file, in parallel with the others
+        // (and where only it can: on a node-local disk), before the coordinator may commit.
+        for piece in &self.pieces {
+            read_verified_piece(&self.dir, self.step, piece)?;
+        }
         Ok(self.pieces)
     }
 }
@@ -218,6 +226,32 @@ pub fn commit_with_fail_point(
     commit_inner(root, step, pieces, meta, Some(point))
 }
 
+/// Every piece's file is a regular file in `dir` at least as long as the piece's byte range.
+fn check_piece_files(dir: &Path, step: u64, pieces: &[Piece]) -> Result<()> {
+    let mut needed: std::collections::BTreeMap<&str, (u64, &Piece)> = Default::default();
+    for p in pieces {
+        let end = p.offset.saturating_add(p.bytes);
+        let entry = needed.entry(p.file.as_str()).or_insert((end, p));
+        if end > entry.0 {
+            *entry = (end, p);
+        }
+    }
+    for (file, (end, piece)) in needed {
+        let path = dir.join(file);
+        let actual = file_len(&open_read(&path)?, &path)?;
+        if actual < end {
+            return Err(CkptError::FileTooShort {
+                step,
+                tensor: piece.tensor.clone(),
+                file: file.to_string(),
+                needed: end,
+                actual,
+            });
+        }
+    }
+    Ok(())
+}
+
 fn commit_inner(
     root: &Path,
     step: u64,
@@ -248,9 +282,9 @@ fn commit_inner(
     };
     let manifest_path = tmp.join(MANIFEST_FILE);
     manifest.validate(&manifest_path)?;
-    for piece in &manifest.pieces {
-        read_verified_piece(&tmp, step, piece)?;
-    }
+    // The ranks verified their pieces' bytes after fsync (`RankWriter::finish`); here every
+    // file must exist as a regular file long enough for every piece recorded in it.
+    check_piece_files(&tmp, step, &manifest.pieces)?;
     stop(FailPoint::AfterPiecesBeforeManifest)?;
 
     let bytes = serde_json::to_vec_pretty(&manifest).map_err(|source| CkptError::Serialize {
