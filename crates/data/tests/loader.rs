@@ -225,3 +225,24 @@ fn bad_settings_are_named() {
         .to_string();
     assert!(err.contains("seed was 2 when saved, is 1 now"), "{err}");
 }
+
+#[test]
+fn wide_token_ids_round_trip() {
+    // A vocabulary above 65536 stores 4-byte ids; rows must come back exactly.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shard-00000.fts");
+    let mut w = data::ShardWriter::create(&path, 100_000, "wide").unwrap();
+    let ids: Vec<u32> = (0..200u32).map(|i| 70_000 + i * 97 % 29_000).collect();
+    w.push_doc(&ids).unwrap();
+    let info = w.finish().unwrap();
+    data::Manifest::new("wide", 100_000, None, "tests", &[info])
+        .write_atomic(dir.path())
+        .unwrap();
+    let ds = Arc::new(Dataset::open(dir.path()).unwrap());
+    let mut l = Loader::new(vec![ds], &LoaderConfig::new(9, 4, 5), None).unwrap();
+    let b = l.next().unwrap();
+    for (i, s) in b.samples.iter().enumerate() {
+        let start = (s.index * 9) as usize;
+        assert_eq!(b.row(i), ids[start..start + 10].to_vec());
+    }
+}

@@ -16,7 +16,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use ckpt::{CheckpointMeta, DType, Piece, RankWriter, Slice, TensorMeta, Verify, commit};
 use data::prepare::parse_byte_size;
 
-use crate::data_bench_cmd::drop_caches;
+use crate::page_cache::drop_caches;
 
 /// Tensors in the benchmark state.
 const TENSORS: usize = 8;

@@ -10,6 +10,7 @@ use data::stress::{StressConfig, sequential_read};
 use data::{Dataset, Loader};
 
 use crate::loader_args::LoaderRunArgs;
+use crate::page_cache::drop_caches;
 
 /// Options of `flotilla data bench`.
 #[derive(clap::Args)]
@@ -29,15 +30,6 @@ pub struct Args {
     /// Print the results as JSON.
     #[arg(long)]
     pub json: bool,
-}
-
-/// Empties the page cache so the next read comes from the disk.
-pub(crate) fn drop_caches() -> Result<()> {
-    // SAFETY: sync has no preconditions.
-    unsafe { libc::sync() };
-    std::fs::write("/proc/sys/vm/drop_caches", "3\n").map_err(|e| {
-        anyhow::anyhow!("--cold: cannot write /proc/sys/vm/drop_caches ({e}); it needs root")
-    })
 }
 
 /// Runs the benchmark and prints its figures.

@@ -15,6 +15,7 @@ mod data_verify_cmd;
 mod generate_cmd;
 mod loader_args;
 mod model_args;
+mod page_cache;
 mod saved;
 mod spawn;
 mod train_cmd;

@@ -58,17 +58,15 @@ impl BatchTokens {
         start: u64,
         count: usize,
     ) -> Result<()> {
-        let bytes = shard.token_bytes(start, count)?;
         match self {
             BatchTokens::U16(v) if shard.info().width == 2 => {
+                let bytes = shard.token_bytes(start, count)?;
                 for (o, b) in v[at..at + count].iter_mut().zip(bytes.chunks_exact(2)) {
                     *o = u16::from_le_bytes([b[0], b[1]]);
                 }
             }
             BatchTokens::U32(v) if shard.info().width == 4 => {
-                for (o, b) in v[at..at + count].iter_mut().zip(bytes.chunks_exact(4)) {
-                    *o = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                }
+                shard.read_tokens(start, &mut v[at..at + count])?;
             }
             _ => {
                 return Err(DataError::CorruptShard {
