@@ -214,6 +214,44 @@ pub enum CkptError {
         /// Step being written.
         step: u64,
     },
+    /// A tensor read from a checkpoint does not have the size its destination needs.
+    #[error("tensor {tensor:?}: {actual} bytes where {expected} are needed")]
+    TensorSize {
+        /// The tensor.
+        tensor: String,
+        /// Bytes the destination holds.
+        expected: u64,
+        /// Bytes read.
+        actual: u64,
+    },
+    /// An asynchronous save was started while an earlier one was still in flight or not yet
+    /// collected with `AsyncSaver::wait`.
+    #[error(
+        "cannot start saving step {step}: the save of step {previous} is still pending; call wait() first"
+    )]
+    SaveInFlight {
+        /// Step whose save was refused.
+        step: u64,
+        /// Step still pending.
+        previous: u64,
+    },
+    /// Waiting for an asynchronous save timed out (the save stays in flight).
+    #[error("the save of step {step} did not finish within {timeout:?}")]
+    SaveTimeout {
+        /// Step being saved.
+        step: u64,
+        /// How long was waited.
+        timeout: std::time::Duration,
+    },
+    /// The background thread of an asynchronous save ended without reporting (it panicked).
+    #[error("the background thread saving step {step} died without a result")]
+    SaveThreadDied {
+        /// Step being saved.
+        step: u64,
+    },
+    /// A retention, GC or interval setting is out of range.
+    #[error("invalid checkpoint policy: {0}")]
+    Policy(#[from] crate::policy::PolicyError),
     /// Serialising the manifest or marker failed.
     #[error("serialising {what}: {source}")]
     Serialize {

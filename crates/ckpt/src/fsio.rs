@@ -2,7 +2,7 @@
 //! reads, durable atomic writes and the checksum format.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Write};
 use std::path::Path;
 
 use crate::error::{CkptError, Result, io_err};
@@ -68,16 +68,6 @@ pub(crate) fn read_capped(path: &Path, cap: u64) -> Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// Reads `bytes` bytes at `offset` of an open file whose length was already checked to cover
-/// the range.
-pub(crate) fn read_range(file: &mut File, path: &Path, offset: u64, bytes: u64) -> Result<Vec<u8>> {
-    file.seek(SeekFrom::Start(offset))
-        .map_err(io_err("seek", path))?;
-    let mut buf = vec![0u8; bytes as usize];
-    file.read_exact(&mut buf).map_err(io_err("read", path))?;
-    Ok(buf)
-}
-
 /// Fsyncs a directory so that entries created or renamed in it are durable.
 pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
@@ -109,4 +99,25 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8], partial_then_stop: bool) -
     std::fs::rename(&tmp, path).map_err(io_err("rename", &tmp))?;
     fsync_dir(dir)?;
     Ok(true)
+}
+
+/// Asks the kernel to start writing `len` bytes at `offset` of `file` back to disk without
+/// waiting (`sync_file_range(SYNC_FILE_RANGE_WRITE)`), so write-back overlaps the writes that
+/// follow. A hint only: errors are ignored, and durability still comes from the final fsync.
+pub fn start_writeback(file: &File, offset: u64, len: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a plain syscall on a descriptor this `File` owns; no memory is passed.
+        unsafe {
+            libc::sync_file_range(
+                file.as_raw_fd(),
+                offset as libc::off64_t,
+                len as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            );
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, offset, len);
 }

@@ -276,6 +276,32 @@ fn check_buffer(what: &'static str, actual: usize, slice: &Slice, elem: usize) -
     }
 }
 
+#[cfg(target_endian = "big")]
+compile_error!("checkpoint tensors are stored little-endian; big-endian hosts are not supported");
+
+/// The bytes of an `f32` buffer as stored in a checkpoint (little-endian, no copy).
+pub fn f32_bytes(values: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and any byte pattern is a valid u8; u8's alignment is 1; the
+    // length covers exactly the same memory.
+    unsafe { std::slice::from_raw_parts(values.as_ptr().cast(), std::mem::size_of_val(values)) }
+}
+
+/// Fills `out` from little-endian `f32` bytes; `tensor` names the tensor if the length is wrong.
+pub fn f32_from_bytes(bytes: &[u8], out: &mut [f32], tensor: &str) -> Result<()> {
+    let expected = std::mem::size_of_val(out) as u64;
+    if bytes.len() as u64 != expected {
+        return Err(CkptError::TensorSize {
+            tensor: tensor.to_string(),
+            expected,
+            actual: bytes.len() as u64,
+        });
+    }
+    for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+        *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,21 +5,22 @@
 //! ```text
 //! root/
 //!   step-100/            committed: has COMMIT
-//!     rank-00000.bin     raw piece bytes written by rank 0, back to back
-//!     rank-00001.bin
-//!     manifest.json      tensors, pieces (file, byte range, global slice, xxh3-128), run state
+//!     rank-00000.safetensors   rank 0's pieces: a safetensors file, one entry per piece
+//!     rank-00001.safetensors
+//!     manifest.json      tensors, pieces (file, byte range, global slice, chunk xxh3-128s), state
 //!     COMMIT             written last; records the manifest's length and xxh3-128
 //!   step-200.tmp/        being written (or abandoned by a crash): invisible to readers
 //! ```
 //!
-//! Every rank writes its own pieces with a [`RankWriter`] and verifies them after fsync; one
+//! Every rank writes its own pieces with a [`RankWriter`], checksumming them as it goes; one
 //! coordinator [`commit`]s once every rank has. Readers see only steps with a commit marker ([`list_committed`]);
 //! [`open_latest`] verifies marker, manifest and (optionally) every piece, falls back to the
 //! newest earlier step on any mismatch and reports what it rejected. [`Checkpoint::read_slice`]
 //! serves any global slice of any tensor from whatever pieces overlap it, so a checkpoint saved
 //! under one sharding loads under any other.
 //!
-//! This slice is synchronous and local-filesystem only.
+//! [`AsyncSaver`] takes a rank's pieces into reused host buffers (the only pause the caller
+//! sees) and writes them in the background.
 //!
 //! ```
 //! use ckpt::{CheckpointMeta, DType, RankWriter, Slice, TensorMeta, Verify, commit, open_latest};
@@ -29,10 +30,9 @@
 //! // Two ranks save row halves...
 //! let mut pieces = Vec::new();
 //! for rank in 0..2u8 {
-//!     let mut writer = RankWriter::create(root.path(), 7, rank.into())?;
 //!     let rows = Slice::new(&[(2 * rank as u64, 2), (0, 2)]);
-//!     writer.write_piece(&w, &rows, &[4 * rank, 4 * rank + 1, 4 * rank + 2, 4 * rank + 3])?;
-//!     pieces.extend(writer.finish()?);
+//!     let data = [4 * rank, 4 * rank + 1, 4 * rank + 2, 4 * rank + 3];
+//!     pieces.extend(RankWriter::write_all(root.path(), 7, rank.into(), &[(&w, &rows, &data)])?);
 //! }
 //! let meta = CheckpointMeta {
 //!     run_id: "demo".into(),
@@ -50,20 +50,29 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod async_save;
+pub mod convert;
 pub mod error;
 mod fsio;
 pub mod layout;
 pub mod manifest;
+pub mod names;
+pub mod policy;
+pub mod rank_file;
 pub mod reader;
+#[cfg(feature = "s3")]
+pub mod remote;
 pub mod writer;
 
+pub use async_save::{AfterWrite, AsyncSaver, SaveReport};
+pub use convert::{rank_rows, reshard};
 pub use error::{CkptError, Result};
-pub use fsio::checksum_hex;
-pub use layout::{DType, Extent, Slice, TensorMeta, copy_overlap};
+pub use fsio::{checksum_hex, start_writeback};
+pub use layout::{DType, Extent, Slice, TensorMeta, copy_overlap, f32_bytes, f32_from_bytes};
 pub use manifest::{CommitMarker, Manifest, Piece};
+pub use policy::{GcMode, IntervalPlanner, PolicyError, Retention, gc};
+pub use rank_file::{RankWriter, rank_file_name};
 pub use reader::{
-    Checkpoint, Opened, Rejected, Verify, list_committed, open_latest, step_dir_name,
+    Checkpoint, Opened, Rejected, Verify, list_committed, open_latest, quarantine, step_dir_name,
 };
-pub use writer::{
-    CheckpointMeta, FailPoint, RankWriter, commit, commit_with_fail_point, tmp_dir_name,
-};
+pub use writer::{CheckpointMeta, FailPoint, commit, commit_with_fail_point, tmp_dir_name};

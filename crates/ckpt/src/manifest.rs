@@ -18,11 +18,14 @@ use crate::layout::{MAX_NDIM, Slice, TensorMeta};
 /// Value of [`Manifest::format`].
 pub const FORMAT: &str = "flotilla-ckpt";
 /// Value of [`Manifest::version`] this crate writes and reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Name of the manifest inside a step directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// Name of the commit marker inside a step directory; written last.
 pub const COMMIT_FILE: &str = "COMMIT";
+/// Name of the staging record a step directory gets once it is durable in a remote store
+/// (feature `s3`); reserved so no piece file can take it.
+pub const REMOTE_RECORD_FILE: &str = "REMOTE";
 /// Largest manifest accepted (256 MiB), checked before reading it.
 pub const MAX_MANIFEST_BYTES: u64 = 1 << 28;
 /// Largest commit marker accepted, checked before reading it.
@@ -31,6 +34,12 @@ pub const MAX_MARKER_BYTES: u64 = 4096;
 pub const MAX_FILE_BYTES: u64 = 1 << 44;
 /// Most pieces one tensor may be split into (bounds the pairwise overlap check).
 pub const MAX_PIECES_PER_TENSOR: usize = 1 << 16;
+/// Smallest checksum chunk a manifest may declare (4 KiB).
+pub const MIN_CHUNK_BYTES: u64 = 1 << 12;
+/// Largest checksum chunk a manifest may declare (1 GiB).
+pub const MAX_CHUNK_BYTES: u64 = 1 << 30;
+/// Checksum chunk the writer uses (4 MiB): a partial read verifies only the chunks it touches.
+pub const DEFAULT_CHUNK_BYTES: u64 = 4 << 20;
 /// Longest file name accepted.
 const MAX_NAME_LEN: usize = 255;
 
@@ -47,8 +56,17 @@ pub struct Piece {
     pub bytes: u64,
     /// Where the piece sits in the global tensor.
     pub slice: Slice,
-    /// Hex xxh3-128 of the piece's bytes.
-    pub xxh3_128: String,
+    /// Hex xxh3-128 of each consecutive [`Manifest::chunk_bytes`]-sized chunk of the piece's
+    /// bytes (the last one shorter), so a reader that needs part of a piece reads and verifies
+    /// only the chunks covering that part.
+    pub chunks: Vec<String>,
+}
+
+impl Piece {
+    /// Number of checksum chunks a piece of `bytes` bytes has with chunks of `chunk_bytes`.
+    pub fn chunk_count(bytes: u64, chunk_bytes: u64) -> u64 {
+        bytes.div_ceil(chunk_bytes.max(1))
+    }
 }
 
 /// Everything a checkpoint records about one step.
@@ -68,6 +86,9 @@ pub struct Manifest {
     pub layout: serde_json::Value,
     /// Hash of the training configuration, compared by the caller on resume.
     pub config_hash: String,
+    /// Size of the checksum chunks of every piece (a power of two between [`MIN_CHUNK_BYTES`]
+    /// and [`MAX_CHUNK_BYTES`]).
+    pub chunk_bytes: u64,
     /// Every logical tensor.
     pub tensors: Vec<TensorMeta>,
     /// Every stored piece.
@@ -103,7 +124,9 @@ pub fn check_file_name(step: u64, name: &str) -> Result<()> {
         Some("is a directory reference")
     } else if name.contains('\0') || name.chars().any(char::is_control) {
         Some("contains control characters")
-    } else if name == MANIFEST_FILE || name == COMMIT_FILE || name.ends_with(".tmp") {
+    } else if [MANIFEST_FILE, COMMIT_FILE, REMOTE_RECORD_FILE].contains(&name)
+        || name.ends_with(".tmp")
+    {
         Some("reserved name")
     } else {
         None
@@ -174,6 +197,13 @@ impl Manifest {
         if self.world_size == 0 {
             return Err(self.bad(path, "world_size is 0".into()));
         }
+        let c = self.chunk_bytes;
+        if !c.is_power_of_two() || !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&c) {
+            let reason = format!(
+                "chunk_bytes {c} is not a power of two between {MIN_CHUNK_BYTES} and {MAX_CHUNK_BYTES}"
+            );
+            return Err(self.bad(path, reason));
+        }
         Ok(())
     }
 
@@ -220,8 +250,18 @@ impl Manifest {
                 });
             }
         }
-        if !is_hex128(&p.xxh3_128) {
-            let reason = format!("checksum {:?} is not 32 lowercase hex digits", p.xxh3_128);
+        let chunks = Piece::chunk_count(p.bytes, self.chunk_bytes);
+        if p.chunks.len() as u64 != chunks {
+            let reason = format!(
+                "{} chunk checksums, {} bytes in chunks of {} need {chunks}",
+                p.chunks.len(),
+                p.bytes,
+                self.chunk_bytes
+            );
+            return Err(self.bad_piece(&p.tensor, &p.file, reason));
+        }
+        if let Some(bad) = p.chunks.iter().find(|c| !is_hex128(c)) {
+            let reason = format!("checksum {bad:?} is not 32 lowercase hex digits");
             return Err(self.bad_piece(&p.tensor, &p.file, reason));
         }
         Ok(())

@@ -4,34 +4,24 @@
 //! A step exists for a reader only if `step-<N>/COMMIT` is a regular file. Opening a step reads
 //! the marker, checks the manifest's length and xxh3-128 against it, parses and validates the
 //! manifest, and (with [`Verify::AllPieces`]) reads and checks every piece. Piece bytes are
-//! checked every time they are read, not only the first time: a piece is read whole into memory,
-//! hashed, and only then copied from, so no byte that failed (or skipped) verification is ever
-//! used, even if the file changed after an earlier check.
+//! checked every time they are read, not only the first time: the checksum chunks covering the
+//! bytes wanted are read into memory, hashed, and only then copied from, so no byte that failed
+//! (or skipped) verification is ever used, even if the file changed after an earlier check. A
+//! resharding load reads only the rows of each piece it needs, rounded out to whole chunks.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use crate::error::{CkptError, Result, io_err};
-use crate::fsio::{checksum_hex, file_len, is_real_dir, open_read, read_capped, read_range};
-use crate::layout::{Slice, copy_overlap};
+use crate::fsio::{checksum_hex, file_len, is_real_dir, open_read, read_capped};
+use crate::layout::{Extent, Slice, copy_overlap};
 use crate::manifest::{
     COMMIT_FILE, CommitMarker, FORMAT, MANIFEST_FILE, MAX_MANIFEST_BYTES, MAX_MARKER_BYTES,
     Manifest, Piece,
 };
-
-/// Name of the directory of a step: `step-<N>`.
-pub fn step_dir_name(step: u64) -> String {
-    format!("step-{step}")
-}
-
-/// Parses a canonical `step-<N>` directory name (decimal, no sign, no leading zeros).
-fn parse_step_name(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix("step-")?;
-    let canonical = !digits.is_empty()
-        && digits.bytes().all(|b| b.is_ascii_digit())
-        && (digits == "0" || !digits.starts_with('0'));
-    if canonical { digits.parse().ok() } else { None }
-}
+use crate::names::parse_step_name;
+pub use crate::names::step_dir_name;
 
 /// How much of a step [`Checkpoint::open`] checks up front.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,10 +131,40 @@ pub fn open_latest(root: &Path, verify: Verify) -> Result<Opened> {
     })
 }
 
-/// Reads one piece whole from `step_dir` and checks its length and checksum before returning it.
-pub(crate) fn read_verified_piece(step_dir: &Path, step: u64, piece: &Piece) -> Result<Vec<u8>> {
+/// Sets committed step `step` aside after it failed to load, so that it is invisible to readers
+/// but kept for inspection and a new save of the same step can commit: renames `step-<N>` to
+/// `step-<N>.rejected` (or `.rejected.2`, `.3`, ... if taken) and fsyncs the root. Returns the
+/// new path.
+pub fn quarantine(root: &Path, step: u64) -> Result<PathBuf> {
+    let dir = root.join(step_dir_name(step));
+    let mut target = root.join(format!("{}.rejected", step_dir_name(step)));
+    let mut n = 1;
+    while std::fs::symlink_metadata(&target).is_ok() {
+        n += 1;
+        target = root.join(format!("{}.rejected.{n}", step_dir_name(step)));
+    }
+    std::fs::rename(&dir, &target).map_err(io_err("rename", &dir))?;
+    crate::fsio::fsync_dir(root)?;
+    Ok(target)
+}
+
+/// Reads bytes `range` of `piece` (relative to the piece's start) from `step_dir` into `dst`
+/// (exactly `range` long), verifying every checksum chunk it touches against the manifest:
+/// chunks wholly inside the range are read straight into `dst` and hashed there; the at most two
+/// that straddle its ends are read whole into a scratch buffer, hashed, and the needed part
+/// copied. On error `dst` may hold unverified bytes and must be discarded. The file's length is
+/// checked first.
+pub(crate) fn read_piece_into(
+    step_dir: &Path,
+    step: u64,
+    piece: &Piece,
+    chunk_bytes: u64,
+    range: Range<u64>,
+    dst: &mut [u8],
+) -> Result<()> {
+    use std::os::unix::fs::FileExt;
     let path = step_dir.join(&piece.file);
-    let mut file = open_read(&path)?;
+    let file = open_read(&path)?;
     let actual = file_len(&file, &path)?;
     let needed = piece.offset.saturating_add(piece.bytes);
     if actual < needed {
@@ -156,20 +176,98 @@ pub(crate) fn read_verified_piece(step_dir: &Path, step: u64, piece: &Piece) -> 
             actual,
         });
     }
-    let bytes = read_range(&mut file, &path, piece.offset, piece.bytes)?;
-    let sum = checksum_hex(&bytes);
-    if sum != piece.xxh3_128 {
-        return Err(CkptError::PieceChecksum {
+    let verify = |index: u64, bytes: &[u8]| -> Result<()> {
+        let sum = checksum_hex(bytes);
+        let expected = piece
+            .chunks
+            .get(index as usize)
+            .map(String::as_str)
+            .unwrap_or("");
+        if sum == expected {
+            return Ok(());
+        }
+        Err(CkptError::PieceChecksum {
             step,
             tensor: piece.tensor.clone(),
             file: piece.file.clone(),
-            offset: piece.offset,
-            bytes: piece.bytes,
-            expected: piece.xxh3_128.clone(),
+            offset: piece.offset + index * chunk_bytes,
+            bytes: bytes.len() as u64,
+            expected: expected.to_string(),
             actual: sum,
-        });
+        })
+    };
+    let mut scratch = Vec::new();
+    let mut pos = range.start;
+    while pos < range.end {
+        let index = pos / chunk_bytes;
+        let (start, end) = (
+            index * chunk_bytes,
+            ((index + 1) * chunk_bytes).min(piece.bytes),
+        );
+        let take = end.min(range.end);
+        let out = &mut dst[(pos - range.start) as usize..(take - range.start) as usize];
+        if start == pos && end == take {
+            file.read_exact_at(out, piece.offset + start)
+                .map_err(io_err("read", &path))?;
+            verify(index, out)?;
+        } else {
+            scratch.resize((end - start) as usize, 0);
+            file.read_exact_at(&mut scratch, piece.offset + start)
+                .map_err(io_err("read", &path))?;
+            verify(index, &scratch)?;
+            out.copy_from_slice(&scratch[(pos - start) as usize..(take - start) as usize]);
+        }
+        pos = take;
     }
-    Ok(bytes)
+    Ok(())
+}
+
+/// [`read_piece_into`] a new buffer.
+pub(crate) fn read_piece_range(
+    step_dir: &Path,
+    step: u64,
+    piece: &Piece,
+    chunk_bytes: u64,
+    range: Range<u64>,
+) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; (range.end - range.start) as usize];
+    read_piece_into(step_dir, step, piece, chunk_bytes, range, &mut buf)?;
+    Ok(buf)
+}
+
+/// Where `rows` (a box inside `wanted`'s dimension-0 range) starts in `wanted`'s row-major
+/// buffer of `wanted_bytes`, if it is one contiguous run of it: its trailing extents equal
+/// `wanted`'s (so each of its rows is a whole row of `wanted`). Scalars start at 0.
+fn contiguous_offset(rows: &Slice, wanted: &Slice, wanted_bytes: u64) -> Option<u64> {
+    let (Some(r0), Some(w0)) = (rows.0.first(), wanted.0.first()) else {
+        return Some(0);
+    };
+    if rows.0[1..] != wanted.0[1..] {
+        return None;
+    }
+    Some((r0.offset - w0.offset) * (wanted_bytes / w0.len))
+}
+
+/// The part of `piece` whose rows (dimension 0) meet `wanted`: its slice and its byte range
+/// within the piece. A piece stores whole rows of its own box contiguously, so the rows a
+/// reader needs are one contiguous range; scalars are read whole.
+fn rows_needed(piece: &Piece, wanted: &Slice) -> Option<(Slice, Range<u64>)> {
+    let (Some(have), Some(want)) = (piece.slice.0.first(), wanted.0.first()) else {
+        return Some((piece.slice.clone(), 0..piece.bytes));
+    };
+    let start = have.offset.max(want.offset);
+    let end = (have.offset + have.len).min(want.offset + want.len);
+    if end <= start {
+        return None;
+    }
+    let row_bytes = piece.bytes / have.len;
+    let mut sub = piece.slice.clone();
+    sub.0[0] = Extent {
+        offset: start,
+        len: end - start,
+    };
+    let rel = start - have.offset;
+    Some((sub, rel * row_bytes..(rel + end - start) * row_bytes))
 }
 
 /// One opened, verified step.
@@ -248,9 +346,19 @@ impl Checkpoint {
     /// Reads and checks every piece of the step.
     pub fn verify_all_pieces(&self) -> Result<()> {
         for piece in &self.manifest.pieces {
-            read_verified_piece(&self.dir, self.step(), piece)?;
+            self.read_piece(piece, 0..piece.bytes)?;
         }
         Ok(())
+    }
+
+    fn read_piece(&self, piece: &Piece, range: Range<u64>) -> Result<Vec<u8>> {
+        read_piece_range(
+            &self.dir,
+            self.step(),
+            piece,
+            self.manifest.chunk_bytes,
+            range,
+        )
     }
 
     /// The step.
@@ -274,7 +382,8 @@ impl Checkpoint {
     }
 
     /// Assembles the global slice `wanted` of `tensor`, row-major in the slice's own shape, from
-    /// every piece that overlaps it; each piece is read whole and verified before use.
+    /// every piece that overlaps it. Of each piece only the rows that meet `wanted` are read
+    /// (rounded out to whole checksum chunks), and every chunk read is verified before use.
     pub fn read_slice(&self, tensor: &str, wanted: &Slice) -> Result<Vec<u8>> {
         let step = self.step();
         let meta = self
@@ -294,19 +403,34 @@ impl Checkpoint {
             .get(tensor)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let pieces = || indices.iter().map(|&i| &self.manifest.pieces[i]);
-        // Fast path: a load in the saving layout asks for exactly one stored piece, whose
-        // verified bytes are the answer as they are (no second buffer, no copy).
-        if let Some(piece) = pieces().find(|p| p.slice == *wanted) {
-            return read_verified_piece(&self.dir, step, piece);
-        }
         let mut out = vec![0u8; bytes as usize];
-        for piece in pieces() {
+        for &i in indices {
+            let piece = &self.manifest.pieces[i];
             if piece.slice.overlap(wanted).is_none() {
                 continue;
             }
-            let data = read_verified_piece(&self.dir, step, piece)?;
-            copy_overlap(&data, &piece.slice, &mut out, wanted, meta.dtype.size())?;
+            let Some((rows, range)) = rows_needed(piece, wanted) else {
+                continue;
+            };
+            match contiguous_offset(&rows, wanted, bytes) {
+                // Fast path (a load in the saving layout, or a re-split along dimension 0):
+                // the rows needed are one run of the output, read and verified in place.
+                Some(at) => {
+                    let dst = &mut out[at as usize..(at + range.end - range.start) as usize];
+                    read_piece_into(
+                        &self.dir,
+                        step,
+                        piece,
+                        self.manifest.chunk_bytes,
+                        range,
+                        dst,
+                    )?;
+                }
+                None => {
+                    let data = self.read_piece(piece, range)?;
+                    copy_overlap(&data, &rows, &mut out, wanted, meta.dtype.size())?;
+                }
+            }
         }
         Ok(out)
     }
@@ -321,26 +445,5 @@ impl Checkpoint {
                 tensor: tensor.to_string(),
             })?;
         self.read_slice(tensor, &Slice::full(&meta.shape))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_step_name;
-
-    #[test]
-    fn step_names_are_canonical() {
-        assert_eq!(parse_step_name("step-0"), Some(0));
-        assert_eq!(parse_step_name("step-120"), Some(120));
-        for bad in [
-            "step-",
-            "step-007",
-            "step-1.tmp",
-            "step--1",
-            "step-+1",
-            "stepx-1",
-        ] {
-            assert_eq!(parse_step_name(bad), None, "{bad}");
-        }
     }
 }

@@ -1,11 +1,10 @@
-//! Saving a step: each rank writes its pieces with a [`RankWriter`], then one coordinator calls
+//! Saving a step: each rank writes its pieces with a [`RankWriter`](crate::RankWriter), then one coordinator calls
 //! [`commit`] with every rank's piece list.
 //!
 //! Commit protocol (each arrow is durable before the next begins):
 //!
-//! 1. every rank writes `step-<N>.tmp/rank-<r>.bin`, fsyncs it and the directory, and reads
-//!    its pieces back, checking each against the xxh3-128 taken from its buffer (ranks verify
-//!    in parallel, each on its own disk);
+//! 1. every rank writes `step-<N>.tmp/rank-<r>.safetensors` with a [`RankWriter`](crate::RankWriter) (hashing
+//!    each chunk of its buffers as it writes them), then fsyncs it and the directory;
 //! 2. the coordinator validates the assembled manifest and checks that every piece file is a
 //!    regular file long enough for its pieces;
 //! 3. it writes `step-<N>.tmp/manifest.json` (tmp file, fsync, rename, dir fsync);
@@ -16,25 +15,23 @@
 //! A crash anywhere before the rename in step 5 leaves no `COMMIT`, so readers never see the
 //! step. [`FailPoint`] stops the writer at each of these points for tests.
 
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::{CkptError, Result, io_err};
 use crate::fsio::{checksum_hex, file_len, fsync_dir, open_read, write_atomic};
-use crate::layout::{Slice, TensorMeta};
-use crate::manifest::{COMMIT_FILE, CommitMarker, FORMAT, MANIFEST_FILE, Manifest, Piece, VERSION};
-use crate::reader::{read_verified_piece, step_dir_name};
+use crate::layout::TensorMeta;
+use crate::manifest::{
+    COMMIT_FILE, CommitMarker, DEFAULT_CHUNK_BYTES, FORMAT, MANIFEST_FILE, Manifest, Piece, VERSION,
+};
+use crate::rank_file::ensure_not_committed;
+use crate::reader::step_dir_name;
 
-/// Name of the staging directory of a step: `step-<N>.tmp`.
-pub fn tmp_dir_name(step: u64) -> String {
-    format!("step-{step}.tmp")
-}
+pub use crate::names::tmp_dir_name;
 
 /// Where a writer stops abruptly in fault-injection tests, leaving files as a crash would.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailPoint {
-    /// [`RankWriter::write_piece`] writes half of the piece, then stops.
+    /// [`RankWriter::write_piece`](crate::RankWriter::write_piece) writes half of the piece, then stops.
     MidPiece,
     /// [`commit`] verifies all pieces, then stops before writing the manifest.
     AfterPiecesBeforeManifest,
@@ -58,133 +55,6 @@ impl FailPoint {
         FailPoint::AfterRenameBeforeMarker,
         FailPoint::MidMarker,
     ];
-}
-
-/// Refuses to write a step whose commit marker already exists.
-fn ensure_not_committed(root: &Path, step: u64) -> Result<()> {
-    let marker = root.join(step_dir_name(step)).join(COMMIT_FILE);
-    if std::fs::symlink_metadata(marker).is_ok() {
-        return Err(CkptError::AlreadyCommitted {
-            step,
-            dir: root.to_path_buf(),
-        });
-    }
-    Ok(())
-}
-
-/// Writes one rank's pieces of one step into its own file, `step-<N>.tmp/rank-<r>.bin`.
-#[derive(Debug)]
-pub struct RankWriter {
-    step: u64,
-    rank: u32,
-    dir: PathBuf,
-    file_name: String,
-    file: File,
-    offset: u64,
-    pieces: Vec<Piece>,
-    fail: Option<FailPoint>,
-    poisoned: bool,
-}
-
-impl RankWriter {
-    /// Creates (truncating) this rank's data file in the step's staging directory.
-    pub fn create(root: &Path, step: u64, rank: u32) -> Result<Self> {
-        ensure_not_committed(root, step)?;
-        let dir = root.join(tmp_dir_name(step));
-        std::fs::create_dir_all(&dir).map_err(io_err("create dir", &dir))?;
-        let file_name = format!("rank-{rank:05}.bin");
-        let path = dir.join(&file_name);
-        let file = File::create(&path).map_err(io_err("create", &path))?;
-        Ok(RankWriter {
-            step,
-            rank,
-            dir,
-            file_name,
-            file,
-            offset: 0,
-            pieces: Vec::new(),
-            fail: None,
-            poisoned: false,
-        })
-    }
-
-    /// Arms a fail point (only [`FailPoint::MidPiece`] concerns a rank writer).
-    pub fn with_fail_point(mut self, point: FailPoint) -> Self {
-        self.fail = Some(point);
-        self
-    }
-
-    /// Appends one piece: `data` holds the elements of `slice` of `tensor`, row-major.
-    pub fn write_piece(&mut self, tensor: &TensorMeta, slice: &Slice, data: &[u8]) -> Result<()> {
-        if self.poisoned {
-            return Err(CkptError::WriterPoisoned {
-                rank: self.rank,
-                step: self.step,
-            });
-        }
-        slice.check_fits(&tensor.name, &tensor.shape)?;
-        let bytes = slice.byte_size(tensor.dtype, &tensor.name)?;
-        if bytes == 0 {
-            return Err(CkptError::Piece {
-                step: self.step,
-                tensor: tensor.name.clone(),
-                file: self.file_name.clone(),
-                reason: format!("empty slice {slice}: tensors without elements need no pieces"),
-            });
-        }
-        if bytes != data.len() as u64 {
-            return Err(CkptError::BufferSize {
-                what: "piece data",
-                expected: bytes,
-                actual: data.len() as u64,
-            });
-        }
-        let path = self.dir.join(&self.file_name);
-        if self.fail == Some(FailPoint::MidPiece) {
-            self.poisoned = true;
-            self.file
-                .write_all(&data[..data.len() / 2])
-                .map_err(io_err("write", &path))?;
-            return Err(CkptError::InjectedFailure {
-                point: FailPoint::MidPiece,
-                step: self.step,
-            });
-        }
-        if let Err(e) = self.file.write_all(data) {
-            self.poisoned = true;
-            return Err(io_err("write", &path)(e));
-        }
-        self.pieces.push(Piece {
-            tensor: tensor.name.clone(),
-            file: self.file_name.clone(),
-            offset: self.offset,
-            bytes,
-            slice: slice.clone(),
-            xxh3_128: checksum_hex(data),
-        });
-        self.offset += bytes;
-        Ok(())
-    }
-
-    /// Makes the file durable and returns this rank's piece list for [`commit`].
-    pub fn finish(self) -> Result<Vec<Piece>> {
-        if self.poisoned {
-            return Err(CkptError::WriterPoisoned {
-                rank: self.rank,
-                step: self.step,
-            });
-        }
-        let path = self.dir.join(&self.file_name);
-        self.file.sync_all().map_err(io_err("fsync", &path))?;
-        fsync_dir(&self.dir)?;
-        // Read back what is now durable and check every piece against the checksum taken from
-        // the caller's buffer: each rank verifies its own file, in parallel with the others
-        // (and where only it can: on a node-local disk), before the coordinator may commit.
-        for piece in &self.pieces {
-            read_verified_piece(&self.dir, self.step, piece)?;
-        }
-        Ok(self.pieces)
-    }
 }
 
 /// Everything but the pieces that a committed manifest records.
@@ -276,14 +146,15 @@ fn commit_inner(
         world_size: meta.world_size,
         layout: meta.layout,
         config_hash: meta.config_hash,
+        chunk_bytes: DEFAULT_CHUNK_BYTES,
         tensors: meta.tensors,
         pieces,
         state: meta.state,
     };
     let manifest_path = tmp.join(MANIFEST_FILE);
     manifest.validate(&manifest_path)?;
-    // The ranks verified their pieces' bytes after fsync (`RankWriter::finish`); here every
-    // file must exist as a regular file long enough for every piece recorded in it.
+    // The ranks checksummed their pieces while writing and fsynced them (`RankWriter::finish`);
+    // here every file must exist as a regular file long enough for every piece recorded in it.
     check_piece_files(&tmp, step, &manifest.pieces)?;
     stop(FailPoint::AfterPiecesBeforeManifest)?;
 

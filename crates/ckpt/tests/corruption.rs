@@ -38,11 +38,23 @@ fn assert_falls_back(root: &Path, verify: Verify, check: impl Fn(&CkptError) -> 
 fn flipped_piece_byte_rejects_version_naming_file() {
     let dir = tempfile::tempdir().unwrap();
     let step2 = two_steps(dir.path());
+    let manifest = Checkpoint::open(dir.path(), 2, Verify::ManifestOnly)
+        .unwrap()
+        .manifest()
+        .clone();
     for rank in 0..4 {
-        let name = format!("rank-{rank:05}.bin");
+        let name = ckpt::rank_file_name(rank);
         let path = step2.join(&name);
         let len = std::fs::metadata(&path).unwrap().len() as usize;
-        for pos in [0, len / 2, len - 1] {
+        // The first byte of the first piece, one in the middle and the file's last byte.
+        let data_start = manifest
+            .pieces
+            .iter()
+            .filter(|p| p.file == name)
+            .map(|p| p.offset as usize)
+            .min()
+            .unwrap();
+        for pos in [data_start, (data_start + len) / 2, len - 1] {
             flip(&path, pos);
             assert_falls_back(dir.path(), Verify::AllPieces, |e| {
                 matches!(e, CkptError::PieceChecksum { file, step: 2, .. } if *file == name)
@@ -72,7 +84,7 @@ fn flipped_piece_byte_rejects_version_naming_file() {
 fn truncated_piece_file_is_detected() {
     let dir = tempfile::tempdir().unwrap();
     let step2 = two_steps(dir.path());
-    let path = step2.join("rank-00003.bin");
+    let path = step2.join("rank-00003.safetensors");
     let len = std::fs::metadata(&path).unwrap().len();
     std::fs::OpenOptions::new()
         .write(true)
@@ -83,7 +95,7 @@ fn truncated_piece_file_is_detected() {
     assert_falls_back(
         dir.path(),
         Verify::AllPieces,
-        |e| matches!(e, CkptError::FileTooShort { file, .. } if file == "rank-00003.bin"),
+        |e| matches!(e, CkptError::FileTooShort { file, .. } if file == "rank-00003.safetensors"),
     );
 }
 
@@ -126,7 +138,11 @@ fn any_flipped_marker_byte_rejects_version() {
 fn all_versions_corrupt_reports_each() {
     let dir = tempfile::tempdir().unwrap();
     let step2 = two_steps(dir.path());
-    flip(&step2.join("rank-00000.bin"), 0);
+    let last = std::fs::metadata(step2.join("rank-00000.safetensors"))
+        .unwrap()
+        .len()
+        - 1;
+    flip(&step2.join("rank-00000.safetensors"), last as usize);
     flip(&dir.path().join(step_dir_name(1)).join("manifest.json"), 10);
     let err = open_latest(dir.path(), Verify::AllPieces).unwrap_err();
     let CkptError::NoCommittedStep { rejected, .. } = &err else {
@@ -135,7 +151,7 @@ fn all_versions_corrupt_reports_each() {
     assert_eq!(rejected.iter().map(|r| r.0).collect::<Vec<_>>(), vec![2, 1]);
     let msg = err.to_string();
     assert!(
-        msg.contains("rank-00000.bin") && msg.contains("manifest.json"),
+        msg.contains("rank-00000.safetensors") && msg.contains("manifest.json"),
         "{msg}"
     );
 }

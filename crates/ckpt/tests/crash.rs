@@ -65,7 +65,7 @@ fn first_save_crashing_leaves_nothing_loadable() {
 fn committed_step_is_never_overwritten() {
     let dir = tempfile::tempdir().unwrap();
     save(dir.path(), 1, &fixture(), 4, 1);
-    let err = ckpt::RankWriter::create(dir.path(), 1, 0).unwrap_err();
+    let err = ckpt::RankWriter::create(dir.path(), 1, 0, &[]).unwrap_err();
     assert!(matches!(err, CkptError::AlreadyCommitted { step: 1, .. }));
     assert_loads_step(dir.path(), 1, 1);
 }
@@ -76,7 +76,7 @@ fn poisoned_writer_refuses_further_use() {
     let meta = &fixture()[0];
     let full = Slice::full(&meta.shape);
     let data = expected_slice(meta, &full, 0);
-    let mut w = ckpt::RankWriter::create(dir.path(), 1, 0)
+    let mut w = ckpt::RankWriter::create(dir.path(), 1, 0, &[(meta, &full)])
         .unwrap()
         .with_fail_point(FailPoint::MidPiece);
     assert!(matches!(
@@ -94,20 +94,36 @@ fn poisoned_writer_refuses_further_use() {
 }
 
 #[test]
-fn writer_refuses_bad_input_without_poisoning() {
+fn writer_refuses_bad_plans() {
     let dir = tempfile::tempdir().unwrap();
     let meta = &fixture()[1]; // BF16 [9, 14]
-    let mut w = ckpt::RankWriter::create(dir.path(), 1, 0).unwrap();
+    let create = |plan: &[(&ckpt::TensorMeta, &Slice)]| {
+        ckpt::RankWriter::create(dir.path(), 1, 0, plan).unwrap_err()
+    };
     let empty = Slice::new(&[(0, 0), (0, 14)]);
-    assert!(matches!(
-        w.write_piece(meta, &empty, &[]),
-        Err(CkptError::Piece { .. })
-    ));
+    assert!(matches!(create(&[(meta, &empty)]), CkptError::Piece { .. }));
     let outside = Slice::new(&[(8, 2), (0, 14)]);
-    let err = w.write_piece(meta, &outside, &[0; 56]).unwrap_err();
-    assert!(matches!(err, CkptError::SliceOutOfBounds { .. }));
+    assert!(matches!(
+        create(&[(meta, &outside)]),
+        CkptError::SliceOutOfBounds { .. }
+    ));
     let rows = Slice::new(&[(0, 1), (0, 14)]);
-    let err = w.write_piece(meta, &rows, &[0; 27]).unwrap_err();
+    let err = create(&[(meta, &rows), (meta, &rows)]);
+    assert!(err.to_string().contains("planned twice"), "{err}");
+}
+
+#[test]
+fn writer_keeps_to_its_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let meta = &fixture()[1]; // BF16 [9, 14]
+    let (r0, r1) = (
+        Slice::new(&[(0, 1), (0, 14)]),
+        Slice::new(&[(1, 1), (0, 14)]),
+    );
+    let plan = [(meta, &r0), (meta, &r1)];
+    // A short buffer is refused without poisoning the writer.
+    let mut w = ckpt::RankWriter::create(dir.path(), 1, 0, &plan).unwrap();
+    let err = w.write_piece(meta, &r0, &[0; 27]).unwrap_err();
     assert!(matches!(
         err,
         CkptError::BufferSize {
@@ -116,6 +132,18 @@ fn writer_refuses_bad_input_without_poisoning() {
             ..
         }
     ));
-    w.write_piece(meta, &rows, &[0; 28]).unwrap();
-    assert_eq!(w.finish().unwrap().len(), 1);
+    w.write_piece(meta, &r0, &[0; 28]).unwrap();
+    // Finishing before the plan is complete names the missing piece.
+    let err = w.finish().unwrap_err();
+    assert!(err.to_string().contains("never written"), "{err}");
+    // Writing out of order is refused and poisons the writer.
+    let mut w = ckpt::RankWriter::create(dir.path(), 1, 0, &plan).unwrap();
+    let err = w.write_piece(meta, &r1, &[0; 28]).unwrap_err();
+    assert!(err.to_string().contains("where the plan has"), "{err}");
+    assert!(matches!(w.finish(), Err(CkptError::WriterPoisoned { .. })));
+    // In order, it completes.
+    let mut w = ckpt::RankWriter::create(dir.path(), 1, 0, &plan).unwrap();
+    w.write_piece(meta, &r0, &[0; 28]).unwrap();
+    w.write_piece(meta, &r1, &[1; 28]).unwrap();
+    assert_eq!(w.finish().unwrap().len(), 2);
 }

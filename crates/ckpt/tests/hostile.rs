@@ -45,7 +45,7 @@ fn path_traversal_and_absolute_paths_are_refused() {
     for name in [
         "../secret.bin",
         "/etc/passwd",
-        "sub/rank-00000.bin",
+        "sub/rank-00000.safetensors",
         "..",
         ".",
         "",
@@ -55,10 +55,14 @@ fn path_traversal_and_absolute_paths_are_refused() {
         let dir = committed();
         // A byte-identical copy outside the step directory: following the path would "work".
         let step = dir.path().join(step_dir_name(1));
-        std::fs::copy(step.join("rank-00000.bin"), dir.path().join("secret.bin")).unwrap();
+        std::fs::copy(
+            step.join("rank-00000.safetensors"),
+            dir.path().join("secret.bin"),
+        )
+        .unwrap();
         rewrite_manifest(dir.path(), 1, |m| {
             for p in m["pieces"].as_array_mut().unwrap() {
-                if p["file"] == "rank-00000.bin" {
+                if p["file"] == "rank-00000.safetensors" {
                     p["file"] = json!(name);
                 }
             }
@@ -77,8 +81,8 @@ fn symlinked_piece_file_is_refused() {
     let dir = committed();
     let step = dir.path().join(step_dir_name(1));
     let outside = dir.path().join("outside.bin");
-    std::fs::rename(step.join("rank-00002.bin"), &outside).unwrap();
-    std::os::unix::fs::symlink(&outside, step.join("rank-00002.bin")).unwrap();
+    std::fs::rename(step.join("rank-00002.safetensors"), &outside).unwrap();
+    std::os::unix::fs::symlink(&outside, step.join("rank-00002.safetensors")).unwrap();
     assert!(matches!(open_err(dir.path()), CkptError::Symlink { .. }));
 }
 
@@ -158,7 +162,7 @@ fn out_of_range_and_missing_pieces_are_refused() {
     let err = refused(|m| m["pieces"][0]["tensor"] = json!("ghost"));
     assert!(piece_reason(&err).contains("unlisted"), "{err}");
 
-    let err = refused(|m| m["pieces"][0]["xxh3_128"] = json!("../../etc"));
+    let err = refused(|m| m["pieces"][0]["chunks"][0] = json!("../../etc"));
     assert!(piece_reason(&err).contains("hex"), "{err}");
 }
 
@@ -212,7 +216,7 @@ fn marker_claiming_huge_manifest_is_refused() {
 fn piece_that_is_a_directory_is_refused() {
     let dir = committed();
     let step = dir.path().join(step_dir_name(1));
-    std::fs::remove_file(step.join("rank-00001.bin")).unwrap();
-    std::fs::create_dir(step.join("rank-00001.bin")).unwrap();
+    std::fs::remove_file(step.join("rank-00001.safetensors")).unwrap();
+    std::fs::create_dir(step.join("rank-00001.safetensors")).unwrap();
     assert!(matches!(open_err(dir.path()), CkptError::NotAFile { .. }));
 }

@@ -98,6 +98,34 @@ fn whole_tensor_and_cross_piece_slices() {
     assert!(ckpt.read_slice("nope", &Slice::new(&[])).is_err());
 }
 
+#[test]
+fn offline_reshard_4_to_3_keeps_every_byte_and_the_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let tensors = fixture();
+    save(dir.path(), 10, &tensors, 4, 42);
+    let src = Checkpoint::open(dir.path(), 10, Verify::AllPieces).unwrap();
+    let manifest = ckpt::reshard(&src, out.path(), 3).unwrap();
+    assert_eq!(manifest.world_size, 3);
+    let files: std::collections::BTreeSet<_> = manifest.pieces.iter().map(|p| &p.file).collect();
+    assert_eq!(files.len(), 3);
+    let dst = Checkpoint::open(out.path(), 10, Verify::AllPieces).unwrap();
+    assert_eq!(dst.state(), src.state());
+    assert_eq!(dst.manifest().config_hash, src.manifest().config_hash);
+    // Every rank's file holds exactly its rows of each tensor, and any layout still loads.
+    for p in &manifest.pieces {
+        let rank: u32 = p.file[5..10].parse().unwrap();
+        let meta = dst.manifest().tensor(&p.tensor).unwrap();
+        assert_eq!(
+            Some(&p.slice),
+            ckpt::rank_rows(&meta.shape, rank, 3).as_ref()
+        );
+    }
+    check_all_layouts(&dst, &tensors, 42);
+    // The step is committed in the target: a second reshard into it is refused.
+    assert!(ckpt::reshard(&src, out.path(), 2).is_err());
+}
+
 fn dtype_strategy() -> impl Strategy<Value = DType> {
     prop::sample::select(vec![
         DType::F64,

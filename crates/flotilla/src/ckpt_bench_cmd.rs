@@ -2,18 +2,28 @@
 //! write and read bandwidth, measured in the same round on the same directory.
 //!
 //! The state is 8 float32 tensors of shape `[rows, 4096]` (rows chosen so the total is about
-//! `--size`), split by rows across ranks. Each round measures, in order: a plain file write
-//! (8 MiB writes, fsync) and read; a save by `--ranks` threads (write, fsync, commit); a load by
-//! the same row split (`load_same`); and a load by `--ranks + 1` threads with a different row
-//! split (`load_reshard`). Each load checks one tensor's bytes against what was written.
+//! `--size`), split by rows across ranks. Each round measures, in order: the disk's own
+//! sequential bandwidth with as many streams as ranks (each thread writes one plain file of its
+//! share in 8 MiB writes, write-back started every 32 MiB as the checkpoint writer does, fsync;
+//! then reads it); a save by `--ranks` threads (write, fsync, commit); an asynchronous save by the same
+//! threads, each with an [`AsyncSaver`] kept across rounds (the foreground pause is the slowest
+//! rank's; the total runs to the commit); a load by the same row split (`load_same`); and a
+//! load by `--reshard-ranks` threads with a different row split (`load_reshard`). Each load
+//! checks one tensor's bytes against what was written. Before the first round one unreported
+//! asynchronous save warms the savers' host buffers (as DCP's benchmark drops its first
+//! repetition).
 
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use ckpt::{CheckpointMeta, DType, Piece, RankWriter, Slice, TensorMeta, Verify, commit};
+use ckpt::{
+    AsyncSaver, CheckpointMeta, DType, Piece, RankWriter, Slice, TensorMeta, Verify, commit,
+    start_writeback,
+};
 use data::prepare::parse_byte_size;
 
 use crate::page_cache::drop_caches;
@@ -26,6 +36,10 @@ const COLS: u64 = 4096;
 const ROW_BYTES: u64 = COLS * 4;
 /// Size of each write and read of the plain disk test.
 const CHUNK: usize = 8 << 20;
+/// The plain disk test starts write-back every this many bytes (as the checkpoint writer does).
+const KICK: u64 = 32 << 20;
+/// Longest wait for a background save.
+const SAVE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Options of `flotilla ckpt bench`.
 #[derive(clap::Args)]
@@ -36,9 +50,12 @@ pub struct Args {
     /// Approximate size of the checkpoint state and of the plain test file (e.g. 1GiB, 64MiB).
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     pub size: u64,
-    /// Ranks (threads) that save and load with the same layout; the reshard load uses one more.
+    /// Ranks (threads) that save and load with the same layout.
     #[arg(long, default_value_t = 2)]
     pub ranks: u32,
+    /// Ranks of the resharding load (default: `--ranks` + 1).
+    #[arg(long)]
+    pub reshard_ranks: Option<u32>,
     /// Rounds to run.
     #[arg(long, default_value_t = 3)]
     pub rounds: u32,
@@ -66,6 +83,8 @@ struct Round {
     disk_write_gbps: f64,
     disk_read_gbps: f64,
     save_gbps: f64,
+    async_pause_s: f64,
+    async_total_gbps: f64,
     load_same_gbps: f64,
     load_reshard_gbps: f64,
     save_over_disk_write: f64,
@@ -110,27 +129,27 @@ fn tensor_meta(t: usize, rows: u64) -> TensorMeta {
     }
 }
 
-/// Writes `bytes` to `path` in [`CHUNK`] writes, fsyncs, then (after dropping caches if `cold`)
-/// reads it back; returns (write seconds, read seconds).
-fn disk_round(path: &Path, bytes: u64, cold: bool) -> Result<(f64, f64)> {
+/// Writes `bytes` to `path` in [`CHUNK`] writes (write-back started every [`KICK`]) and fsyncs.
+fn write_file(path: &Path, bytes: u64) -> Result<()> {
     let chunk: Vec<u8> = (0..CHUNK).map(|i| (i * 31 + 7) as u8).collect();
-    let start = Instant::now();
     let mut file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
-    let mut left = bytes;
-    while left > 0 {
-        let n = left.min(CHUNK as u64) as usize;
+    let (mut written, mut kicked) = (0u64, 0u64);
+    while written < bytes {
+        let n = (bytes - written).min(CHUNK as u64) as usize;
         file.write_all(&chunk[..n])
             .with_context(|| format!("writing {}", path.display()))?;
-        left -= n as u64;
+        written += n as u64;
+        if written - kicked >= KICK {
+            start_writeback(&file, kicked, written - kicked);
+            kicked = written;
+        }
     }
     file.sync_all()
-        .with_context(|| format!("fsync {}", path.display()))?;
-    drop(file);
-    let write = start.elapsed().as_secs_f64();
-    if cold {
-        drop_caches()?;
-    }
-    let start = Instant::now();
+        .with_context(|| format!("fsync {}", path.display()))
+}
+
+/// Reads `path` to the end in [`CHUNK`] reads; checks it holds `bytes` bytes.
+fn read_file(path: &Path, bytes: u64) -> Result<()> {
     let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut buf = vec![0u8; CHUNK];
     let mut read = 0u64;
@@ -143,62 +162,180 @@ fn disk_round(path: &Path, bytes: u64, cold: bool) -> Result<(f64, f64)> {
         }
         read += n as u64;
     }
-    let secs = start.elapsed().as_secs_f64();
     if read != bytes {
         bail!("{}: read back {read} bytes, wrote {bytes}", path.display());
     }
-    std::fs::remove_file(path).with_context(|| format!("removing {}", path.display()))?;
-    Ok((write, secs))
+    Ok(())
 }
 
-/// Saves step `step` with one thread per row range; returns the seconds from the first write to
-/// the return of `commit`.
-fn save(root: &Path, step: u64, rows: u64, ranks: u32) -> Result<f64> {
-    let split = split_rows(rows, ranks);
-    // Generated before the clock starts: the benchmark measures I/O, not the data generator.
-    let data: Vec<Vec<Vec<u8>>> = split
-        .iter()
-        .map(|&(first, n)| (0..TENSORS).map(|t| rows_data(t, first, n)).collect())
-        .collect();
+/// Runs `op` on every file of `files` (path, bytes) in its own thread; returns the seconds
+/// until the last one finished.
+fn timed_parallel(files: &[(PathBuf, u64)], op: fn(&Path, u64) -> Result<()>) -> Result<f64> {
     let start = Instant::now();
-    let results: Vec<Result<Vec<Piece>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = split
+    let results = std::thread::scope(|s| {
+        let handles = files
             .iter()
-            .zip(&data)
-            .enumerate()
-            .map(|(rank, (&(first, n), bufs))| {
-                s.spawn(move || -> Result<Vec<Piece>> {
-                    let mut w = RankWriter::create(root, step, rank as u32)?;
-                    for (t, buf) in bufs.iter().enumerate() {
-                        let slice = Slice::new(&[(first, n), (0, COLS)]);
-                        w.write_piece(&tensor_meta(t, rows), &slice, buf)?;
-                    }
-                    Ok(w.finish()?)
-                })
-            })
+            .map(|(path, bytes)| s.spawn(move || op(path, *bytes)))
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow!("a save thread panicked")))
-            })
-            .collect()
+        join_all(handles)
     });
-    let mut pieces = Vec::new();
-    for (rank, r) in results.into_iter().enumerate() {
-        pieces.extend(r.with_context(|| format!("saving rank {rank} of step {step}"))?);
+    let secs = start.elapsed().as_secs_f64();
+    results.into_iter().collect::<Result<Vec<()>>>()?;
+    Ok(secs)
+}
+
+/// The disk's sequential bandwidth with as many streams as the checkpoint has ranks: `streams`
+/// threads each write (and fsync) one file of `bytes / streams`, then (after dropping caches if
+/// `cold`) read it back. Returns (write seconds, read seconds).
+fn disk_round(dir: &Path, bytes: u64, streams: u32, cold: bool) -> Result<(f64, f64)> {
+    let per = bytes / u64::from(streams.max(1));
+    let files: Vec<(PathBuf, u64)> = (0..streams.max(1))
+        .map(|i| (disk_file(dir, i), per))
+        .collect();
+    let result = timed_parallel(&files, write_file).and_then(|write| {
+        if cold {
+            drop_caches()?;
+        }
+        Ok((write, timed_parallel(&files, read_file)?))
+    });
+    for (path, _) in &files {
+        let _ = std::fs::remove_file(path);
     }
-    let meta = CheckpointMeta {
+    result
+}
+
+/// One rank's pieces: its rows of every tensor, and their bytes.
+struct RankState {
+    slice: Slice,
+    bufs: Vec<Vec<u8>>,
+}
+
+impl RankState {
+    fn pieces<'a>(&'a self, metas: &'a [TensorMeta]) -> Vec<(&'a TensorMeta, &'a Slice, &'a [u8])> {
+        metas
+            .iter()
+            .zip(&self.bufs)
+            .map(|(m, b)| (m, &self.slice, b.as_slice()))
+            .collect()
+    }
+}
+
+/// The state of every rank of a `ranks`-way row split, generated before any clock starts (the
+/// benchmark measures I/O, not the data generator).
+fn rank_states(rows: u64, ranks: u32) -> Vec<RankState> {
+    split_rows(rows, ranks)
+        .into_iter()
+        .map(|(first, n)| RankState {
+            slice: Slice::new(&[(first, n), (0, COLS)]),
+            bufs: (0..TENSORS).map(|t| rows_data(t, first, n)).collect(),
+        })
+        .collect()
+}
+
+fn bench_meta(rows: u64, ranks: u32, step: u64) -> CheckpointMeta {
+    CheckpointMeta {
         run_id: "ckpt-bench".into(),
         world_size: ranks,
         layout: serde_json::json!({"split": "rows", "ranks": ranks}),
         config_hash: "0".into(),
         tensors: (0..TENSORS).map(|t| tensor_meta(t, rows)).collect(),
         state: serde_json::json!({"step": step}),
-    };
+    }
+}
+
+/// Joins scoped threads, turning a panic into an error.
+fn join_all<T>(handles: Vec<std::thread::ScopedJoinHandle<'_, Result<T>>>) -> Vec<Result<T>> {
+    handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(anyhow!("a bench thread panicked")))
+        })
+        .collect()
+}
+
+/// Saves step `step` with one thread per rank; returns the seconds from the first write to the
+/// return of `commit`.
+fn save(root: &Path, step: u64, rows: u64, states: &[RankState]) -> Result<f64> {
+    let metas: Vec<TensorMeta> = (0..TENSORS).map(|t| tensor_meta(t, rows)).collect();
+    let start = Instant::now();
+    let results = std::thread::scope(|s| {
+        let handles = states
+            .iter()
+            .enumerate()
+            .map(|(rank, st)| {
+                let metas = &metas;
+                s.spawn(move || -> Result<Vec<Piece>> {
+                    Ok(RankWriter::write_all(
+                        root,
+                        step,
+                        rank as u32,
+                        &st.pieces(metas),
+                    )?)
+                })
+            })
+            .collect();
+        join_all(handles)
+    });
+    let mut pieces = Vec::new();
+    for (rank, r) in results.into_iter().enumerate() {
+        pieces.extend(r.with_context(|| format!("saving rank {rank} of step {step}"))?);
+    }
+    let meta = bench_meta(rows, states.len() as u32, step);
     commit(root, step, pieces, meta).with_context(|| format!("committing step {step}"))?;
     Ok(start.elapsed().as_secs_f64())
+}
+
+/// Saves step `step` asynchronously: every rank thread hands its state to its saver at once;
+/// each background thread sends its piece list to this (coordinator) thread, which commits.
+/// Returns (the slowest rank's foreground pause, seconds until the commit returned).
+fn save_async(
+    root: &Path,
+    step: u64,
+    rows: u64,
+    states: &[RankState],
+    savers: &mut [AsyncSaver],
+) -> Result<(f64, f64)> {
+    let metas: Vec<TensorMeta> = (0..TENSORS).map(|t| tensor_meta(t, rows)).collect();
+    let (tx, rx) = mpsc::channel::<Vec<Piece>>();
+    let start = Instant::now();
+    let pauses = std::thread::scope(|s| {
+        let handles = states
+            .iter()
+            .zip(savers.iter_mut())
+            .map(|(st, saver)| {
+                let (metas, tx) = (&metas, tx.clone());
+                s.spawn(move || -> Result<f64> {
+                    let after: ckpt::AfterWrite = Box::new(move |_, pieces| {
+                        // The coordinator may have given up; its error is what gets reported.
+                        let _ = tx.send(pieces);
+                        Ok(())
+                    });
+                    Ok(saver.save(step, &st.pieces(metas), after)?.as_secs_f64())
+                })
+            })
+            .collect();
+        join_all(handles)
+    });
+    drop(tx);
+    let mut pause = 0f64;
+    for (rank, p) in pauses.into_iter().enumerate() {
+        pause = pause.max(p.with_context(|| format!("async save of rank {rank}, step {step}"))?);
+    }
+    let mut pieces = Vec::new();
+    for rank in 0..states.len() {
+        let got = rx.recv_timeout(SAVE_TIMEOUT);
+        pieces.extend(got.map_err(|e| anyhow!("waiting for rank {rank}'s pieces: {e}"))?);
+    }
+    let meta = bench_meta(rows, states.len() as u32, step);
+    commit(root, step, pieces, meta).with_context(|| format!("committing step {step}"))?;
+    let total = start.elapsed().as_secs_f64();
+    for (rank, saver) in savers.iter_mut().enumerate() {
+        saver
+            .wait(SAVE_TIMEOUT)
+            .with_context(|| format!("async save of rank {rank}, step {step}"))?;
+    }
+    Ok((pause, total))
 }
 
 /// Loads every tensor of `step` with one thread per row range of a `ranks`-way split, and checks
@@ -268,12 +405,45 @@ fn check_memory(bytes: u64) -> Result<()> {
     Ok(())
 }
 
-/// Runs one round, saving step `index`.
-fn round(args: &Args, root: &Path, index: u32, rows: u64) -> Result<Round> {
+/// What every round uses: the ranks' state and their savers (kept across rounds).
+struct Bench {
+    rows: u64,
+    states: Vec<RankState>,
+    savers: Vec<AsyncSaver>,
+    reshard_ranks: u32,
+}
+
+impl Bench {
+    fn new(args: &Args, root: &Path, rows: u64) -> Result<Self> {
+        let states = rank_states(rows, args.ranks);
+        let mut savers: Vec<AsyncSaver> =
+            (0..args.ranks).map(|r| AsyncSaver::new(root, r)).collect();
+        // Warm-up (unreported): the first save maps the host buffers.
+        save_async(root, 0, rows, &states, &mut savers)?;
+        remove_step(root, 0)?;
+        Ok(Bench {
+            rows,
+            states,
+            savers,
+            reshard_ranks: args.reshard_ranks.unwrap_or(args.ranks + 1),
+        })
+    }
+}
+
+fn remove_step(root: &Path, step: u64) -> Result<()> {
+    let dir = root.join(ckpt::step_dir_name(step));
+    std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))
+}
+
+/// Runs one round, saving steps `2 index + 1` (synchronously) and `2 index + 2` (async).
+fn round(args: &Args, root: &Path, index: u32, bench: &mut Bench) -> Result<Round> {
+    let rows = bench.rows;
     let bytes = rows * ROW_BYTES * TENSORS as u64;
-    let (w, r) = disk_round(&disk_file(&args.dir), bytes, args.cold)?;
-    let step = u64::from(index);
-    let save_s = save(root, step, rows, args.ranks)?;
+    let (w, r) = disk_round(&args.dir, bytes, args.ranks, args.cold)?;
+    let step = 2 * u64::from(index) + 1;
+    let save_s = save(root, step, rows, &bench.states)?;
+    let (pause_s, async_s) = save_async(root, step + 1, rows, &bench.states, &mut bench.savers)?;
+    remove_step(root, step + 1)?;
     if args.cold {
         drop_caches()?;
     }
@@ -281,9 +451,8 @@ fn round(args: &Args, root: &Path, index: u32, rows: u64) -> Result<Round> {
     if args.cold {
         drop_caches()?;
     }
-    let reshard_s = load(root, step, rows, args.ranks + 1)?;
-    let dir = root.join(ckpt::step_dir_name(step));
-    std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    let reshard_s = load(root, step, rows, bench.reshard_ranks)?;
+    remove_step(root, step)?;
     let (dw, dr) = (gbps(bytes, w), gbps(bytes, r));
     let (sv, ls, lr) = (
         gbps(bytes, save_s),
@@ -294,11 +463,13 @@ fn round(args: &Args, root: &Path, index: u32, rows: u64) -> Result<Round> {
         round: index,
         bytes,
         ranks: args.ranks,
-        reshard_ranks: args.ranks + 1,
+        reshard_ranks: bench.reshard_ranks,
         cold: args.cold,
         disk_write_gbps: dw,
         disk_read_gbps: dr,
         save_gbps: sv,
+        async_pause_s: pause_s,
+        async_total_gbps: gbps(bytes, async_s),
         load_same_gbps: ls,
         load_reshard_gbps: lr,
         save_over_disk_write: sv / dw,
@@ -309,22 +480,23 @@ fn round(args: &Args, root: &Path, index: u32, rows: u64) -> Result<Round> {
 
 /// Runs the benchmark and prints one line (or JSON object) per round.
 pub fn run(args: Args) -> Result<()> {
-    if args.ranks == 0 || args.rounds == 0 {
+    let reshard = args.reshard_ranks.unwrap_or(args.ranks + 1);
+    if args.ranks == 0 || args.rounds == 0 || reshard == 0 {
         bail!(
-            "--ranks {} and --rounds {} must be at least 1",
+            "--ranks {}, --reshard-ranks {reshard} and --rounds {} must be at least 1",
             args.ranks,
             args.rounds
         );
     }
     let rows = args.size / (ROW_BYTES * TENSORS as u64);
-    if rows < u64::from(args.ranks) + 1 {
+    let most = u64::from(args.ranks.max(reshard));
+    if rows < most {
         bail!(
-            "--size {} bytes is too small: {} tensors of [rows, {COLS}] float32 need at least {} \
-             rows ({} bytes) for {} ranks and the reshard load",
+            "--size {} bytes is too small: {} tensors of [rows, {COLS}] float32 need at least \
+             {most} rows ({} bytes) for {} ranks and a reshard load by {reshard}",
             args.size,
             TENSORS,
-            args.ranks + 1,
-            (u64::from(args.ranks) + 1) * ROW_BYTES * TENSORS as u64,
+            most * ROW_BYTES * TENSORS as u64,
             args.ranks
         );
     }
@@ -338,61 +510,62 @@ pub fn run(args: Args) -> Result<()> {
     }
     std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
     if !args.json {
-        println!(
-            "{:>5} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>12}",
-            "round",
-            "bytes",
-            "disk_w",
-            "disk_r",
-            "save",
-            "load",
-            "reshard",
-            "save/disk",
-            "load/disk",
-            "reshard/load"
-        );
-        println!(
-            "{:>5} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9}   (GB/s; save and load by {} ranks, reshard load by {}{})",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            args.ranks,
-            args.ranks + 1,
-            if args.cold { ", cold cache" } else { "" }
-        );
+        print_header(args.ranks, reshard, args.cold);
     }
-    let result = (0..args.rounds).try_for_each(|index| print_round(&args, &root, index, rows));
+    let result = Bench::new(&args, &root, rows).and_then(|mut bench| {
+        (0..args.rounds).try_for_each(|index| print_round(&args, &root, index, &mut bench))
+    });
     if result.is_err() {
         // Best effort: the error being returned matters more than a failed cleanup.
         let _ = std::fs::remove_dir_all(&root);
-        let _ = std::fs::remove_file(disk_file(&args.dir));
         return result;
     }
     std::fs::remove_dir(&root).with_context(|| format!("removing {}", root.display()))
 }
 
-/// The plain test file of [`disk_round`].
-fn disk_file(dir: &Path) -> PathBuf {
-    dir.join("ckpt-bench-disk.bin")
+fn print_header(ranks: u32, reshard: u32, cold: bool) {
+    println!(
+        "{:>5} {:>12} {:>7} {:>7} {:>7} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9} {:>12}",
+        "round",
+        "bytes",
+        "disk_w",
+        "disk_r",
+        "save",
+        "async_s",
+        "async_tot",
+        "load",
+        "reshard",
+        "save/disk",
+        "load/disk",
+        "reshard/load"
+    );
+    println!(
+        "# GB/s, but async_s: the slowest rank's foreground pause in seconds; save and load by \
+         {ranks} ranks, reshard load by {reshard}{}",
+        if cold { ", cold cache" } else { "" }
+    );
+}
+
+/// Plain test file `index` of [`disk_round`].
+fn disk_file(dir: &Path, index: u32) -> PathBuf {
+    dir.join(format!("ckpt-bench-disk-{index}.bin"))
 }
 
 /// Runs one round and prints its line (or JSON object).
-fn print_round(args: &Args, root: &Path, index: u32, rows: u64) -> Result<()> {
-    let r = round(args, root, index, rows)?;
+fn print_round(args: &Args, root: &Path, index: u32, bench: &mut Bench) -> Result<()> {
+    let r = round(args, root, index, bench)?;
     if args.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
         println!(
-            "{:>5} {:>12} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>9.2} {:>12.2}",
+            "{:>5} {:>12} {:>7.2} {:>7.2} {:>7.2} {:>9.3} {:>9.2} {:>7.2} {:>7.2} {:>9.2} {:>9.2} {:>12.2}",
             r.round,
             r.bytes,
             r.disk_write_gbps,
             r.disk_read_gbps,
             r.save_gbps,
+            r.async_pause_s,
+            r.async_total_gbps,
             r.load_same_gbps,
             r.load_reshard_gbps,
             r.save_over_disk_write,

@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use ckpt::names::StepName;
 use ckpt::{Checkpoint, Manifest, Verify, open_latest};
 
-use crate::ckpt_bench_cmd;
+use crate::{ckpt_bench_cmd, ckpt_convert_cmd, ckpt_policy_cmd};
 
 /// The `flotilla ckpt` subcommands.
 #[derive(clap::Subcommand)]
@@ -21,6 +22,12 @@ pub enum CkptCommand {
     Verify(VerifyArgs),
     /// Save and load bandwidth against the disk's sequential write and read bandwidth.
     Bench(ckpt_bench_cmd::Args),
+    /// Convert a step: to a consolidated Hugging Face model, or resharded for N ranks.
+    Convert(ckpt_convert_cmd::ConvertArgs),
+    /// Retention (--keep-last, --keep-every) and removal of uncommitted leftovers.
+    Gc(ckpt_policy_cmd::GcArgs),
+    /// Young/Daly checkpoint interval and expected loss from pause, MTBF and restart time.
+    Interval(ckpt_policy_cmd::IntervalArgs),
 }
 
 /// Options of `flotilla ckpt ls`.
@@ -60,6 +67,9 @@ pub fn run(command: CkptCommand) -> Result<()> {
         CkptCommand::Show(a) => show(a),
         CkptCommand::Verify(a) => verify(a),
         CkptCommand::Bench(a) => ckpt_bench_cmd::run(a),
+        CkptCommand::Convert(a) => ckpt_convert_cmd::run(a),
+        CkptCommand::Gc(a) => ckpt_policy_cmd::run_gc(a),
+        CkptCommand::Interval(a) => ckpt_policy_cmd::run_interval(a),
     }
 }
 
@@ -72,9 +82,12 @@ enum StepDir {
     NoMarker,
     /// `step-<N>.tmp`: a staging directory.
     Staging,
+    /// `step-<N>.deleting`: being deleted by retention.
+    Trash,
 }
 
-/// Every `step-<N>` and `step-<N>.tmp` entry under `root` as (step, name, kind), by step.
+/// Every `step-<N>`, `step-<N>.tmp` and `step-<N>.deleting` entry under `root` as (step, name,
+/// kind), by step.
 fn step_dirs(root: &Path) -> Result<Vec<(u64, String, StepDir)>> {
     let entries = std::fs::read_dir(root)
         .with_context(|| format!("reading checkpoint root {}", root.display()))?;
@@ -84,25 +97,14 @@ fn step_dirs(root: &Path) -> Result<Vec<(u64, String, StepDir)>> {
         let Some(name) = entry.file_name().to_str().map(str::to_string) else {
             continue;
         };
-        let Some(rest) = name.strip_prefix("step-") else {
-            continue;
-        };
-        let (digits, staging) = match rest.strip_suffix(".tmp") {
-            Some(d) => (d, true),
-            None => (rest, false),
-        };
-        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let Ok(step) = digits.parse::<u64>() else {
-            continue;
-        };
-        let kind = if staging {
-            StepDir::Staging
-        } else if entry.path().join("COMMIT").exists() {
-            StepDir::Committed
-        } else {
-            StepDir::NoMarker
+        let (step, kind) = match ckpt::names::parse_name(&name) {
+            Some(StepName::Staging(step)) => (step, StepDir::Staging),
+            Some(StepName::Step(step)) if entry.path().join("COMMIT").exists() => {
+                (step, StepDir::Committed)
+            }
+            Some(StepName::Step(step)) => (step, StepDir::NoMarker),
+            Some(StepName::Trash(step)) => (step, StepDir::Trash),
+            None => continue,
         };
         found.push((step, name, kind));
     }
@@ -143,6 +145,10 @@ fn ls(root: &Path) -> Result<()> {
             StepDir::Staging => {
                 println!("{name:<24} {:<12} staging directory", "uncommitted")
             }
+            StepDir::Trash => println!(
+                "{name:<24} {:<12} being deleted (gc removes it)",
+                "deleting"
+            ),
         }
     }
     if dirs.is_empty() {

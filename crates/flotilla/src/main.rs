@@ -5,6 +5,8 @@ mod bench_comm;
 mod bench_model;
 mod ckpt_bench_cmd;
 mod ckpt_cmd;
+mod ckpt_convert_cmd;
+mod ckpt_policy_cmd;
 mod data_bench_cmd;
 mod data_cmd;
 mod data_inspect_cmd;
@@ -43,7 +45,8 @@ enum Command {
         #[command(subcommand)]
         what: data_cmd::DataCommand,
     },
-    /// Checkpoints: list steps, show a manifest, verify every piece, benchmark save and load.
+    /// Checkpoints: ls, show, verify, convert (Hugging Face, offline reshard), gc (retention),
+    /// interval (Young/Daly), bench.
     Ckpt {
         #[command(subcommand)]
         what: ckpt_cmd::CkptCommand,

@@ -22,16 +22,14 @@ fn save_step(root: &Path, step: u64) {
     };
     let mut pieces = Vec::new();
     for rank in 0..2u64 {
-        let mut writer = RankWriter::create(root, step, rank as u32).unwrap();
         let w_data: Vec<u8> = (0..24).map(|i| (i + 24 * rank + step) as u8).collect();
         let b_data = [rank as u8, 9];
-        writer
-            .write_piece(&w, &Slice::new(&[(2 * rank, 2), (0, 3)]), &w_data)
-            .unwrap();
-        writer
-            .write_piece(&b, &Slice::new(&[(2 * rank, 2)]), &b_data)
-            .unwrap();
-        pieces.extend(writer.finish().unwrap());
+        let (ws, bs) = (
+            Slice::new(&[(2 * rank, 2), (0, 3)]),
+            Slice::new(&[(2 * rank, 2)]),
+        );
+        let mine = [(&w, &ws, &w_data[..]), (&b, &bs, &b_data[..])];
+        pieces.extend(RankWriter::write_all(root, step, rank as u32, &mine).unwrap());
     }
     let meta = CheckpointMeta {
         run_id: "cli-test".into(),
@@ -111,21 +109,22 @@ fn ls_show_verify_and_corruption() {
     );
 
     // Flip one byte of rank 1's file of step 10.
-    let piece = root.join("step-10").join("rank-00001.bin");
+    let piece = root.join("step-10").join("rank-00001.safetensors");
     let mut bytes = std::fs::read(&piece).unwrap();
-    bytes[3] ^= 0x40;
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
     std::fs::write(&piece, bytes).unwrap();
 
     let (ok, out, err) = flotilla(&["ckpt", "verify", root_arg(root), "--step", "10"]);
     assert!(!ok, "corrupt step verified: {out}");
-    assert!(out.contains("rank-00001.bin"), "{out}");
+    assert!(out.contains("rank-00001.safetensors"), "{out}");
     assert!(err.contains("step-10"), "{err}");
 
     let (ok, out, err) = flotilla(&["ckpt", "verify", root_arg(root)]);
     assert!(!ok, "corrupt step verified: {out}");
     assert!(out.contains("ok   step-5"), "{out}");
     assert!(
-        out.contains("BAD  step-10") && out.contains("rank-00001.bin"),
+        out.contains("BAD  step-10") && out.contains("rank-00001.safetensors"),
         "{out}"
     );
     assert!(err.contains("1 of 2") && err.contains("step-10"), "{err}");
@@ -155,7 +154,9 @@ fn bench_prints_positive_figures() {
         "--size",
         "4MiB",
         "--ranks",
-        "2",
+        "4",
+        "--reshard-ranks",
+        "3",
         "--rounds",
         "1",
         "--json",
@@ -166,12 +167,14 @@ fn bench_prints_positive_figures() {
     assert_eq!(lines.len(), 1, "{out}");
     let r: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
     assert_eq!(r["bytes"], 4 << 20);
-    assert_eq!(r["ranks"], 2);
+    assert_eq!(r["ranks"], 4);
     assert_eq!(r["reshard_ranks"], 3);
     for key in [
         "disk_write_gbps",
         "disk_read_gbps",
         "save_gbps",
+        "async_pause_s",
+        "async_total_gbps",
         "load_same_gbps",
         "load_reshard_gbps",
         "save_over_disk_write",

@@ -10,6 +10,17 @@ pub enum TrainError {
     /// The data layer refused (bad file, tokenizer, ids ...).
     #[error(transparent)]
     Data(#[from] data::DataError),
+    /// The checkpoint layer refused (I/O, corruption, a save still in flight ...).
+    #[error(transparent)]
+    Ckpt(#[from] ckpt::CkptError),
+    /// A checkpoint cannot resume this run.
+    #[error("cannot resume from step {step}: {reason}")]
+    Resume {
+        /// The checkpoint's step.
+        step: u64,
+        /// What differs.
+        reason: String,
+    },
     /// A training setting is invalid.
     #[error("invalid training config: {field} = {value}: {reason}")]
     Config {

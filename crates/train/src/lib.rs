@@ -5,12 +5,14 @@
 //! - [`trainer`]: the single-process trainer (forward, backward, clip,
 //!   AdamW, schedule) with per-step metrics.
 //! - [`metrics`]: tokens/s and MFU against the measured GEMM peak.
+pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod metrics;
 pub mod source;
 pub mod trainer;
 
+pub use checkpoint::{CheckpointConfig, Checkpointer, SaveSummary};
 pub use config::{DataSpec, TrainConfig};
 pub use error::TrainError;
 pub use trainer::{StepStats, Trainer};

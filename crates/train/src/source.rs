@@ -30,13 +30,15 @@ pub enum Source {
 }
 
 impl Source {
-    /// Build the source for `spec`, with a model vocabulary of `vocab`.
+    /// Build the source for `spec`, with a model vocabulary of `vocab`; a token-dataset source
+    /// continues from `resume` when given (the other sources ignore it).
     pub fn new(
         spec: &DataSpec,
         vocab: usize,
         seq_len: usize,
         batch: usize,
         seed: u64,
+        resume: Option<&data::LoaderState>,
     ) -> Result<Self> {
         Ok(match spec {
             DataSpec::Markov { branching } => Source::Markov {
@@ -80,7 +82,7 @@ impl Source {
                 config.global_batch = batch as u64 * config.world;
                 config.seed = seed;
                 Source::Loader {
-                    loader: Box::new(Loader::new(datasets, &config, None)?),
+                    loader: Box::new(Loader::new(datasets, &config, resume)?),
                     vocab,
                 }
             }
@@ -91,6 +93,14 @@ impl Source {
     pub fn loader_metrics(&self) -> Option<&LoaderMetrics> {
         match self {
             Source::Loader { loader, .. } => Some(loader.metrics()),
+            _ => None,
+        }
+    }
+
+    /// The loader's state (its position), when reading datasets.
+    pub fn loader_state(&mut self) -> Option<data::LoaderState> {
+        match self {
+            Source::Loader { loader, .. } => Some(loader.state()),
             _ => None,
         }
     }

@@ -7,7 +7,10 @@ use model::init::init_params;
 use model::model::Model;
 use model::optim::{AdamW, Bf16Store, check_finite, clip_grad_norm, grad_norm};
 use std::ops::Range;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use crate::checkpoint::state_views;
+use ckpt::TensorMeta;
 
 /// What one optimizer step did.
 #[derive(Clone, Copy, Debug)]
@@ -42,6 +45,9 @@ pub struct Trainer {
     inputs: Vec<u32>,
     targets: Vec<u32>,
     step: u64,
+    /// Batches drawn from `source` (training and evaluation alike): the data cursor of the
+    /// built-in corpora.
+    drawn: u64,
 }
 
 impl Trainer {
@@ -63,7 +69,14 @@ impl Trainer {
         };
         let decay = model.layout().decay_ranges(cfg.decay_all);
         let opt = AdamW::new(cfg.adamw, params.len())?;
-        let source = Source::new(&cfg.data, cfg.model.vocab, cfg.seq_len, cfg.batch, cfg.seed)?;
+        let source = Source::new(
+            &cfg.data,
+            cfg.model.vocab,
+            cfg.seq_len,
+            cfg.batch,
+            cfg.seed,
+            None,
+        )?;
         let n = cfg.tokens_per_step();
         Ok(Self {
             grads: vec![0f32; params.len()],
@@ -75,6 +88,7 @@ impl Trainer {
             inputs: vec![0; n],
             targets: vec![0; n],
             step: 0,
+            drawn: 0,
             th,
             model,
             cfg,
@@ -106,6 +120,70 @@ impl Trainer {
         self.step
     }
 
+    /// The f32 parameters the optimizer updates: the master weights under bf16, else
+    /// [`Trainer::params`].
+    pub fn master_params(&self) -> &[f32] {
+        match &self.bf16 {
+            Some(store) => store.master(),
+            None => &self.params,
+        }
+    }
+
+    /// The optimizer.
+    pub fn optimizer(&self) -> &AdamW {
+        &self.opt
+    }
+
+    /// Batches drawn from the data source so far.
+    pub fn batches_drawn(&self) -> u64 {
+        self.drawn
+    }
+
+    pub(crate) fn source_mut(&mut self) -> &mut Source {
+        &mut self.source
+    }
+
+    /// Replaces parameters (f32 master weights), optimizer moments and step counters, as a
+    /// checkpoint recorded them.
+    pub(crate) fn load_state(
+        &mut self,
+        master: Vec<f32>,
+        m: Vec<f32>,
+        v: Vec<f32>,
+        optimizer_step: u64,
+        step: u64,
+    ) -> Result<()> {
+        self.opt = AdamW::from_state(self.cfg.adamw, m, v, optimizer_step)?;
+        match &mut self.bf16 {
+            Some(store) => {
+                *store = Bf16Store::new(master);
+                store.decode_params(&mut self.params)?;
+            }
+            None => self.params = master,
+        }
+        self.step = step;
+        Ok(())
+    }
+
+    /// Rebuilds the data source at a checkpoint's position: from the loader's saved state for
+    /// token datasets, else by replaying `drawn` batches of the deterministic stream.
+    pub(crate) fn reset_source(
+        &mut self,
+        loader: Option<&data::LoaderState>,
+        drawn: u64,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        self.source = Source::new(&c.data, c.model.vocab, c.seq_len, c.batch, c.seed, loader)?;
+        if loader.is_none() {
+            for _ in 0..drawn {
+                self.source
+                    .next_batch(c.batch, &mut self.inputs, &mut self.targets)?;
+            }
+        }
+        self.drawn = drawn;
+        Ok(())
+    }
+
     /// The best achievable loss of the data, when known.
     pub fn entropy_floor(&self) -> Option<f64> {
         self.source.entropy_floor()
@@ -123,26 +201,79 @@ impl Trainer {
     /// were before the step.
     pub fn step(&mut self) -> Result<StepStats> {
         let step = self.step + 1;
+        let data_seconds = self.fetch()?;
+        let t0 = Instant::now();
+        let (loss, norm) = gradients(
+            &mut self.model,
+            &self.th,
+            &self.params,
+            (&self.inputs, &self.targets),
+            &mut self.grads,
+            self.cfg.grad_clip,
+            step,
+        )?;
+        self.update(step, loss, norm, data_seconds, t0)
+    }
+
+    /// One optimizer step, like [`Trainer::step`], while `stage` runs on a second thread over
+    /// the state as it stands at the start of the step, as checkpoint tensors (see
+    /// [`crate::checkpoint`]: parameters, or master weights under bf16, and AdamW's moments).
+    /// The forward and backward only read that state, so they overlap the staging; the
+    /// optimizer, which writes it, first waits for `stage` to return. Returns the step's stats,
+    /// what `stage` returned and how long the step waited for it (the checkpoint's foreground
+    /// pause).
+    pub fn step_with_staging<R: Send>(
+        &mut self,
+        stage: impl FnOnce(&[(TensorMeta, &[u8])]) -> R + Send,
+    ) -> Result<(StepStats, R, Duration)> {
+        let step = self.step + 1;
+        let data_seconds = self.fetch()?;
+        let t0 = Instant::now();
+        let master: &[f32] = match &self.bf16 {
+            Some(store) => store.master(),
+            None => &self.params,
+        };
+        let (m, v) = self.opt.moments();
+        let views = state_views(self.model.layout(), master, m, v);
+        let (grads, staged, waited) = std::thread::scope(|s| {
+            let staging = s.spawn(move || stage(&views));
+            let grads = gradients(
+                &mut self.model,
+                &self.th,
+                &self.params,
+                (&self.inputs, &self.targets),
+                &mut self.grads,
+                self.cfg.grad_clip,
+                step,
+            );
+            let wait = Instant::now();
+            let staged = staging.join();
+            (grads, staged, wait.elapsed())
+        });
+        let staged = staged.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let (loss, norm) = grads?;
+        let stats = self.update(step, loss, norm, data_seconds, t0)?;
+        Ok((stats, staged, waited))
+    }
+
+    /// Fills the input and target buffers with the next batch; returns the seconds it took.
+    fn fetch(&mut self) -> Result<f64> {
         let fetch = Instant::now();
         self.source
             .next_batch(self.cfg.batch, &mut self.inputs, &mut self.targets)?;
-        let data_seconds = fetch.elapsed().as_secs_f64();
-        let t0 = Instant::now();
-        self.grads.fill(0.0);
-        let loss = self
-            .model
-            .forward(&self.th, &self.params, &self.inputs, Some(&self.targets))?
-            .unwrap_or(f64::NAN);
-        check_finite("loss", step, loss)?;
-        self.model
-            .backward(&self.th, &self.params, &mut self.grads)?;
-        let p = model::profile::scope("grad_norm");
-        let norm = match self.cfg.grad_clip {
-            Some(max) => clip_grad_norm(&self.th, &mut self.grads, max),
-            None => grad_norm(&self.th, &self.grads),
-        };
-        drop(p);
-        check_finite("gradient norm", step, norm)?;
+        self.drawn += 1;
+        Ok(fetch.elapsed().as_secs_f64())
+    }
+
+    /// The optimizer half of step `step`: applies the gradients and returns the step's stats.
+    fn update(
+        &mut self,
+        step: u64,
+        loss: f64,
+        norm: f64,
+        data_seconds: f64,
+        t0: Instant,
+    ) -> Result<StepStats> {
         let _p = model::profile::scope("optimizer");
         let lr = self.cfg.schedule.lr_at(self.cfg.lr, self.step);
         match &mut self.bf16 {
@@ -178,6 +309,7 @@ impl Trainer {
         for _ in 0..batches {
             self.source
                 .next_batch(self.cfg.batch, &mut self.inputs, &mut self.targets)?;
+            self.drawn += 1;
             sum += self
                 .model
                 .forward(&self.th, &self.params, &self.inputs, Some(&self.targets))?
@@ -185,4 +317,31 @@ impl Trainer {
         }
         Ok(sum / batches.max(1) as f64)
     }
+}
+
+/// Forward, backward and gradient norm (clipped to `clip`) of one batch into `grads`; returns
+/// (loss, norm before clipping). Reads `params` only. A non-finite loss or norm is an error
+/// naming `step`.
+fn gradients(
+    model: &mut Model<f32>,
+    th: &Threads,
+    params: &[f32],
+    (inputs, targets): (&[u32], &[u32]),
+    grads: &mut [f32],
+    clip: Option<f64>,
+    step: u64,
+) -> Result<(f64, f64)> {
+    grads.fill(0.0);
+    let loss = model
+        .forward(th, params, inputs, Some(targets))?
+        .unwrap_or(f64::NAN);
+    check_finite("loss", step, loss)?;
+    model.backward(th, params, grads)?;
+    let _p = model::profile::scope("grad_norm");
+    let norm = match clip {
+        Some(max) => clip_grad_norm(th, grads, max),
+        None => grad_norm(th, grads),
+    };
+    check_finite("gradient norm", step, norm)?;
+    Ok((loss, norm))
 }

@@ -136,16 +136,21 @@ pub fn write_ranks(
 ) -> ckpt::Result<Vec<Piece>> {
     let mut all = Vec::new();
     for rank in 0..world {
-        let mut w = RankWriter::create(root, step, rank)?;
+        let mut plan = Vec::new();
+        for (t, meta) in tensors.iter().enumerate() {
+            for (i, slice) in save_pieces(meta).into_iter().enumerate() {
+                if (i + t) % world as usize == rank as usize {
+                    plan.push((meta, slice));
+                }
+            }
+        }
+        let refs: Vec<_> = plan.iter().map(|(m, s)| (*m, s)).collect();
+        let mut w = RankWriter::create(root, step, rank, &refs)?;
         if let Some(p) = fail {
             w = w.with_fail_point(p);
         }
-        for (t, meta) in tensors.iter().enumerate() {
-            for (i, slice) in save_pieces(meta).iter().enumerate() {
-                if (i + t) % world as usize == rank as usize {
-                    w.write_piece(meta, slice, &expected_slice(meta, slice, seed))?;
-                }
-            }
+        for (meta, slice) in &plan {
+            w.write_piece(meta, slice, &expected_slice(meta, slice, seed))?;
         }
         all.extend(w.finish()?);
     }

@@ -1,0 +1,402 @@
+//! Saving a training run into distributed checkpoints (flotilla-ckpt) and resuming from them.
+//!
+//! What a step's checkpoint holds (004 §28.6: model, optimizer, scheduler, RNG and data cursor):
+//! - tensors, one per entry of the model's layout table, all float32 in the entry's shape:
+//!   `model.<entry>` (the f32 master weights under bf16), `optim.exp_avg.<entry>` and
+//!   `optim.exp_avg_sq.<entry>` (AdamW's moments);
+//! - state: the step, AdamW's step count, the number of batches drawn from the data source
+//!   (the cursor of the built-in corpora, replayed on resume) and, for token datasets, the
+//!   loader's own state; the model config (as the safetensors metadata map of
+//!   `model::interop::config_to_metadata`, so `flotilla ckpt convert` can rebuild the model) and
+//!   the hash of the training config. The learning-rate schedule is a pure function of the step
+//!   and parameter initialisation happens once, so neither has state of its own.
+//!
+//! Resuming with the same config and thread count continues bit-identically: the test
+//! `resume_is_bit_identical` trains 6 steps straight and 3 + save + resume + 3, and compares
+//! every parameter bit.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ckpt::policy::IntervalPlanner;
+use ckpt::{
+    AsyncSaver, Checkpoint, CheckpointMeta, DType, RankWriter, Slice, TensorMeta, Verify,
+    f32_bytes, f32_from_bytes,
+};
+use serde_json::json;
+
+use crate::config::TrainConfig;
+use crate::error::{Result, TrainError};
+use crate::trainer::{StepStats, Trainer};
+use model::layout::Layout;
+
+/// Prefix of the parameter tensors.
+pub const MODEL_PREFIX: &str = "model.";
+/// Prefix of AdamW's first moments.
+pub const EXP_AVG_PREFIX: &str = "optim.exp_avg.";
+/// Prefix of AdamW's second moments.
+pub const EXP_AVG_SQ_PREFIX: &str = "optim.exp_avg_sq.";
+/// Longest wait for a background save before the run reports it stuck.
+pub const SAVE_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// Hash of everything in the training config that decides the numbers, i.e. all but the number
+/// of steps (a resumed run may go further) and the thread count (which can change the
+/// reduction order: bit-identical resumes need the same count, but a different one is allowed).
+pub fn config_hash(cfg: &TrainConfig) -> String {
+    let mut c = cfg.clone();
+    c.steps = 0;
+    c.threads = 0;
+    ckpt::checksum_hex(format!("{c:?}").as_bytes())
+}
+
+/// How a run checkpoints.
+#[derive(Clone, Debug)]
+pub struct CheckpointConfig {
+    /// Root directory of the run's checkpoints.
+    pub dir: PathBuf,
+    /// Save every this many steps (0: only at the end, unless `auto_mtbf` is set).
+    pub every: u64,
+    /// Save asynchronously (copy to host buffers, write in the background).
+    pub asynchronous: bool,
+    /// Automatic interval: the job's mean time between failures in seconds. Checkpoints are
+    /// then taken every tau* = sqrt(2 C M) seconds (004 eq. 28.24), C being the measured
+    /// foreground pause of the saves so far (a prior of [`AUTO_PAUSE_PRIOR_SECS`] before the
+    /// first).
+    pub auto_mtbf: Option<f64>,
+}
+
+/// Pause assumed by the automatic interval before the first save has been measured.
+pub const AUTO_PAUSE_PRIOR_SECS: f64 = 1.0;
+
+/// One save as the trainer saw it.
+#[derive(Clone, Debug)]
+pub struct SaveSummary {
+    /// Step saved.
+    pub step: u64,
+    /// Bytes of tensor data.
+    pub bytes: u64,
+    /// Time the training loop was blocked by the save.
+    pub pause: Duration,
+    /// Under the automatic interval: the interval now planned (seconds) and the expected loss
+    /// fraction at it (004 eq. 28.23).
+    pub planned: Option<(f64, f64)>,
+}
+
+/// The checkpoint tensors of a model state: for every layout entry, its slice of `master`, `m`
+/// and `v` under the [`MODEL_PREFIX`], [`EXP_AVG_PREFIX`] and [`EXP_AVG_SQ_PREFIX`] names.
+pub(crate) fn state_views<'a>(
+    layout: &Layout,
+    master: &'a [f32],
+    m: &'a [f32],
+    v: &'a [f32],
+) -> Vec<(TensorMeta, &'a [u8])> {
+    let mut out = Vec::with_capacity(3 * layout.entries.len());
+    for (prefix, buf) in [
+        (MODEL_PREFIX, master),
+        (EXP_AVG_PREFIX, m),
+        (EXP_AVG_SQ_PREFIX, v),
+    ] {
+        for e in &layout.entries {
+            let meta = TensorMeta {
+                name: format!("{prefix}{}", e.name),
+                dtype: DType::F32,
+                shape: e.shape.iter().map(|&d| d as u64).collect(),
+            };
+            out.push((meta, f32_bytes(&buf[e.range()])));
+        }
+    }
+    out
+}
+
+impl Trainer {
+    /// The tensors of a checkpoint of the current step, each with its bytes.
+    pub fn checkpoint_tensors(&self) -> Vec<(TensorMeta, &[u8])> {
+        let (m, v) = self.optimizer().moments();
+        state_views(self.model().layout(), self.master_params(), m, v)
+    }
+
+    /// Everything but the tensors: run id, layout and the non-tensor state (see the module doc).
+    pub fn checkpoint_meta(&mut self, run_id: &str) -> CheckpointMeta {
+        let tensors = self
+            .checkpoint_tensors()
+            .into_iter()
+            .map(|(m, _)| m)
+            .collect();
+        let loader = self.source_mut().loader_state().map(|s| s.to_json());
+        let state = json!({
+            "step": self.steps_done(),
+            "optimizer_step": self.optimizer().step_count(),
+            "batches_drawn": self.batches_drawn(),
+            "loader": loader,
+            "seed": self.config().seed,
+            "model_config": model::interop::config_to_metadata(&self.config().model),
+        });
+        CheckpointMeta {
+            run_id: run_id.to_string(),
+            world_size: 1,
+            layout: json!({"dp": 1, "tp": 1, "pp": 1}),
+            config_hash: config_hash(self.config()),
+            tensors,
+            state,
+        }
+    }
+
+    /// Loads `ckpt` into this trainer: parameters, optimizer moments and step, and the data
+    /// source's position. Refused, naming what differs, if it was saved under another config.
+    pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
+        let resume = |reason: String| TrainError::Resume {
+            step: ckpt.step(),
+            reason,
+        };
+        let want = config_hash(self.config());
+        if ckpt.manifest().config_hash != want {
+            return Err(resume(format!(
+                "saved under training config {}, this run's is {want} (model, batch, data, \
+                 optimizer and schedule must match; only --steps and --threads may change)",
+                ckpt.manifest().config_hash
+            )));
+        }
+        let state = ckpt.state();
+        let field = |name: &str| {
+            state[name]
+                .as_u64()
+                .ok_or_else(|| resume(format!("state has no integer {name:?}")))
+        };
+        let (step, opt_step, drawn) = (
+            field("step")?,
+            field("optimizer_step")?,
+            field("batches_drawn")?,
+        );
+        let n = self.params().len();
+        let (mut master, mut m, mut v) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
+        for e in &self.model().layout().entries {
+            for (prefix, buf) in [
+                (MODEL_PREFIX, &mut master),
+                (EXP_AVG_PREFIX, &mut m),
+                (EXP_AVG_SQ_PREFIX, &mut v),
+            ] {
+                let name = format!("{prefix}{}", e.name);
+                let bytes = ckpt.read_tensor(&name)?;
+                f32_from_bytes(&bytes, &mut buf[e.range()], &name)?;
+            }
+        }
+        let loader = match &state["loader"] {
+            serde_json::Value::String(s) => Some(data::LoaderState::from_json(s)?),
+            _ => None,
+        };
+        self.load_state(master, m, v, opt_step, step)?;
+        self.reset_source(loader.as_ref(), drawn)
+    }
+}
+
+/// Drives a run's checkpoints: decides when a step is due (every `every` steps, or the
+/// automatic Young/Daly interval), saves it and commits it once its file is durable.
+///
+/// Asynchronous saves overlap the training step that follows the one saved: the state after
+/// step k is staged into the saver's host buffer by a second thread while step k + 1 runs its
+/// forward and backward (which only read that state), and the optimizer of step k + 1 waits for
+/// the copy ([`Trainer::step_with_staging`]); the file is then written and committed in the
+/// background. The pause the training loop sees is only the part of the copy that outlasts the
+/// forward and backward. A save due at the last step is staged in the foreground by
+/// [`Checkpointer::finish`].
+pub struct Checkpointer {
+    cfg: CheckpointConfig,
+    run_id: String,
+    saver: Option<AsyncSaver>,
+    last_saved: Option<u64>,
+    /// The automatic interval's planner and the time of the last save (or of the start).
+    planner: Option<(IntervalPlanner, Instant)>,
+    /// A due step to stage during the next training step, with its metadata.
+    pending: Option<(u64, CheckpointMeta)>,
+}
+
+impl Checkpointer {
+    /// A checkpointer writing under `cfg.dir` (created if missing).
+    pub fn new(cfg: CheckpointConfig, run_id: &str) -> Result<Self> {
+        std::fs::create_dir_all(&cfg.dir).map_err(|e| TrainError::Config {
+            field: "checkpoint dir",
+            value: cfg.dir.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let saver = cfg.asynchronous.then(|| AsyncSaver::new(&cfg.dir, 0));
+        let planner = match cfg.auto_mtbf {
+            Some(m) => Some((
+                IntervalPlanner::new(AUTO_PAUSE_PRIOR_SECS, m).map_err(ckpt::CkptError::from)?,
+                Instant::now(),
+            )),
+            None => None,
+        };
+        Ok(Checkpointer {
+            cfg,
+            run_id: run_id.to_string(),
+            saver,
+            last_saved: None,
+            planner,
+            pending: None,
+        })
+    }
+
+    /// Restores `trainer` from the newest checkpoint under `dir` that loads: a step whose
+    /// marker, manifest or any tensor byte fails verification is set aside with
+    /// [`ckpt::quarantine`] and the one before it tried (the trainer is only changed once every
+    /// tensor of a step has been read and verified). Returns the step resumed from and the
+    /// newer steps that were rejected (with why), or `None` when `dir` holds no committed step.
+    /// A checkpoint of another training config is an error, not a reason to fall back.
+    pub fn resume(dir: &Path, trainer: &mut Trainer) -> Result<Option<(u64, Vec<String>)>> {
+        if !dir.exists() {
+            return Ok(None);
+        }
+        let mut rejected = Vec::new();
+        for step in ckpt::list_committed(dir)?.into_iter().rev() {
+            let restored = Checkpoint::open(dir, step, Verify::ManifestOnly)
+                .map_err(TrainError::from)
+                .and_then(|c| trainer.restore(&c));
+            match restored {
+                Ok(()) => return Ok(Some((step, rejected))),
+                Err(TrainError::Ckpt(e)) => {
+                    // Set aside so the resumed run can commit this step again.
+                    let moved = ckpt::quarantine(dir, step)?;
+                    rejected.push(format!("step {step}: {e} (moved to {})", moved.display()));
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        if rejected.is_empty() {
+            Ok(None)
+        } else {
+            Err(TrainError::Resume {
+                step: 0,
+                reason: format!("no committed step loads: {}", rejected.join("; ")),
+            })
+        }
+    }
+
+    /// Whether the step just completed is due for a checkpoint.
+    fn due(&self, step: u64) -> bool {
+        match &self.planner {
+            Some((planner, last)) => planner.is_due(*last, Instant::now()),
+            None => self.cfg.every != 0 && step.is_multiple_of(self.cfg.every),
+        }
+    }
+
+    /// Runs one training step with the checkpoint work around it: stages a save that came due
+    /// at the previous step (asynchronous mode) while this step computes, then saves (sync) or
+    /// schedules (async) this step if it is due. Returns the step's stats and the save that
+    /// finished staging during the call, if any.
+    pub fn step(&mut self, trainer: &mut Trainer) -> Result<(StepStats, Option<SaveSummary>)> {
+        let mut summary = None;
+        let stats = match (self.pending.take(), self.saver.as_mut()) {
+            (Some((step, meta)), Some(saver)) => {
+                let before = Instant::now();
+                saver.wait(SAVE_TIMEOUT)?;
+                let previous = before.elapsed();
+                let root = self.cfg.dir.clone();
+                let (stats, bytes, waited) = trainer.step_with_staging(|views| {
+                    let full: Vec<Slice> =
+                        views.iter().map(|(m, _)| Slice::full(&m.shape)).collect();
+                    let pieces = whole_pieces(views, &full);
+                    let after: ckpt::AfterWrite = Box::new(move |step, pieces| {
+                        ckpt::commit(&root, step, pieces, meta).map(drop)
+                    });
+                    saver
+                        .save(step, &pieces, after)
+                        .map(|_| piece_bytes(&pieces))
+                })?;
+                summary = Some(self.record(step, bytes?, previous + waited)?);
+                stats
+            }
+            _ => trainer.step()?,
+        };
+        if self.due(stats.step) {
+            if self.saver.is_some() {
+                self.pending = Some((stats.step, trainer.checkpoint_meta(&self.run_id)));
+            } else {
+                summary = Some(self.save(trainer)?);
+            }
+        }
+        Ok((stats, summary))
+    }
+
+    /// Notes a finished save: its step, and under the automatic interval its pause.
+    fn record(&mut self, step: u64, bytes: u64, pause: Duration) -> Result<SaveSummary> {
+        self.last_saved = Some(step);
+        let planned = match &mut self.planner {
+            Some((planner, last)) => {
+                planner
+                    .record_pause(pause.as_secs_f64())
+                    .map_err(ckpt::CkptError::from)?;
+                *last = Instant::now();
+                Some((planner.interval(), planner.expected_loss_fraction()))
+            }
+            None => None,
+        };
+        Ok(SaveSummary {
+            step,
+            bytes,
+            pause,
+            planned,
+        })
+    }
+
+    /// Saves the current step now, staging in the foreground (waiting first for an earlier
+    /// asynchronous save, whose time counts in this pause).
+    pub fn save(&mut self, trainer: &mut Trainer) -> Result<SaveSummary> {
+        let started = Instant::now();
+        let step = trainer.steps_done();
+        let meta = match self.pending.take() {
+            Some((pending, meta)) if pending == step => meta,
+            _ => trainer.checkpoint_meta(&self.run_id),
+        };
+        let views = trainer.checkpoint_tensors();
+        let full: Vec<Slice> = views.iter().map(|(m, _)| Slice::full(&m.shape)).collect();
+        let pieces = whole_pieces(&views, &full);
+        let root = self.cfg.dir.clone();
+        match &mut self.saver {
+            Some(saver) => {
+                saver.wait(SAVE_TIMEOUT)?;
+                let after: ckpt::AfterWrite =
+                    Box::new(move |step, pieces| ckpt::commit(&root, step, pieces, meta).map(drop));
+                saver.save(step, &pieces, after)?;
+            }
+            None => {
+                let written = RankWriter::write_all(&root, step, 0, &pieces)?;
+                ckpt::commit(&root, step, written, meta)?;
+            }
+        }
+        let bytes = piece_bytes(&pieces);
+        self.record(step, bytes, started.elapsed())
+    }
+
+    /// At the end of a run: saves the final step unless it was already saved (or is already
+    /// committed, as when a run resumes at its last step), and waits for the save in flight.
+    pub fn finish(&mut self, trainer: &mut Trainer) -> Result<Option<SaveSummary>> {
+        let step = trainer.steps_done();
+        let committed = ckpt::list_committed(&self.cfg.dir)?.contains(&step);
+        let summary = if self.last_saved != Some(step) && !committed {
+            Some(self.save(trainer)?)
+        } else {
+            None
+        };
+        if let Some(saver) = &mut self.saver {
+            saver.wait(SAVE_TIMEOUT)?;
+        }
+        Ok(summary)
+    }
+}
+
+/// Whole-tensor pieces (tensor, full slice, bytes) of `views`, over the matching `full` slices.
+fn whole_pieces<'a>(
+    views: &'a [(TensorMeta, &'a [u8])],
+    full: &'a [Slice],
+) -> Vec<(&'a TensorMeta, &'a Slice, &'a [u8])> {
+    views
+        .iter()
+        .zip(full)
+        .map(|((m, b), s)| (m, s, *b))
+        .collect()
+}
+
+/// Bytes of tensor data in `pieces`.
+fn piece_bytes(pieces: &[(&TensorMeta, &Slice, &[u8])]) -> u64 {
+    pieces.iter().map(|(_, _, b)| b.len() as u64).sum()
+}
