@@ -47,7 +47,8 @@ struct HostBuffer {
 }
 
 impl HostBuffer {
-    /// A buffer of at least `len` bytes (anonymous mapping; huge pages where the kernel allows).
+    /// A buffer of at least `len` bytes (anonymous mapping, huge pages where the kernel allows,
+    /// every page faulted in up front so that no copy into it ever waits on a page fault).
     fn new(len: usize) -> Result<Self> {
         let map = MmapMut::map_anon(len.max(1)).map_err(|source| CkptError::Io {
             op: "map host buffer",
@@ -55,7 +56,12 @@ impl HostBuffer {
             source,
         })?;
         #[cfg(target_os = "linux")]
-        let _ = map.advise(memmap2::Advice::HugePage);
+        {
+            // Hints: huge pages first, then fault everything in (kernels before 5.14 lack
+            // MADV_POPULATE_WRITE; the first copy then faults the pages in instead).
+            let _ = map.advise(memmap2::Advice::HugePage);
+            let _ = map.advise(memmap2::Advice::PopulateWrite);
+        }
         Ok(HostBuffer { map })
     }
 
@@ -110,6 +116,21 @@ impl AsyncSaver {
     pub fn with_copy_threads(mut self, threads: usize) -> Self {
         self.copy_threads = threads.max(1);
         self
+    }
+
+    /// Maps the host buffer for saves of up to `bytes` now (a one-time cost of the first save
+    /// otherwise). No-op if the buffer is already that large; refused while a save is pending.
+    pub fn reserve(&mut self, bytes: usize) -> Result<()> {
+        if let Some(prev) = &self.in_flight {
+            return Err(CkptError::SaveInFlight {
+                step: prev.step,
+                previous: prev.step,
+            });
+        }
+        if self.buffer.as_ref().is_none_or(|b| b.len() < bytes) {
+            self.buffer = Some(HostBuffer::new(bytes)?);
+        }
+        Ok(())
     }
 
     /// The step whose save is in flight or not yet collected, if any.

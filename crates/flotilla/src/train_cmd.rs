@@ -250,7 +250,15 @@ fn open_checkpoints(
         auto_mtbf: a.ckpt_auto_mtbf,
     };
     let run_id = format!("train-seed{}", trainer.config().seed);
-    Ok(train::Checkpointer::new(cfg, &run_id)?)
+    let mut ck = train::Checkpointer::new(cfg, &run_id)?;
+    let mapped = ck.prepare(trainer)?;
+    if !a.ckpt_sync {
+        println!(
+            "# checkpoint host buffer mapped in {:.1} ms (asynchronous saves copy into it)",
+            mapped.as_secs_f64() * 1e3
+        );
+    }
+    Ok(ck)
 }
 
 /// Flotilla's logits for one fixed sequence, next to an HF export, so

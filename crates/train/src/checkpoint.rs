@@ -208,6 +208,8 @@ pub struct Checkpointer {
     planner: Option<(IntervalPlanner, Instant)>,
     /// A due step to stage during the next training step, with its metadata.
     pending: Option<(u64, CheckpointMeta)>,
+    /// Whether the host buffer has been mapped ([`Checkpointer::prepare`]).
+    prepared: bool,
 }
 
 impl Checkpointer {
@@ -233,6 +235,7 @@ impl Checkpointer {
             last_saved: None,
             planner,
             pending: None,
+            prepared: false,
         })
     }
 
@@ -271,6 +274,22 @@ impl Checkpointer {
         }
     }
 
+    /// Maps the asynchronous saver's host buffer for `trainer`'s state now (done by the first
+    /// [`Checkpointer::step`] otherwise), so no save pays for it; returns the time taken (zero
+    /// for synchronous saves or when already done).
+    pub fn prepare(&mut self, trainer: &Trainer) -> Result<Duration> {
+        let start = Instant::now();
+        if let Some(saver) = &mut self.saver {
+            let bytes = trainer
+                .checkpoint_tensors()
+                .iter()
+                .map(|(_, b)| b.len())
+                .sum();
+            saver.reserve(bytes)?;
+        }
+        Ok(start.elapsed())
+    }
+
     /// Whether the step just completed is due for a checkpoint.
     fn due(&self, step: u64) -> bool {
         match &self.planner {
@@ -284,6 +303,10 @@ impl Checkpointer {
     /// schedules (async) this step if it is due. Returns the step's stats and the save that
     /// finished staging during the call, if any.
     pub fn step(&mut self, trainer: &mut Trainer) -> Result<(StepStats, Option<SaveSummary>)> {
+        if !self.prepared {
+            self.prepare(trainer)?;
+            self.prepared = true;
+        }
         let mut summary = None;
         let stats = match (self.pending.take(), self.saver.as_mut()) {
             (Some((step, meta)), Some(saver)) => {
