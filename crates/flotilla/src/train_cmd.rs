@@ -1,7 +1,9 @@
 //! `flotilla train`: train a model in this process, printing step, loss,
 //! tokens/s and MFU.
 use crate::model_args::{ModelArgs, TrainArgs};
+use crate::spawn::{NodeSpec, Worker, run_node};
 use anyhow::{Context, Result, bail};
+use comm::group::{GroupConfig, ProcessGroup};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 use train::Trainer;
@@ -14,9 +16,16 @@ pub struct Args {
     model: ModelArgs,
     #[command(flatten)]
     train: TrainArgs,
-    /// Processes. Only 1 runs today; data-parallel training arrives with the DDP engine.
+    /// Data-parallel worker processes on this machine: each trains on its --batch rows of every
+    /// global batch of nproc x batch rows, gradients all-reduced in buckets during the backward.
     #[arg(long, default_value_t = 1)]
     nproc: usize,
+    /// Gradient bucket size in MiB (data parallel; see train::ddp::DEFAULT_BUCKET_BYTES).
+    #[arg(long, default_value_t = 1.0)]
+    bucket_mb: f64,
+    /// Stop the whole job (every worker) if it runs longer than this.
+    #[arg(long, default_value_t = 24 * 3600)]
+    job_timeout_s: u64,
     /// Print a line every this many steps.
     #[arg(long, default_value_t = 10)]
     log_every: u64,
@@ -54,15 +63,55 @@ pub struct Args {
     no_progress: bool,
 }
 
-/// Run `flotilla train`.
+/// Run `flotilla train`: in one process, or as the launcher of `--nproc` data-parallel
+/// workers (which run this same command with their rank in the environment).
 pub fn run(a: Args) -> Result<()> {
-    if a.nproc != 1 {
-        bail!(
-            "--nproc {}: only single-process training (--nproc 1) is available until the data-parallel engine lands",
-            a.nproc
-        );
+    if a.nproc == 0 {
+        bail!("--nproc 0: at least one process is needed");
     }
-    let cfg = a.train.build(a.model.build()?, a.model.vocab.is_some())?;
+    if !(a.bucket_mb > 0.0 && a.bucket_mb.is_finite()) {
+        bail!("--bucket-mb {}: must be a positive number", a.bucket_mb);
+    }
+    let mut cfg = a.train.build(a.model.build()?, a.model.vocab.is_some())?;
+    match Worker::from_env()? {
+        None if a.nproc > 1 => launch(&a, &cfg),
+        None => train(a, cfg, None),
+        Some(w) => {
+            if a.train.threads.is_none() {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                cfg.threads = (cores / w.world).max(1);
+            }
+            let group =
+                ProcessGroup::new(&w.rdv, "world", w.rank, w.world, GroupConfig::from_env()?)
+                    .with_context(|| format!("joining the training group as rank {}", w.rank))?;
+            train(a, cfg, Some(group))
+        }
+    }
+}
+
+/// Starts `--nproc` workers running this command and waits for them; measures the machine's
+/// GEMM peak once for all of them (each rank's MFU denominator is its share).
+fn launch(a: &Args, cfg: &train::TrainConfig) -> Result<()> {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if a.peak_gflops.is_none() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let peak = gemm_gflops(&model::Threads::new(cores.max(cfg.threads))?, 2048, 5);
+        args.extend(["--peak-gflops".into(), format!("{}", peak / a.nproc as f64)]);
+    }
+    let spec = NodeSpec {
+        nproc: a.nproc,
+        nnodes: 1,
+        node_rank: 0,
+        rdzv: "127.0.0.1:0".parse().context("loopback address")?,
+        job_timeout: std::time::Duration::from_secs(a.job_timeout_s),
+    };
+    run_node(&spec, &args)
+}
+
+/// The training run of this process (alone, or one rank of `group`).
+fn train(a: Args, cfg: train::TrainConfig, group: Option<ProcessGroup>) -> Result<()> {
+    let lead = group.as_ref().is_none_or(|g| g.rank() == 0);
+    let world = group.as_ref().map_or(1, |g| g.size());
     let steps = cfg.steps;
     // The peak is measured before the trainer exists: its data loader starts reading (and
     // hashing shards) at once, which would steal cores from the measurement.
@@ -70,10 +119,15 @@ pub fn run(a: Args) -> Result<()> {
         Some(p) => p,
         None => gemm_gflops(&model::Threads::new(cfg.threads)?, 2048, 5),
     };
-    let mut trainer = Trainer::new(cfg.clone())?;
+    let bucket_bytes = (a.bucket_mb * (1 << 20) as f64) as usize;
+    let mut trainer = match group {
+        Some(g) => Trainer::data_parallel(cfg.clone(), g, bucket_bytes)?,
+        None => Trainer::new(cfg.clone())?,
+    };
     let fpt = trainer.flops_per_token();
     let m = &cfg.model;
-    println!(
+    out!(
+        lead,
         "# model: {} layers, d_model {}, heads {}/{}, ffn {}, vocab {}, seq_len {}; {:.2}M parameters; {:.1} MFLOP/token",
         m.layers,
         m.d_model,
@@ -85,7 +139,8 @@ pub fn run(a: Args) -> Result<()> {
         trainer.model().n_params() as f64 / 1e6,
         fpt / 1e6
     );
-    println!(
+    out!(
+        lead,
         "# batch {} x {} tokens, {} threads, data {:?}; MFU against {:.1} GFLOP/s ({})",
         cfg.batch,
         cfg.seq_len,
@@ -99,17 +154,18 @@ pub fn run(a: Args) -> Result<()> {
         }
     );
     if let Some(h) = trainer.entropy_floor() {
-        println!(
+        out!(
+            lead,
             "# data entropy rate {h:.4} nats/token (the best achievable loss); uniform {:.4}",
             (m.vocab as f64).ln()
         );
     }
     let mut checkpointer = match &a.ckpt_dir {
-        Some(dir) => Some(open_checkpoints(dir, &a, &mut trainer)?),
+        Some(dir) => open_checkpoints(dir, &a, &mut trainer)?,
         None => None,
     };
     let first = trainer.steps_done();
-    let pb = if a.no_progress {
+    let pb = if a.no_progress || !lead {
         ProgressBar::hidden()
     } else {
         ProgressBar::new(steps)
@@ -122,6 +178,8 @@ pub fn run(a: Args) -> Result<()> {
         .context("progress template")?,
     );
     let (mut timed_s, mut timed_tokens, mut last_loss) = (0.0, 0usize, f64::NAN);
+    let mut comm_s = 0.0;
+    let peak_all = peak * world as f64;
     for _ in first..steps {
         let (s, saved) = match &mut checkpointer {
             Some(ck) => ck.step(&mut trainer)?,
@@ -133,23 +191,27 @@ pub fn run(a: Args) -> Result<()> {
             timed_s += s.seconds;
             timed_tokens += s.tokens;
         }
+        comm_s += s.comm_seconds;
         let tps = s.tokens as f64 / s.seconds;
         pb.set_message(format!("loss {:.4} {:.0} tok/s", s.loss, tps));
         pb.inc(1);
         if s.step % a.log_every.max(1) == 0 || s.step == 1 || s.step == steps {
             let line = format!(
-                "step {:>6}/{} loss {:.4} lr {:.2e} |g| {:.3} tokens/s {:.0} MFU {:.1}%",
+                "step {:>6}/{} loss {:.4} lr {:.2e} |g| {:.3} tokens/s {:.0} MFU {:.1}%{}",
                 s.step,
                 steps,
                 s.loss,
                 s.lr,
                 s.grad_norm,
                 tps,
-                100.0 * mfu(tps, fpt, peak)
+                100.0 * mfu(tps, fpt, peak_all),
+                comm_note(s.comm_seconds, s.seconds, world)
             );
-            say(&pb, line);
+            if lead {
+                say(&pb, line);
+            }
         }
-        if let Some(saved) = saved {
+        if let Some(saved) = saved.filter(|_| lead) {
             say(&pb, saved_line(&saved));
         }
     }
@@ -162,14 +224,21 @@ pub fn run(a: Args) -> Result<()> {
             format!("# checkpoints committed in {}", cfg_dir(&a).display()),
         );
     }
+    if let Some(g) = trainer.group() {
+        // Every rank finishes together (rank 0's last checkpoint included) before any exits.
+        g.barrier().context("final barrier")?;
+    }
     pb.finish_and_clear();
     let tps = timed_tokens as f64 / timed_s.max(1e-9);
-    println!(
-        "# done: {steps} steps, final loss {last_loss:.4}, {tps:.1} tokens/s, MFU {:.1}% (steps after the first)",
-        100.0 * mfu(tps, fpt, peak)
+    out!(
+        lead,
+        "# done: {steps} steps, final loss {last_loss:.4}, {tps:.1} tokens/s, MFU {:.1}% (steps after the first){}",
+        100.0 * mfu(tps, fpt, peak_all),
+        comm_note(comm_s, timed_s, world)
     );
     if let Some(m) = trainer.data_metrics() {
-        println!(
+        out!(
+            lead,
             "# data: stall {:.2} % of step time (eq. 4.2), batch build P50 {:.3} ms P99 {:.3} ms, \
              prefetch depth {}, {} batches",
             m.stall_pct(),
@@ -179,15 +248,19 @@ pub fn run(a: Args) -> Result<()> {
             m.batches
         );
     }
+    if !lead {
+        return Ok(());
+    }
     if let Some(dir) = &a.save {
         crate::saved::save(dir, &cfg, trainer.model().layout(), trainer.params())?;
-        println!("# saved to {}", dir.display());
+        out!(lead, "# saved to {}", dir.display());
     }
     if let Some(dir) = &a.export_hf {
         model::interop::export_hf(dir, &cfg.model, trainer.params())
             .with_context(|| format!("exporting to {}", dir.display()))?;
         write_reference(dir, &cfg, trainer.params())?;
-        println!(
+        out!(
+            lead,
             "# exported Hugging Face layout to {} (check: python scripts/hf_check.py {})",
             dir.display(),
             dir.display()
@@ -226,15 +299,44 @@ fn cfg_dir(a: &Args) -> &std::path::Path {
 }
 
 /// Opens the checkpoint directory: resumes from its newest loadable step, if any, and returns
-/// the checkpointer that saves the rest of the run there.
+/// the checkpointer that saves the rest of the run there (rank 0 only; every rank resumes).
+///
+/// Data parallel: rank 0 resumes first (setting aside any step that fails verification), then
+/// the others, so all read the same directory state; the ranks then check they resumed the same
+/// step. Only rank 0 saves (every rank holds the same state).
 fn open_checkpoints(
     dir: &std::path::Path,
     a: &Args,
     trainer: &mut Trainer,
-) -> Result<train::Checkpointer> {
-    match train::Checkpointer::resume(dir, trainer)
-        .with_context(|| format!("resuming from {}", dir.display()))?
-    {
+) -> Result<Option<train::Checkpointer>> {
+    let lead = trainer.rank() == 0;
+    let resume = |trainer: &mut Trainer| {
+        train::Checkpointer::resume(dir, trainer)
+            .with_context(|| format!("resuming from {}", dir.display()))
+    };
+    let resumed = if lead { resume(trainer)? } else { None };
+    if let Some(g) = trainer.group() {
+        g.barrier().context("resume barrier")?;
+    }
+    let resumed = if lead { resumed } else { resume(trainer)? };
+    if let Some(g) = trainer.group() {
+        let step = trainer.steps_done() as f64;
+        let (mut lo, mut hi) = ([step], [step]);
+        g.all_reduce(&mut lo, comm::ReduceOp::Min)?;
+        g.all_reduce(&mut hi, comm::ReduceOp::Max)?;
+        if lo != hi {
+            bail!(
+                "ranks resumed from different steps ({} to {}) of {}",
+                lo[0],
+                hi[0],
+                dir.display()
+            );
+        }
+    }
+    if !lead {
+        return Ok(None);
+    }
+    match resumed {
         Some((step, rejected)) => {
             for r in &rejected {
                 println!("# checkpoint rejected (lost): {r}");
@@ -258,8 +360,29 @@ fn open_checkpoints(
             mapped.as_secs_f64() * 1e3
         );
     }
-    Ok(ck)
+    Ok(Some(ck))
 }
+
+/// The exposed-communication part of a line, for data-parallel runs.
+fn comm_note(comm_s: f64, step_s: f64, world: usize) -> String {
+    if world == 1 {
+        return String::new();
+    }
+    format!(
+        " comm {:.1}% ({world} ranks)",
+        100.0 * comm_s / step_s.max(1e-9)
+    )
+}
+
+/// Prints a line only from the lead rank.
+macro_rules! out {
+    ($lead:expr, $($arg:tt)*) => {
+        if $lead {
+            println!($($arg)*);
+        }
+    };
+}
+use out;
 
 /// Flotilla's logits for one fixed sequence, next to an HF export, so
 /// `scripts/hf_check.py` can compare Transformers' logits with ours.

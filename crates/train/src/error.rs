@@ -10,6 +10,9 @@ pub enum TrainError {
     /// The data layer refused (bad file, tokenizer, ids ...).
     #[error(transparent)]
     Data(#[from] data::DataError),
+    /// A collective failed (peer lost, timeout, bad frame ...).
+    #[error(transparent)]
+    Comm(#[from] comm::CommError),
     /// The checkpoint layer refused (I/O, corruption, a save still in flight ...).
     #[error(transparent)]
     Ckpt(#[from] ckpt::CkptError),

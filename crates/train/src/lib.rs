@@ -7,6 +7,7 @@
 //! - [`metrics`]: tokens/s and MFU against the measured GEMM peak.
 pub mod checkpoint;
 pub mod config;
+pub mod ddp;
 pub mod error;
 pub mod metrics;
 pub mod source;

@@ -9,8 +9,41 @@ use data::{
     validate_ids,
 };
 
-/// A deterministic stream of (inputs, targets) batches.
-pub enum Source {
+/// This process's share of each global batch: `batch` rows, rank `rank` of `world`
+/// data-parallel ranks (rows `rank * batch ..` of the global batch of `world * batch` rows).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Share {
+    /// Rows per rank (the micro-batch).
+    pub batch: usize,
+    /// Data-parallel ranks.
+    pub world: usize,
+    /// This rank.
+    pub rank: usize,
+}
+
+impl Share {
+    /// One process taking whole batches of `batch` rows.
+    pub fn whole(batch: usize) -> Share {
+        Share {
+            batch,
+            world: 1,
+            rank: 0,
+        }
+    }
+}
+
+/// A deterministic stream of (inputs, targets) batches, of which this rank takes its
+/// [`Share`]: the data loader reads only its rows; the built-in corpora generate the global
+/// batch and keep this rank's rows, so N ranks see exactly the rows one process would.
+pub struct Source {
+    kind: Kind,
+    share: Share,
+    /// Global-batch buffers of the built-in corpora when `world > 1`.
+    global: (Vec<u32>, Vec<u32>),
+}
+
+/// Where the rows come from.
+enum Kind {
     /// Rows of the Markov chain's continuing stream.
     Markov {
         /// The chain.
@@ -30,18 +63,74 @@ pub enum Source {
 }
 
 impl Source {
-    /// Build the source for `spec`, with a model vocabulary of `vocab`; a token-dataset source
-    /// continues from `resume` when given (the other sources ignore it).
+    /// Build the source for `spec`, with a model vocabulary of `vocab`, for this rank's `share`;
+    /// a token-dataset source continues from `resume` when given (the other sources ignore it).
     pub fn new(
         spec: &DataSpec,
         vocab: usize,
         seq_len: usize,
-        batch: usize,
+        share: Share,
         seed: u64,
         resume: Option<&data::LoaderState>,
     ) -> Result<Self> {
+        let kind = Kind::new(spec, vocab, seq_len, share, seed, resume)?;
+        let global = match (&kind, share.world) {
+            (Kind::Loader { .. }, _) | (_, 1) => (Vec::new(), Vec::new()),
+            _ => {
+                let n = share.batch * share.world * seq_len;
+                (vec![0; n], vec![0; n])
+            }
+        };
+        Ok(Source {
+            kind,
+            share,
+            global,
+        })
+    }
+
+    /// The loader's metrics (data stall, batch latency), when reading datasets.
+    pub fn loader_metrics(&self) -> Option<&LoaderMetrics> {
+        self.kind.loader_metrics()
+    }
+
+    /// The loader's state (its position), when reading datasets.
+    pub fn loader_state(&mut self) -> Option<data::LoaderState> {
+        self.kind.loader_state()
+    }
+
+    /// The best achievable loss, when known (the Markov chain's entropy rate).
+    pub fn entropy_floor(&self) -> Option<f64> {
+        self.kind.entropy_floor()
+    }
+
+    /// Fill `inputs` and `targets` (this rank's rows x T each) with its share of the next
+    /// global batch.
+    pub fn next_batch(&mut self, inputs: &mut [u32], targets: &mut [u32]) -> Result<()> {
+        let Share { batch, world, rank } = self.share;
+        if world == 1 || matches!(self.kind, Kind::Loader { .. }) {
+            return self.kind.next_batch(batch, inputs, targets);
+        }
+        let (gi, gt) = &mut self.global;
+        self.kind.next_batch(batch * world, gi, gt)?;
+        let (n, at) = (inputs.len(), rank * inputs.len());
+        inputs.copy_from_slice(&gi[at..at + n]);
+        targets.copy_from_slice(&gt[at..at + n]);
+        Ok(())
+    }
+}
+
+impl Kind {
+    fn new(
+        spec: &DataSpec,
+        vocab: usize,
+        seq_len: usize,
+        share: Share,
+        seed: u64,
+        resume: Option<&data::LoaderState>,
+    ) -> Result<Self> {
+        let batch = share.batch;
         Ok(match spec {
-            DataSpec::Markov { branching } => Source::Markov {
+            DataSpec::Markov { branching } => Kind::Markov {
                 corpus: MarkovCorpus::new(vocab, seed, *branching)?,
                 row: vec![0; seq_len + 1],
             },
@@ -49,13 +138,13 @@ impl Source {
                 let text = TextCorpus::new(seed).generate(*bytes);
                 let tokens = tokenizer.build()?.encode(&text);
                 validate_ids(&tokens, vocab)?;
-                Source::Windows(TokenWindows::new(tokens, seq_len, seed)?)
+                Kind::Windows(TokenWindows::new(tokens, seq_len, seed)?)
             }
             DataSpec::Text { paths, tokenizer } => {
                 let tok = tokenizer.build()?;
                 let tokens = load_tokens(paths, tok.as_ref())?;
                 validate_ids(&tokens, vocab)?;
-                Source::Windows(TokenWindows::new(tokens, seq_len, seed)?)
+                Kind::Windows(TokenWindows::new(tokens, seq_len, seed)?)
             }
             DataSpec::Dataset { dirs, loader } => {
                 let datasets = dirs
@@ -79,9 +168,11 @@ impl Source {
                 }
                 let mut config = loader.clone();
                 config.seq_len = seq_len;
+                config.world = share.world as u64;
+                config.rank = share.rank as u64;
                 config.global_batch = batch as u64 * config.world;
                 config.seed = seed;
-                Source::Loader {
+                Kind::Loader {
                     loader: Box::new(Loader::new(datasets, &config, resume)?),
                     vocab,
                 }
@@ -89,39 +180,31 @@ impl Source {
         })
     }
 
-    /// The loader's metrics (data stall, batch latency), when reading datasets.
-    pub fn loader_metrics(&self) -> Option<&LoaderMetrics> {
+    fn loader_metrics(&self) -> Option<&LoaderMetrics> {
         match self {
-            Source::Loader { loader, .. } => Some(loader.metrics()),
+            Kind::Loader { loader, .. } => Some(loader.metrics()),
             _ => None,
         }
     }
 
-    /// The loader's state (its position), when reading datasets.
-    pub fn loader_state(&mut self) -> Option<data::LoaderState> {
+    fn loader_state(&mut self) -> Option<data::LoaderState> {
         match self {
-            Source::Loader { loader, .. } => Some(loader.state()),
+            Kind::Loader { loader, .. } => Some(loader.state()),
             _ => None,
         }
     }
 
-    /// The best achievable loss, when known (the Markov chain's entropy rate).
-    pub fn entropy_floor(&self) -> Option<f64> {
+    fn entropy_floor(&self) -> Option<f64> {
         match self {
-            Source::Markov { corpus, .. } => Some(corpus.entropy_rate_nats()),
-            Source::Windows(_) | Source::Loader { .. } => None,
+            Kind::Markov { corpus, .. } => Some(corpus.entropy_rate_nats()),
+            Kind::Windows(_) | Kind::Loader { .. } => None,
         }
     }
 
-    /// Fill `inputs` and `targets` (B*T each) with the next batch.
-    pub fn next_batch(
-        &mut self,
-        batch: usize,
-        inputs: &mut [u32],
-        targets: &mut [u32],
-    ) -> Result<()> {
+    /// Fill `inputs` and `targets` (`batch` x T each) with the next `batch` rows.
+    fn next_batch(&mut self, batch: usize, inputs: &mut [u32], targets: &mut [u32]) -> Result<()> {
         match self {
-            Source::Markov { corpus, row } => {
+            Kind::Markov { corpus, row } => {
                 let t = row.len() - 1;
                 for b in 0..batch {
                     corpus.fill(row);
@@ -130,8 +213,8 @@ impl Source {
                 }
                 Ok(())
             }
-            Source::Windows(w) => Ok(w.next_batch(batch, inputs, targets)?),
-            Source::Loader { loader, vocab } => {
+            Kind::Windows(w) => Ok(w.next_batch(batch, inputs, targets)?),
+            Kind::Loader { loader, vocab } => {
                 let b = loader.next()?;
                 b.split_into(inputs, targets)?;
                 validate_ids(inputs, *vocab)?;

@@ -10,7 +10,10 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::state_views;
+use crate::ddp::GradBuckets;
+use crate::source::Share;
 use ckpt::TensorMeta;
+use comm::group::ProcessGroup;
 
 /// What one optimizer step did.
 #[derive(Clone, Copy, Debug)]
@@ -29,6 +32,9 @@ pub struct StepStats {
     pub seconds: f64,
     /// Time the step waited for its batch, seconds (the data stall, 000 eq. 4.2).
     pub data_seconds: f64,
+    /// Time the step waited for gradient communication after its backward, seconds (the
+    /// exposed communication; 0 for one process).
+    pub comm_seconds: f64,
 }
 
 /// A single-process training run.
@@ -48,12 +54,30 @@ pub struct Trainer {
     /// Batches drawn from `source` (training and evaluation alike): the data cursor of the
     /// built-in corpora.
     drawn: u64,
+    /// Data-parallel gradient buckets, when this is one rank of several.
+    sync: Option<GradBuckets>,
 }
 
 impl Trainer {
     /// Validate `cfg`, initialise the parameters from its seed and build the
     /// data source.
     pub fn new(cfg: TrainConfig) -> Result<Self> {
+        Self::build(cfg, None)
+    }
+
+    /// One rank of data-parallel training over `group`: every rank holds the whole model,
+    /// trains on its `cfg.batch` rows of each global batch of `cfg.batch x N` rows, and
+    /// all-reduces its gradients in buckets of `bucket_bytes` that overlap the backward
+    /// ([`crate::ddp`]). Every rank starts from the same seed, so all stay identical.
+    pub fn data_parallel(
+        cfg: TrainConfig,
+        group: ProcessGroup,
+        bucket_bytes: usize,
+    ) -> Result<Self> {
+        Self::build(cfg, Some((group, bucket_bytes)))
+    }
+
+    fn build(cfg: TrainConfig, dp: Option<(ProcessGroup, usize)>) -> Result<Self> {
         cfg.validate()?;
         let th = Threads::new(cfg.threads)?;
         let model = Model::<f32>::new(&cfg.model, cfg.batch, cfg.seq_len, cfg.recompute)?;
@@ -69,11 +93,12 @@ impl Trainer {
         };
         let decay = model.layout().decay_ranges(cfg.decay_all);
         let opt = AdamW::new(cfg.adamw, params.len())?;
+        let sync = dp.map(|(group, bytes)| GradBuckets::new(group, model.layout(), bytes));
         let source = Source::new(
             &cfg.data,
             cfg.model.vocab,
             cfg.seq_len,
-            cfg.batch,
+            share(&cfg, sync.as_ref()),
             cfg.seed,
             None,
         )?;
@@ -89,6 +114,7 @@ impl Trainer {
             targets: vec![0; n],
             step: 0,
             drawn: 0,
+            sync,
             th,
             model,
             cfg,
@@ -113,6 +139,21 @@ impl Trainer {
     /// The compute threads.
     pub fn threads(&self) -> &Threads {
         &self.th
+    }
+
+    /// The data-parallel process group, when this is one rank of several.
+    pub fn group(&self) -> Option<&ProcessGroup> {
+        self.sync.as_ref().map(GradBuckets::group)
+    }
+
+    /// Data-parallel ranks (1 for one process).
+    pub fn world(&self) -> usize {
+        self.sync.as_ref().map_or(1, |s| s.group().size())
+    }
+
+    /// This process's data-parallel rank (0 for one process).
+    pub fn rank(&self) -> usize {
+        self.sync.as_ref().map_or(0, |s| s.group().rank())
     }
 
     /// Steps completed.
@@ -173,11 +214,12 @@ impl Trainer {
         drawn: u64,
     ) -> Result<()> {
         let c = &self.cfg;
-        self.source = Source::new(&c.data, c.model.vocab, c.seq_len, c.batch, c.seed, loader)?;
+        let share = share(c, self.sync.as_ref());
+        self.source = Source::new(&c.data, c.model.vocab, c.seq_len, share, c.seed, loader)?;
         if loader.is_none() {
             for _ in 0..drawn {
                 self.source
-                    .next_batch(c.batch, &mut self.inputs, &mut self.targets)?;
+                    .next_batch(&mut self.inputs, &mut self.targets)?;
             }
         }
         self.drawn = drawn;
@@ -203,16 +245,17 @@ impl Trainer {
         let step = self.step + 1;
         let data_seconds = self.fetch()?;
         let t0 = Instant::now();
-        let (loss, norm) = gradients(
-            &mut self.model,
-            &self.th,
-            &self.params,
-            (&self.inputs, &self.targets),
-            &mut self.grads,
-            self.cfg.grad_clip,
-            step,
-        )?;
-        self.update(step, loss, norm, data_seconds, t0)
+        let out = GradStep {
+            model: &mut self.model,
+            th: &self.th,
+            params: &self.params,
+            inputs: &self.inputs,
+            targets: &self.targets,
+            grads: &mut self.grads,
+            sync: self.sync.as_mut(),
+        }
+        .run(self.cfg.grad_clip, step)?;
+        self.update(step, out, data_seconds, t0)
     }
 
     /// One optimizer step, like [`Trainer::step`], while `stage` runs on a second thread over
@@ -237,22 +280,22 @@ impl Trainer {
         let views = state_views(self.model.layout(), master, m, v);
         let (grads, staged, waited) = std::thread::scope(|s| {
             let staging = s.spawn(move || stage(&views));
-            let grads = gradients(
-                &mut self.model,
-                &self.th,
-                &self.params,
-                (&self.inputs, &self.targets),
-                &mut self.grads,
-                self.cfg.grad_clip,
-                step,
-            );
+            let grads = GradStep {
+                model: &mut self.model,
+                th: &self.th,
+                params: &self.params,
+                inputs: &self.inputs,
+                targets: &self.targets,
+                grads: &mut self.grads,
+                sync: self.sync.as_mut(),
+            }
+            .run(self.cfg.grad_clip, step);
             let wait = Instant::now();
             let staged = staging.join();
             (grads, staged, wait.elapsed())
         });
         let staged = staged.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        let (loss, norm) = grads?;
-        let stats = self.update(step, loss, norm, data_seconds, t0)?;
+        let stats = self.update(step, grads?, data_seconds, t0)?;
         Ok((stats, staged, waited))
     }
 
@@ -260,7 +303,7 @@ impl Trainer {
     fn fetch(&mut self) -> Result<f64> {
         let fetch = Instant::now();
         self.source
-            .next_batch(self.cfg.batch, &mut self.inputs, &mut self.targets)?;
+            .next_batch(&mut self.inputs, &mut self.targets)?;
         self.drawn += 1;
         Ok(fetch.elapsed().as_secs_f64())
     }
@@ -269,8 +312,7 @@ impl Trainer {
     fn update(
         &mut self,
         step: u64,
-        loss: f64,
-        norm: f64,
+        out: GradOut,
         data_seconds: f64,
         t0: Instant,
     ) -> Result<StepStats> {
@@ -289,12 +331,13 @@ impl Trainer {
         self.step = step;
         Ok(StepStats {
             step,
-            loss,
+            loss: out.loss,
             lr,
-            grad_norm: norm,
-            tokens: self.cfg.tokens_per_step(),
+            grad_norm: out.norm,
+            tokens: self.cfg.tokens_per_step() * self.world(),
             seconds: t0.elapsed().as_secs_f64(),
             data_seconds,
+            comm_seconds: out.comm_seconds,
         })
     }
 
@@ -308,7 +351,7 @@ impl Trainer {
         let mut sum = 0.0;
         for _ in 0..batches {
             self.source
-                .next_batch(self.cfg.batch, &mut self.inputs, &mut self.targets)?;
+                .next_batch(&mut self.inputs, &mut self.targets)?;
             self.drawn += 1;
             sum += self
                 .model
@@ -319,29 +362,77 @@ impl Trainer {
     }
 }
 
-/// Forward, backward and gradient norm (clipped to `clip`) of one batch into `grads`; returns
-/// (loss, norm before clipping). Reads `params` only. A non-finite loss or norm is an error
-/// naming `step`.
-fn gradients(
-    model: &mut Model<f32>,
-    th: &Threads,
-    params: &[f32],
-    (inputs, targets): (&[u32], &[u32]),
-    grads: &mut [f32],
-    clip: Option<f64>,
-    step: u64,
-) -> Result<(f64, f64)> {
-    grads.fill(0.0);
-    let loss = model
-        .forward(th, params, inputs, Some(targets))?
-        .unwrap_or(f64::NAN);
-    check_finite("loss", step, loss)?;
-    model.backward(th, params, grads)?;
-    let _p = model::profile::scope("grad_norm");
-    let norm = match clip {
-        Some(max) => clip_grad_norm(th, grads, max),
-        None => grad_norm(th, grads),
-    };
-    check_finite("gradient norm", step, norm)?;
-    Ok((loss, norm))
+/// This process's share of each global batch.
+fn share(cfg: &TrainConfig, sync: Option<&GradBuckets>) -> Share {
+    match sync {
+        Some(s) => Share {
+            batch: cfg.batch,
+            world: s.group().size(),
+            rank: s.group().rank(),
+        },
+        None => Share::whole(cfg.batch),
+    }
+}
+
+/// What one step's gradient computation reads and writes.
+struct GradStep<'a> {
+    model: &'a mut Model<f32>,
+    th: &'a Threads,
+    params: &'a [f32],
+    inputs: &'a [u32],
+    targets: &'a [u32],
+    grads: &'a mut [f32],
+    sync: Option<&'a mut GradBuckets>,
+}
+
+/// What it produced.
+struct GradOut {
+    /// Mean loss over the global batch.
+    loss: f64,
+    /// Global gradient norm before clipping.
+    norm: f64,
+    /// Exposed gradient communication, seconds.
+    comm_seconds: f64,
+}
+
+impl GradStep<'_> {
+    /// Forward, backward (all-reducing gradient buckets as they complete, for data parallel)
+    /// and gradient norm, clipped to `clip`; reads `params` only. A non-finite loss or norm is
+    /// an error naming `step`.
+    fn run(self, clip: Option<f64>, step: u64) -> Result<GradOut> {
+        let GradStep {
+            model,
+            th,
+            params,
+            inputs,
+            targets,
+            grads,
+            sync,
+        } = self;
+        grads.fill(0.0);
+        let mut loss = model
+            .forward(th, params, inputs, Some(targets))?
+            .unwrap_or(f64::NAN);
+        check_finite("loss", step, loss)?;
+        let mut comm_seconds = 0.0;
+        match sync {
+            Some(s) => {
+                model.backward_hooked(th, params, grads, &mut |range, g| s.ready(range, g))?;
+                comm_seconds = s.finish(grads)?.as_secs_f64();
+                loss = s.mean(loss)?;
+            }
+            None => model.backward(th, params, grads)?,
+        }
+        let _p = model::profile::scope("grad_norm");
+        let norm = match clip {
+            Some(max) => clip_grad_norm(th, grads, max),
+            None => grad_norm(th, grads),
+        };
+        check_finite("gradient norm", step, norm)?;
+        Ok(GradOut {
+            loss,
+            norm,
+            comm_seconds,
+        })
+    }
 }

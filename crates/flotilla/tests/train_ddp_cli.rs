@@ -1,0 +1,101 @@
+//! `flotilla train --nproc 2`: two worker processes train on halves of each global batch and
+//! end where one process on the whole batch ends; checkpoints and resume work across ranks.
+#[path = "support/cli.rs"]
+mod cli;
+
+use cli::{MICRO, flotilla};
+
+/// `train` with MICRO's model on the built-in corpus, one thread per process and `extra`
+/// (which must set --batch); returns stdout.
+fn train(extra: &[&str]) -> String {
+    let mut args = vec!["train"];
+    let mut micro = MICRO.iter();
+    while let Some(&arg) = micro.next() {
+        if arg == "--threads" || arg == "--batch" {
+            micro.next();
+        } else {
+            args.push(arg);
+        }
+    }
+    args.extend_from_slice(&["--log-every", "1", "--threads", "1"]);
+    args.extend_from_slice(extra);
+    let (ok, out, err) = flotilla(&args);
+    assert!(ok, "train failed: {err}\n{out}");
+    out
+}
+
+/// The loss printed for step `step` of `total`.
+fn loss_at(out: &str, step: u64, total: u64) -> f64 {
+    let tag = format!("step {step:>6}/{total} loss ");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&tag))
+        .unwrap_or_else(|| panic!("no {tag:?} in:\n{out}"));
+    line[tag.len()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn two_workers_match_one_process_and_resume_together() {
+    // 2 ranks x 2 rows against 1 process x 4 rows.
+    let one = train(&["--steps", "4", "--batch", "4"]);
+    let two = train(&[
+        "--steps",
+        "4",
+        "--batch",
+        "2",
+        "--nproc",
+        "2",
+        "--bucket-mb",
+        "0.05",
+    ]);
+    assert!(two.contains("comm") && two.contains("(2 ranks)"), "{two}");
+    assert_eq!(
+        two.matches("step      4/4").count(),
+        1,
+        "only rank 0 prints: {two}"
+    );
+    for step in 1..=4 {
+        let (a, b) = (loss_at(&one, step, 4), loss_at(&two, step, 4));
+        assert!((a - b).abs() < 1e-3, "step {step}: {a} vs {b}");
+    }
+
+    // Checkpointed by rank 0, resumed by both: the resumed run ends where the straight one does.
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ckpt");
+    let ck = ck.to_str().unwrap();
+    let dp = ["--batch", "2", "--nproc", "2"];
+    let straight = train(&[&["--steps", "6"][..], &dp].concat());
+    train(
+        &[
+            &["--steps", "3", "--ckpt-dir", ck, "--ckpt-every", "3"][..],
+            &dp,
+        ]
+        .concat(),
+    );
+    let resumed = train(&[&["--steps", "6", "--ckpt-dir", ck][..], &dp].concat());
+    assert!(
+        resumed.contains("resumed from") && resumed.contains("step 3"),
+        "{resumed}"
+    );
+    for step in 4..=6 {
+        assert_eq!(
+            loss_at(&resumed, step, 6),
+            loss_at(&straight, step, 6),
+            "step {step}"
+        );
+    }
+}
+
+#[test]
+fn bad_process_counts_are_refused() {
+    let mut args = vec!["train"];
+    args.extend_from_slice(MICRO);
+    args.extend_from_slice(&["--nproc", "0"]);
+    let (ok, _, err) = flotilla(&args);
+    assert!(!ok && err.contains("--nproc 0"), "{err}");
+}
