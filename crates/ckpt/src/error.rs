@@ -249,6 +249,18 @@ pub enum CkptError {
         /// Step being saved.
         step: u64,
     },
+    /// A rank's piece list did not arrive at the coordinator in time.
+    #[error("step {step}: rank {rank}'s piece list {} did not arrive within {timeout:?}", path.display())]
+    HandoffTimeout {
+        /// Step being committed.
+        step: u64,
+        /// The missing rank.
+        rank: u32,
+        /// Where its list was expected.
+        path: PathBuf,
+        /// How long was waited.
+        timeout: std::time::Duration,
+    },
     /// A retention, GC or interval setting is out of range.
     #[error("invalid checkpoint policy: {0}")]
     Policy(#[from] crate::policy::PolicyError),

@@ -54,6 +54,7 @@ pub mod async_save;
 pub mod convert;
 pub mod error;
 mod fsio;
+pub mod handoff;
 pub mod layout;
 pub mod manifest;
 pub mod names;

@@ -161,7 +161,7 @@ fn train(a: Args, cfg: train::TrainConfig, group: Option<ProcessGroup>) -> Resul
         );
     }
     let mut checkpointer = match &a.ckpt_dir {
-        Some(dir) => open_checkpoints(dir, &a, &mut trainer)?,
+        Some(dir) => Some(open_checkpoints(dir, &a, &mut trainer)?),
         None => None,
     };
     let first = trainer.steps_done();
@@ -211,18 +211,26 @@ fn train(a: Args, cfg: train::TrainConfig, group: Option<ProcessGroup>) -> Resul
                 say(&pb, line);
             }
         }
-        if let Some(saved) = saved.filter(|_| lead) {
-            say(&pb, saved_line(&saved));
+        if let Some(saved) = saved {
+            let saved = slowest_rank(&trainer, saved)?;
+            if lead {
+                say(&pb, saved_line(&saved));
+            }
         }
     }
     if let Some(ck) = &mut checkpointer {
         if let Some(saved) = ck.finish(&mut trainer)? {
-            say(&pb, saved_line(&saved));
+            let saved = slowest_rank(&trainer, saved)?;
+            if lead {
+                say(&pb, saved_line(&saved));
+            }
         }
-        say(
-            &pb,
-            format!("# checkpoints committed in {}", cfg_dir(&a).display()),
-        );
+        if lead {
+            say(
+                &pb,
+                format!("# checkpoints committed in {}", cfg_dir(&a).display()),
+            );
+        }
     }
     if let Some(g) = trainer.group() {
         // Every rank finishes together (rank 0's last checkpoint included) before any exits.
@@ -287,7 +295,7 @@ fn saved_line(s: &train::SaveSummary) -> String {
         None => String::new(),
     };
     format!(
-        "# checkpoint step {}: {:.1} MB, training paused {:.1} ms{planned}",
+        "# checkpoint step {}: {:.1} MB, training paused {:.1} ms (slowest rank){planned}",
         s.step,
         s.bytes as f64 / 1e6,
         s.pause.as_secs_f64() * 1e3
@@ -299,16 +307,16 @@ fn cfg_dir(a: &Args) -> &std::path::Path {
 }
 
 /// Opens the checkpoint directory: resumes from its newest loadable step, if any, and returns
-/// the checkpointer that saves the rest of the run there (rank 0 only; every rank resumes).
+/// the checkpointer that saves the rest of the run there.
 ///
 /// Data parallel: rank 0 resumes first (setting aside any step that fails verification), then
 /// the others, so all read the same directory state; the ranks then check they resumed the same
-/// step. Only rank 0 saves (every rank holds the same state).
+/// step. Every rank saves its rows of every tensor in parallel; rank 0 commits.
 fn open_checkpoints(
     dir: &std::path::Path,
     a: &Args,
     trainer: &mut Trainer,
-) -> Result<Option<train::Checkpointer>> {
+) -> Result<train::Checkpointer> {
     let lead = trainer.rank() == 0;
     let resume = |trainer: &mut Trainer| {
         train::Checkpointer::resume(dir, trainer)
@@ -333,17 +341,18 @@ fn open_checkpoints(
             );
         }
     }
-    if !lead {
-        return Ok(None);
-    }
     match resumed {
         Some((step, rejected)) => {
             for r in &rejected {
-                println!("# checkpoint rejected (lost): {r}");
+                out!(lead, "# checkpoint rejected (lost): {r}");
             }
-            println!("# resumed from {} step {step}", dir.display());
+            out!(lead, "# resumed from {} step {step}", dir.display());
         }
-        None => println!("# no checkpoint in {}: starting at step 0", dir.display()),
+        None => out!(
+            lead,
+            "# no checkpoint in {}: starting at step 0",
+            dir.display()
+        ),
     }
     let cfg = train::CheckpointConfig {
         dir: dir.to_path_buf(),
@@ -352,15 +361,29 @@ fn open_checkpoints(
         auto_mtbf: a.ckpt_auto_mtbf,
     };
     let run_id = format!("train-seed{}", trainer.config().seed);
-    let mut ck = train::Checkpointer::new(cfg, &run_id)?;
+    let (rank, world) = (trainer.rank() as u32, trainer.world() as u32);
+    let mut ck = train::Checkpointer::new(cfg, &run_id)?.with_shard(rank, world)?;
     let mapped = ck.prepare(trainer)?;
-    if !a.ckpt_sync {
+    if !a.ckpt_sync && lead {
         println!(
             "# checkpoint host buffer mapped in {:.1} ms (asynchronous saves copy into it)",
             mapped.as_secs_f64() * 1e3
         );
     }
-    Ok(Some(ck))
+    Ok(ck)
+}
+
+/// A save as the slowest rank saw it: every rank saves at the same step, so the ranks agree
+/// here on the longest pause (a small all-reduce).
+fn slowest_rank(trainer: &Trainer, mut saved: train::SaveSummary) -> Result<train::SaveSummary> {
+    if let Some(g) = trainer.group() {
+        let mut v = [saved.pause.as_secs_f64(), saved.bytes as f64];
+        g.all_reduce(&mut v[..1], comm::ReduceOp::Max)?;
+        g.all_reduce(&mut v[1..], comm::ReduceOp::Sum)?;
+        saved.pause = std::time::Duration::from_secs_f64(v[0]);
+        saved.bytes = v[1] as u64;
+    }
+    Ok(saved)
 }
 
 /// The exposed-communication part of a line, for data-parallel runs.

@@ -129,6 +129,7 @@ impl Trainer {
             "batches_drawn": self.batches_drawn(),
             "loader": loader,
             "seed": self.config().seed,
+            "world": self.world(),
             "model_config": model::interop::config_to_metadata(&self.config().model),
         });
         CheckpointMeta {
@@ -167,6 +168,14 @@ impl Trainer {
             field("optimizer_step")?,
             field("batches_drawn")?,
         );
+        let saved_world = state["world"].as_u64().unwrap_or(1);
+        if saved_world != self.world() as u64 {
+            return Err(resume(format!(
+                "saved by {saved_world} data-parallel ranks, this run has {}: the global batch \
+                 and the data order would change (resuming on another world size is not built yet)",
+                self.world()
+            )));
+        }
         let n = self.params().len();
         let (mut master, mut m, mut v) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
         for e in &self.model().layout().entries {
@@ -210,6 +219,9 @@ pub struct Checkpointer {
     pending: Option<(u64, CheckpointMeta)>,
     /// Whether the host buffer has been mapped ([`Checkpointer::prepare`]).
     prepared: bool,
+    /// This rank and the number of ranks saving together ([`Checkpointer::with_shard`]).
+    rank: u32,
+    world: u32,
 }
 
 impl Checkpointer {
@@ -236,6 +248,54 @@ impl Checkpointer {
             planner,
             pending: None,
             prepared: false,
+            rank: 0,
+            world: 1,
+        })
+    }
+
+    /// Saves as rank `rank` of `world` data-parallel ranks that hold the same state: each writes
+    /// its [`ckpt::rank_rows`] of every tensor, in parallel, and rank 0 commits once every
+    /// rank's piece list has arrived ([`ckpt::handoff`]). Every rank must call
+    /// [`Checkpointer::step`] and [`Checkpointer::finish`] alike. The automatic interval is
+    /// refused here (each rank would time its own saves and they could disagree).
+    pub fn with_shard(mut self, rank: u32, world: u32) -> Result<Self> {
+        if world > 1 && self.planner.is_some() {
+            return Err(TrainError::Config {
+                field: "checkpoint interval",
+                value: "auto".into(),
+                reason: format!(
+                    "the automatic interval is single-process only for now ({world} ranks)"
+                ),
+            });
+        }
+        if rank >= world {
+            return Err(TrainError::Config {
+                field: "checkpoint rank",
+                value: rank.to_string(),
+                reason: format!("must be below the {world} ranks"),
+            });
+        }
+        if let Some(saver) = self.saver.take() {
+            drop(saver);
+            self.saver = Some(AsyncSaver::new(&self.cfg.dir, rank));
+        }
+        self.rank = rank;
+        self.world = world;
+        Ok(self)
+    }
+
+    /// What runs once this rank's file is durable: commit (one rank), publish the piece list
+    /// (ranks 1..), or collect every list and commit (rank 0 of several).
+    fn after_write(&self, mut meta: CheckpointMeta) -> ckpt::AfterWrite {
+        let (root, rank, world) = (self.cfg.dir.clone(), self.rank, self.world);
+        meta.world_size = world;
+        meta.layout = serde_json::json!({"dp": world, "tp": 1, "pp": 1, "split": "dim0"});
+        Box::new(move |step, pieces| {
+            if rank != 0 {
+                return ckpt::handoff::publish_pieces(&root, step, rank, &pieces);
+            }
+            let all = ckpt::handoff::collect_pieces(&root, step, world, pieces, SAVE_TIMEOUT)?;
+            ckpt::commit(&root, step, all, meta).map(drop)
         })
     }
 
@@ -308,19 +368,17 @@ impl Checkpointer {
             self.prepared = true;
         }
         let mut summary = None;
-        let stats = match (self.pending.take(), self.saver.as_mut()) {
-            (Some((step, meta)), Some(saver)) => {
+        let stats = match self.pending.take() {
+            Some((step, meta)) if self.saver.is_some() => {
+                let after = self.after_write(meta);
+                let (rank, world) = (self.rank, self.world);
+                let saver = self.saver.as_mut().expect("checked above");
                 let before = Instant::now();
                 saver.wait(SAVE_TIMEOUT)?;
                 let previous = before.elapsed();
-                let root = self.cfg.dir.clone();
                 let (stats, bytes, waited) = trainer.step_with_staging(|views| {
-                    let full: Vec<Slice> =
-                        views.iter().map(|(m, _)| Slice::full(&m.shape)).collect();
-                    let pieces = whole_pieces(views, &full);
-                    let after: ckpt::AfterWrite = Box::new(move |step, pieces| {
-                        ckpt::commit(&root, step, pieces, meta).map(drop)
-                    });
+                    let slices = my_slices(views, rank, world);
+                    let pieces = my_pieces(views, &slices);
                     saver
                         .save(step, &pieces, after)
                         .map(|_| piece_bytes(&pieces))
@@ -370,20 +428,18 @@ impl Checkpointer {
             Some((pending, meta)) if pending == step => meta,
             _ => trainer.checkpoint_meta(&self.run_id),
         };
+        let after = self.after_write(meta);
         let views = trainer.checkpoint_tensors();
-        let full: Vec<Slice> = views.iter().map(|(m, _)| Slice::full(&m.shape)).collect();
-        let pieces = whole_pieces(&views, &full);
-        let root = self.cfg.dir.clone();
+        let slices = my_slices(&views, self.rank, self.world);
+        let pieces = my_pieces(&views, &slices);
         match &mut self.saver {
             Some(saver) => {
                 saver.wait(SAVE_TIMEOUT)?;
-                let after: ckpt::AfterWrite =
-                    Box::new(move |step, pieces| ckpt::commit(&root, step, pieces, meta).map(drop));
                 saver.save(step, &pieces, after)?;
             }
             None => {
-                let written = RankWriter::write_all(&root, step, 0, &pieces)?;
-                ckpt::commit(&root, step, written, meta)?;
+                let written = RankWriter::write_all(&self.cfg.dir, step, self.rank, &pieces)?;
+                after(step, written)?;
             }
         }
         let bytes = piece_bytes(&pieces);
@@ -407,15 +463,31 @@ impl Checkpointer {
     }
 }
 
-/// Whole-tensor pieces (tensor, full slice, bytes) of `views`, over the matching `full` slices.
-fn whole_pieces<'a>(
+/// This rank's [`ckpt::rank_rows`] of each of `views`' tensors (`None` where it owns none).
+fn my_slices(views: &[(TensorMeta, &[u8])], rank: u32, world: u32) -> Vec<Option<Slice>> {
+    views
+        .iter()
+        .map(|(m, _)| ckpt::rank_rows(&m.shape, rank, world))
+        .collect()
+}
+
+/// This rank's pieces (tensor, its rows, their bytes) of `views`, over the matching `slices`.
+fn my_pieces<'a>(
     views: &'a [(TensorMeta, &'a [u8])],
-    full: &'a [Slice],
+    slices: &'a [Option<Slice>],
 ) -> Vec<(&'a TensorMeta, &'a Slice, &'a [u8])> {
     views
         .iter()
-        .zip(full)
-        .map(|((m, b), s)| (m, s, *b))
+        .zip(slices)
+        .filter_map(|((m, bytes), s)| {
+            let s = s.as_ref()?;
+            let (Some(rows), Some(first)) = (m.shape.first(), s.0.first()) else {
+                return Some((m, s, *bytes));
+            };
+            let row_bytes = bytes.len() / *rows as usize;
+            let at = first.offset as usize * row_bytes;
+            Some((m, s, &bytes[at..at + first.len as usize * row_bytes]))
+        })
         .collect()
 }
 
