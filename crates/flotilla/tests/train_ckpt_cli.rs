@@ -3,7 +3,7 @@
 #[path = "support/cli.rs"]
 mod cli;
 
-use cli::{MICRO, flotilla};
+use cli::{MICRO, flotilla, loss_at};
 
 /// `train` on the built-in corpus for `steps` steps with `extra` arguments; returns stdout.
 fn train(steps: &str, extra: &[&str]) -> String {
@@ -14,20 +14,6 @@ fn train(steps: &str, extra: &[&str]) -> String {
     let (ok, out, err) = flotilla(&args);
     assert!(ok, "train failed: {err}\n{out}");
     out
-}
-
-/// The loss printed for step `step` of `total`.
-fn loss_at(out: &str, step: u64, total: u64) -> String {
-    let tag = format!("step {step:>6}/{total} loss ");
-    let line = out
-        .lines()
-        .find(|l| l.starts_with(&tag))
-        .unwrap_or_else(|| panic!("no {tag:?} in:\n{out}"));
-    line[tag.len()..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string()
 }
 
 #[test]

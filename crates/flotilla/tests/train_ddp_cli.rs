@@ -3,7 +3,7 @@
 #[path = "support/cli.rs"]
 mod cli;
 
-use cli::{MICRO, flotilla};
+use cli::{MICRO, flotilla, loss_at};
 
 /// `train` with MICRO's model on the built-in corpus, one thread per process and `extra`
 /// (which must set --batch); returns stdout.
@@ -22,21 +22,6 @@ fn train(extra: &[&str]) -> String {
     let (ok, out, err) = flotilla(&args);
     assert!(ok, "train failed: {err}\n{out}");
     out
-}
-
-/// The loss printed for step `step` of `total`.
-fn loss_at(out: &str, step: u64, total: u64) -> f64 {
-    let tag = format!("step {step:>6}/{total} loss ");
-    let line = out
-        .lines()
-        .find(|l| l.starts_with(&tag))
-        .unwrap_or_else(|| panic!("no {tag:?} in:\n{out}"));
-    line[tag.len()..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
 }
 
 #[test]
@@ -60,7 +45,8 @@ fn two_workers_match_one_process_and_resume_together() {
         "only rank 0 prints: {two}"
     );
     for step in 1..=4 {
-        let (a, b) = (loss_at(&one, step, 4), loss_at(&two, step, 4));
+        let parse = |out: &str| loss_at(out, step, 4).parse::<f64>().unwrap();
+        let (a, b) = (parse(&one), parse(&two));
         assert!((a - b).abs() < 1e-3, "step {step}: {a} vs {b}");
     }
 

@@ -245,16 +245,7 @@ impl Trainer {
         let step = self.step + 1;
         let data_seconds = self.fetch()?;
         let t0 = Instant::now();
-        let out = GradStep {
-            model: &mut self.model,
-            th: &self.th,
-            params: &self.params,
-            inputs: &self.inputs,
-            targets: &self.targets,
-            grads: &mut self.grads,
-            sync: self.sync.as_mut(),
-        }
-        .run(self.cfg.grad_clip, step)?;
+        let out = grad_step!(self).run(self.cfg.grad_clip, step)?;
         self.update(step, out, data_seconds, t0)
     }
 
@@ -280,16 +271,7 @@ impl Trainer {
         let views = state_views(self.model.layout(), master, m, v);
         let (grads, staged, waited) = std::thread::scope(|s| {
             let staging = s.spawn(move || stage(&views));
-            let grads = GradStep {
-                model: &mut self.model,
-                th: &self.th,
-                params: &self.params,
-                inputs: &self.inputs,
-                targets: &self.targets,
-                grads: &mut self.grads,
-                sync: self.sync.as_mut(),
-            }
-            .run(self.cfg.grad_clip, step);
+            let grads = grad_step!(self).run(self.cfg.grad_clip, step);
             let wait = Instant::now();
             let staged = staging.join();
             (grads, staged, wait.elapsed())
@@ -373,6 +355,23 @@ fn share(cfg: &TrainConfig, sync: Option<&GradBuckets>) -> Share {
         None => Share::whole(cfg.batch),
     }
 }
+
+/// The [`GradStep`] of a trainer's fields. A macro, not a method: a method would borrow the
+/// whole trainer, while the staging thread of `step_with_staging` holds other fields.
+macro_rules! grad_step {
+    ($t:ident) => {
+        GradStep {
+            model: &mut $t.model,
+            th: &$t.th,
+            params: &$t.params,
+            inputs: &$t.inputs,
+            targets: &$t.targets,
+            grads: &mut $t.grads,
+            sync: $t.sync.as_mut(),
+        }
+    };
+}
+use grad_step;
 
 /// What one step's gradient computation reads and writes.
 struct GradStep<'a> {

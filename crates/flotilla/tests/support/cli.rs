@@ -36,3 +36,17 @@ pub const MICRO: &[&str] = &[
     "100",
     "--no-progress",
 ];
+
+/// The loss `train` printed for step `step` of `total` (as printed).
+pub fn loss_at(out: &str, step: u64, total: u64) -> String {
+    let tag = format!("step {step:>6}/{total} loss ");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&tag))
+        .unwrap_or_else(|| panic!("no {tag:?} in:\n{out}"));
+    line[tag.len()..]
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
