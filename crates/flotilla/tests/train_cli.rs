@@ -51,9 +51,9 @@ fn bad_settings_are_named() {
     let (ok, _, err) = flotilla(&["train", "--d-model", "256", "--heads", "3", "--steps", "1"]);
     assert!(!ok);
     assert!(err.contains("heads"), "{err}");
-    let (ok, _, err) = flotilla(&["train", "--nproc", "2", "--steps", "1"]);
+    let (ok, _, err) = flotilla(&["train", "--nproc", "2", "--bucket-mb", "0", "--steps", "1"]);
     assert!(!ok);
-    assert!(err.contains("--nproc 2"), "{err}");
+    assert!(err.contains("--bucket-mb 0"), "{err}");
     let (ok, _, err) = flotilla(&["train", "--data", "text", "--steps", "1"]);
     assert!(!ok);
     assert!(err.contains("no text files"), "{err}");
