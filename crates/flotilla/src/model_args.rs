@@ -76,9 +76,13 @@ impl ModelArgs {
 /// Optimisation and data options.
 #[derive(Args, Clone, Debug)]
 pub struct TrainArgs {
-    /// Sequences per step.
+    /// Sequences per micro-batch (per process under --nproc).
     #[arg(long, default_value_t = 8)]
     pub batch: usize,
+    /// Micro-batches per optimizer step (gradient accumulation; data-parallel ranks
+    /// communicate only after the last).
+    #[arg(long, default_value_t = 1)]
+    pub grad_accum: usize,
     /// Optimizer steps.
     #[arg(long, default_value_t = 50)]
     pub steps: u64,
@@ -147,6 +151,7 @@ impl TrainArgs {
         }
         let mut c = TrainConfig::new(model, self.steps);
         c.batch = self.batch;
+        c.grad_accum = self.grad_accum;
         c.lr = self.lr;
         c.schedule = Schedule::parse(&self.schedule, self.warmup, self.steps, self.min_lr_ratio)?;
         c.adamw.weight_decay = self.weight_decay;

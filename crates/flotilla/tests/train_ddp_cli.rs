@@ -44,10 +44,25 @@ fn two_workers_match_one_process_and_resume_together() {
         1,
         "only rank 0 prints: {two}"
     );
+    // And with gradient accumulation: 2 ranks x 2 micro-batches of 1 row.
+    let accum = train(&[
+        "--steps",
+        "4",
+        "--batch",
+        "1",
+        "--grad-accum",
+        "2",
+        "--nproc",
+        "2",
+    ]);
     for step in 1..=4 {
         let parse = |out: &str| loss_at(out, step, 4).parse::<f64>().unwrap();
-        let (a, b) = (parse(&one), parse(&two));
+        let (a, b, c) = (parse(&one), parse(&two), parse(&accum));
         assert!((a - b).abs() < 1e-3, "step {step}: {a} vs {b}");
+        assert!(
+            (a - c).abs() < 1e-3,
+            "step {step}: {a} vs {c} (accumulated)"
+        );
     }
 
     // Checkpointed by rank 0, resumed by both: the resumed run ends where the straight one does.

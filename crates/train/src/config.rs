@@ -44,8 +44,12 @@ pub enum DataSpec {
 pub struct TrainConfig {
     /// The model.
     pub model: ModelConfig,
-    /// Sequences per step (micro-batch B).
+    /// Sequences per micro-batch (B), per data-parallel rank.
     pub batch: usize,
+    /// Micro-batches per optimizer step (gradient accumulation): gradients of `grad_accum`
+    /// forward/backward passes are summed, and data-parallel ranks communicate only after the
+    /// last one (file 000, "数据并行": accumulation trades memory for communication).
+    pub grad_accum: usize,
     /// Tokens per sequence (T), at most `model.seq_len`.
     pub seq_len: usize,
     /// Optimizer steps.
@@ -81,6 +85,7 @@ impl TrainConfig {
         Self {
             model,
             batch: 8,
+            grad_accum: 1,
             seq_len,
             steps,
             lr: 3e-4,
@@ -111,6 +116,9 @@ impl TrainConfig {
         };
         if self.batch == 0 {
             return bad("batch", "0".into(), "must be positive");
+        }
+        if self.grad_accum == 0 {
+            return bad("grad_accum", "0".into(), "must be positive");
         }
         if self.seq_len == 0 || self.seq_len > self.model.seq_len {
             return bad(
@@ -163,8 +171,13 @@ impl TrainConfig {
         }
     }
 
-    /// Tokens trained per step, B*T.
+    /// Tokens trained per step by one rank, B x T x grad_accum.
     pub fn tokens_per_step(&self) -> usize {
+        self.micro_tokens() * self.grad_accum
+    }
+
+    /// Tokens in one micro-batch of one rank (B x T).
+    pub fn micro_tokens(&self) -> usize {
         self.batch * self.seq_len
     }
 }

@@ -112,12 +112,13 @@ impl GradBuckets {
     }
 
     /// After the backward: waits for every bucket, writes the reduced sums back into `grads`
-    /// scaled by 1/N. Returns the time spent waiting (the exposed communication).
-    pub fn finish(&mut self, grads: &mut [f32]) -> Result<Duration> {
+    /// scaled by `scale` / N (`scale` = 1 / micro-batches under gradient accumulation). Returns
+    /// the time spent waiting (the exposed communication).
+    pub fn finish(&mut self, grads: &mut [f32], scale: f32) -> Result<Duration> {
         let start = Instant::now();
         // Buckets not launched by the hook (a backward that reported nothing) go now.
         self.ready(0..0, grads);
-        let scale = 1.0 / self.group.size() as f32;
+        let scale = scale / self.group.size() as f32;
         let inflight = std::mem::take(&mut self.inflight);
         let mut first_err = self.failed.take();
         for (i, work) in inflight.into_iter().enumerate() {

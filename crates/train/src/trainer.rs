@@ -102,7 +102,7 @@ impl Trainer {
             cfg.seed,
             None,
         )?;
-        let n = cfg.tokens_per_step();
+        let n = cfg.micro_tokens();
         Ok(Self {
             grads: vec![0f32; params.len()],
             params,
@@ -243,10 +243,16 @@ impl Trainer {
     /// were before the step.
     pub fn step(&mut self) -> Result<StepStats> {
         let step = self.step + 1;
-        let data_seconds = self.fetch()?;
         let t0 = Instant::now();
-        let out = grad_step!(self).run(self.cfg.grad_clip, step)?;
-        self.update(step, out, data_seconds, t0)
+        let mut acc = Accum::new(self.cfg.grad_accum);
+        let out = loop {
+            let fetched = fetch(&mut self.source, &mut self.inputs, &mut self.targets)?;
+            self.drawn += 1;
+            if let Some(out) = acc.micro(grad_step!(self), fetched, self.cfg.grad_clip, step)? {
+                break out;
+            }
+        };
+        self.update(step, out, acc.data_seconds, t0)
     }
 
     /// One optimizer step, like [`Trainer::step`], while `stage` runs on a second thread over
@@ -261,7 +267,6 @@ impl Trainer {
         stage: impl FnOnce(&[(TensorMeta, &[u8])]) -> R + Send,
     ) -> Result<(StepStats, R, Duration)> {
         let step = self.step + 1;
-        let data_seconds = self.fetch()?;
         let t0 = Instant::now();
         let master: &[f32] = match &self.bf16 {
             Some(store) => store.master(),
@@ -269,25 +274,27 @@ impl Trainer {
         };
         let (m, v) = self.opt.moments();
         let views = state_views(self.model.layout(), master, m, v);
+        let mut acc = Accum::new(self.cfg.grad_accum);
         let (grads, staged, waited) = std::thread::scope(|s| {
             let staging = s.spawn(move || stage(&views));
-            let grads = grad_step!(self).run(self.cfg.grad_clip, step);
+            let grads = (|| -> Result<GradOut> {
+                loop {
+                    let fetched = fetch(&mut self.source, &mut self.inputs, &mut self.targets)?;
+                    self.drawn += 1;
+                    if let Some(out) =
+                        acc.micro(grad_step!(self), fetched, self.cfg.grad_clip, step)?
+                    {
+                        return Ok(out);
+                    }
+                }
+            })();
             let wait = Instant::now();
             let staged = staging.join();
             (grads, staged, wait.elapsed())
         });
         let staged = staged.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        let stats = self.update(step, grads?, data_seconds, t0)?;
+        let stats = self.update(step, grads?, acc.data_seconds, t0)?;
         Ok((stats, staged, waited))
-    }
-
-    /// Fills the input and target buffers with the next batch; returns the seconds it took.
-    fn fetch(&mut self) -> Result<f64> {
-        let fetch = Instant::now();
-        self.source
-            .next_batch(&mut self.inputs, &mut self.targets)?;
-        self.drawn += 1;
-        Ok(fetch.elapsed().as_secs_f64())
     }
 
     /// The optimizer half of step `step`: applies the gradients and returns the step's stats.
@@ -317,7 +324,7 @@ impl Trainer {
             lr,
             grad_norm: out.norm,
             tokens: self.cfg.tokens_per_step() * self.world(),
-            seconds: t0.elapsed().as_secs_f64(),
+            seconds: t0.elapsed().as_secs_f64() - data_seconds,
             data_seconds,
             comm_seconds: out.comm_seconds,
         })
@@ -394,11 +401,64 @@ struct GradOut {
     comm_seconds: f64,
 }
 
+/// Fills the input and target buffers with the next micro-batch; returns the seconds it took.
+fn fetch(source: &mut Source, inputs: &mut [u32], targets: &mut [u32]) -> Result<f64> {
+    let start = Instant::now();
+    source.next_batch(inputs, targets)?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// Gradient accumulation over the micro-batches of one optimizer step.
+struct Accum {
+    count: usize,
+    done: usize,
+    loss_sum: f64,
+    data_seconds: f64,
+}
+
+impl Accum {
+    fn new(count: usize) -> Accum {
+        Accum {
+            count: count.max(1),
+            done: 0,
+            loss_sum: 0.0,
+            data_seconds: 0.0,
+        }
+    }
+
+    /// Runs the next micro-batch through `g` (whose batch took `fetched` seconds to fetch);
+    /// after the last, returns the step's gradient result.
+    fn micro(
+        &mut self,
+        g: GradStep<'_>,
+        fetched: f64,
+        clip: Option<f64>,
+        step: u64,
+    ) -> Result<Option<GradOut>> {
+        self.data_seconds += fetched;
+        let (first, last) = (self.done == 0, self.done + 1 == self.count);
+        let loss = g.run(first, last, self.count, clip, step, &mut self.loss_sum)?;
+        self.done += 1;
+        Ok(loss)
+    }
+}
+
 impl GradStep<'_> {
-    /// Forward, backward (all-reducing gradient buckets as they complete, for data parallel)
-    /// and gradient norm, clipped to `clip`; reads `params` only. A non-finite loss or norm is
-    /// an error naming `step`.
-    fn run(self, clip: Option<f64>, step: u64) -> Result<GradOut> {
+    /// Forward and backward of one micro-batch, the gradients summed into `grads` (zeroed by
+    /// the `first`); reads `params` only. The `last` of `count` micro-batches also all-reduces
+    /// the gradient buckets as the backward completes them (data parallel), scales the sum to
+    /// the mean over micro-batches and ranks, and takes (and clips to `clip`) the norm; it
+    /// returns the result, with the loss averaged over the micro-batches (summed in
+    /// `loss_sum`) and ranks. A non-finite loss or norm is an error naming `step`.
+    fn run(
+        self,
+        first: bool,
+        last: bool,
+        count: usize,
+        clip: Option<f64>,
+        step: u64,
+        loss_sum: &mut f64,
+    ) -> Result<Option<GradOut>> {
         let GradStep {
             model,
             th,
@@ -408,19 +468,35 @@ impl GradStep<'_> {
             grads,
             sync,
         } = self;
-        grads.fill(0.0);
-        let mut loss = model
+        if first {
+            grads.fill(0.0);
+        }
+        let loss = model
             .forward(th, params, inputs, Some(targets))?
             .unwrap_or(f64::NAN);
         check_finite("loss", step, loss)?;
+        *loss_sum += loss;
         let mut comm_seconds = 0.0;
-        match sync {
-            Some(s) => {
+        let mut loss = *loss_sum / count as f64;
+        let scale = 1.0 / count as f32;
+        // Data parallel: only the last micro-batch's backward communicates.
+        let synced = match sync {
+            Some(s) if last => {
                 model.backward_hooked(th, params, grads, &mut |range, g| s.ready(range, g))?;
-                comm_seconds = s.finish(grads)?.as_secs_f64();
+                comm_seconds = s.finish(grads, scale)?.as_secs_f64();
                 loss = s.mean(loss)?;
+                true
             }
-            None => model.backward(th, params, grads)?,
+            _ => {
+                model.backward(th, params, grads)?;
+                false
+            }
+        };
+        if !last {
+            return Ok(None);
+        }
+        if !synced && count > 1 {
+            grads.iter_mut().for_each(|g| *g *= scale);
         }
         let _p = model::profile::scope("grad_norm");
         let norm = match clip {
@@ -428,10 +504,10 @@ impl GradStep<'_> {
             None => grad_norm(th, grads),
         };
         check_finite("gradient norm", step, norm)?;
-        Ok(GradOut {
+        Ok(Some(GradOut {
             loss,
             norm,
             comm_seconds,
-        })
+        }))
     }
 }

@@ -128,3 +128,34 @@ fn sharded_checkpoints_resume_data_parallel_runs_bit_identically() {
     assert_eq!(resumed, straight[0].0);
     assert_eq!(ckpt::list_committed(dir.path()).unwrap(), vec![2, 3, 4, 5]);
 }
+
+#[test]
+fn gradient_accumulation_matches_the_larger_batch() {
+    // One process: 2 micro-batches of 2 rows per step against 1 batch of 4 rows.
+    let mut big = Trainer::new(tiny(4, 3)).unwrap();
+    let mut cfg = tiny(2, 3);
+    cfg.grad_accum = 2;
+    let mut acc = Trainer::new(cfg.clone()).unwrap();
+    for _ in 0..3 {
+        let (a, b) = (big.step().unwrap(), acc.step().unwrap());
+        assert!((a.loss - b.loss).abs() < 1e-5, "{} vs {}", a.loss, b.loss);
+        assert_eq!(a.tokens, b.tokens);
+    }
+    assert!(max_rel_diff(acc.params(), big.params()) < 1e-4);
+    assert_eq!(acc.batches_drawn(), 6);
+    // Two ranks accumulating 2 micro-batches of 1 row: the same global batch of 4 rows.
+    let dp = run_threads(2, GroupConfig::default(), move |g| {
+        let mut c = tiny(1, 3);
+        c.grad_accum = 2;
+        let mut t = Trainer::data_parallel(c, g, 16 << 10).unwrap();
+        for _ in 0..3 {
+            t.step().unwrap();
+        }
+        Ok(t.params().to_vec())
+    })
+    .unwrap();
+    let dp0 = dp.into_iter().next().unwrap().unwrap();
+    assert!(max_rel_diff(&dp0, big.params()) < 1e-4);
+    cfg.grad_accum = 0;
+    assert!(Trainer::new(cfg).is_err());
+}
