@@ -110,6 +110,29 @@ pub struct CommitMarker {
     pub manifest_xxh3_128: String,
 }
 
+impl CommitMarker {
+    /// Parses a marker's bytes and checks them against the `step` it was found under: format,
+    /// step and a manifest size under [`MAX_MANIFEST_BYTES`]. The error is the reason, for the
+    /// caller to wrap with where the marker came from (local file or remote object).
+    pub fn parse(bytes: &[u8], step: u64) -> std::result::Result<CommitMarker, String> {
+        let marker: CommitMarker =
+            serde_json::from_slice(bytes).map_err(|e| format!("unparsable: {e}"))?;
+        if marker.format != FORMAT {
+            return Err(format!("format {:?}, expected {FORMAT:?}", marker.format));
+        }
+        if marker.step != step {
+            return Err(format!("records step {}", marker.step));
+        }
+        if marker.manifest_bytes > MAX_MANIFEST_BYTES {
+            return Err(format!(
+                "manifest size {} over the cap",
+                marker.manifest_bytes
+            ));
+        }
+        Ok(marker)
+    }
+}
+
 /// Refuses anything but a plain, relative file name that stays inside the step directory.
 pub fn check_file_name(step: u64, name: &str) -> Result<()> {
     let reason = if name.is_empty() {

@@ -17,8 +17,7 @@ use crate::error::{CkptError, Result, io_err};
 use crate::fsio::{checksum_hex, file_len, is_real_dir, open_read, read_capped};
 use crate::layout::{Extent, Slice, copy_overlap};
 use crate::manifest::{
-    COMMIT_FILE, CommitMarker, FORMAT, MANIFEST_FILE, MAX_MANIFEST_BYTES, MAX_MARKER_BYTES,
-    Manifest, Piece,
+    COMMIT_FILE, CommitMarker, MANIFEST_FILE, MAX_MANIFEST_BYTES, MAX_MARKER_BYTES, Manifest, Piece,
 };
 use crate::names::parse_step_name;
 pub use crate::names::step_dir_name;
@@ -79,24 +78,7 @@ fn read_marker(path: &Path, step: u64) -> Result<CommitMarker> {
         reason,
     };
     let bytes = read_capped(path, MAX_MARKER_BYTES)?;
-    let marker: CommitMarker =
-        serde_json::from_slice(&bytes).map_err(|e| bad(format!("unparsable: {e}")))?;
-    if marker.format != FORMAT {
-        return Err(bad(format!(
-            "format {:?}, expected {FORMAT:?}",
-            marker.format
-        )));
-    }
-    if marker.step != step {
-        return Err(bad(format!("records step {}", marker.step)));
-    }
-    if marker.manifest_bytes > MAX_MANIFEST_BYTES {
-        return Err(bad(format!(
-            "manifest size {} over the cap",
-            marker.manifest_bytes
-        )));
-    }
-    Ok(marker)
+    CommitMarker::parse(&bytes, step).map_err(bad)
 }
 
 /// Steps under `root` whose commit marker is present and well-formed, ascending.

@@ -26,8 +26,7 @@ use super::{RemoteError, RemoteStore, Result, object_key, parse_step_name};
 use crate::error::io_err;
 use crate::fsio::{checksum_hex, fsync_dir, is_real_dir, write_atomic};
 use crate::manifest::{
-    COMMIT_FILE, CommitMarker, FORMAT, MANIFEST_FILE, MAX_MANIFEST_BYTES, MAX_MARKER_BYTES,
-    Manifest, check_file_name,
+    COMMIT_FILE, CommitMarker, MANIFEST_FILE, MAX_MARKER_BYTES, Manifest, check_file_name,
 };
 use crate::reader::{Checkpoint, Verify, step_dir_name};
 use crate::writer::tmp_dir_name;
@@ -64,23 +63,7 @@ fn remote_marker(store: &RemoteStore, step: u64) -> Result<MarkerAndBytes> {
         key: key.clone(),
         reason,
     };
-    let marker: CommitMarker =
-        serde_json::from_slice(&bytes).map_err(|e| bad(format!("unparsable marker: {e}")))?;
-    if marker.format != FORMAT {
-        return Err(bad(format!(
-            "format {:?}, expected {FORMAT:?}",
-            marker.format
-        )));
-    }
-    if marker.step != step {
-        return Err(bad(format!("marker records step {}", marker.step)));
-    }
-    if marker.manifest_bytes > MAX_MANIFEST_BYTES {
-        return Err(bad(format!(
-            "manifest size {} over the cap",
-            marker.manifest_bytes
-        )));
-    }
+    let marker = CommitMarker::parse(&bytes, step).map_err(|e| bad(format!("marker {e}")))?;
     Ok((marker, bytes))
 }
 
