@@ -85,6 +85,19 @@ pub struct BlockLayout {
     pub size: usize,
 }
 
+/// A unit of the model whose parameters are one contiguous range of the flat
+/// buffer and which runs as one step of the forward and backward: what
+/// ZeRO-3 gathers before use and frees after (000 "ZeRO 与 FSDP").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// Token (and learned position) embeddings.
+    Embed,
+    /// Transformer block `l`.
+    Block(usize),
+    /// Final norm and LM head (plus the loss).
+    Head,
+}
+
 /// The whole model's layout table.
 #[derive(Clone, Debug)]
 pub struct Layout {
@@ -279,6 +292,31 @@ impl Layout {
             }
         }
         out
+    }
+
+    /// The contiguous range of `unit`'s parameters.
+    pub fn unit_range(&self, unit: Unit) -> Range<usize> {
+        let first = self.blocks.first().map_or(self.total, |b| b.start);
+        match unit {
+            Unit::Embed => 0..first,
+            Unit::Block(l) => self.blocks[l].clone(),
+            Unit::Head => self.blocks.last().map_or(first, |b| b.end)..self.total,
+        }
+    }
+
+    /// Every unit in forward order: the embeddings, the blocks, the head.
+    pub fn units(&self) -> Vec<Unit> {
+        let mut out = Vec::with_capacity(self.blocks.len() + 2);
+        out.push(Unit::Embed);
+        out.extend((0..self.blocks.len()).map(Unit::Block));
+        out.push(Unit::Head);
+        out
+    }
+
+    /// Whether the head reads the token embedding (tied weights), so the
+    /// [`Unit::Head`] also needs [`Unit::Embed`]'s parameters.
+    pub fn head_reads_embed(&self) -> bool {
+        self.lm_head.is_none()
     }
 
     /// The range holding the layers `first..last` (a pipeline stage's blocks).

@@ -11,7 +11,7 @@ use crate::kernels::embedding::{embed_bwd, embed_fwd};
 use crate::kernels::loss::{cross_entropy_bwd, cross_entropy_fwd, mean_loss};
 use crate::kernels::matmul::{matmul_bwd_input, matmul_bwd_weight, matmul_fwd};
 use crate::kernels::rope::RopeTable;
-use crate::layout::Layout;
+use crate::layout::{Layout, Unit};
 use crate::profile::timed;
 use crate::real::Real;
 use crate::threads::Threads;
@@ -101,7 +101,13 @@ pub struct Model<T: Real> {
     dresid: Vec<T>,
     tokens: Vec<u32>,
     targets: Vec<u32>,
-    has_targets: bool,
+    /// Whether the forward in progress has targets.
+    want_targets: bool,
+    /// The loss of the last forward with targets.
+    loss: Option<f64>,
+    /// The next unit of the forward and of the backward in progress.
+    next_fwd: Option<Unit>,
+    next_bwd: Option<Unit>,
 }
 
 impl<T: Real> Model<T> {
@@ -157,7 +163,10 @@ impl<T: Real> Model<T> {
             dresid: vec![T::zero(); dims.n * dims.c],
             tokens: vec![0; dims.n],
             targets: vec![0; dims.n],
-            has_targets: false,
+            want_targets: false,
+            loss: None,
+            next_fwd: None,
+            next_bwd: None,
             layout,
             dims,
             rope,
@@ -232,20 +241,90 @@ impl<T: Real> Model<T> {
         targets: Option<&[u32]>,
     ) -> Result<Option<f64>> {
         self.check_len("params", params.len(), self.layout.total)?;
+        self.begin(tokens, targets)?;
+        for unit in self.layout.units() {
+            self.forward_unit(th, params, unit)?;
+        }
+        Ok(self.loss)
+    }
+
+    /// Starts a forward over `tokens` (and `targets`), to be run unit by unit
+    /// with [`Model::forward_unit`] in [`Layout::units`] order. [`Model::forward`]
+    /// does all of it; a caller that fetches each unit's parameters just before
+    /// its use (ZeRO-3) drives the units itself.
+    pub fn begin(&mut self, tokens: &[u32], targets: Option<&[u32]>) -> Result<()> {
         self.check_tokens("tokens", tokens)?;
         if let Some(t) = targets {
             self.check_tokens("targets", t)?;
         }
         self.tokens.copy_from_slice(tokens);
-        self.embed_forward(th, params);
-        for l in 0..self.cfg.layers {
-            self.block_forward(th, params, l);
+        self.loss = None;
+        self.want_targets = targets.is_some();
+        if let Some(t) = targets {
+            self.targets.copy_from_slice(t);
         }
-        self.head_forward(th, params);
-        self.has_targets = false;
-        let Some(t) = targets else { return Ok(None) };
-        self.targets.copy_from_slice(t);
-        self.has_targets = true;
+        self.next_fwd = Some(Unit::Embed);
+        self.next_bwd = None;
+        Ok(())
+    }
+
+    /// The forward of `unit`, which must be the next one after
+    /// [`Model::begin`]. Reads only `unit`'s range of `params` (and the
+    /// embedding's for a tied head). After the head, [`Model::loss`] holds
+    /// the loss when targets were given.
+    pub fn forward_unit(&mut self, th: &Threads, params: &[T], unit: Unit) -> Result<()> {
+        self.check_len("params", params.len(), self.layout.total)?;
+        self.expect("forward", self.next_fwd, unit)?;
+        let layers = self.cfg.layers;
+        self.next_fwd = match unit {
+            Unit::Embed => {
+                self.embed_forward(th, params);
+                Some(Unit::Block(0))
+            }
+            Unit::Block(l) => {
+                self.block_forward(th, params, l);
+                Some(if l + 1 < layers {
+                    Unit::Block(l + 1)
+                } else {
+                    Unit::Head
+                })
+            }
+            Unit::Head => {
+                self.head_forward(th, params);
+                if self.want_targets {
+                    self.loss = Some(self.loss_forward(th));
+                    self.next_bwd = Some(Unit::Head);
+                }
+                None
+            }
+        };
+        Ok(())
+    }
+
+    /// The loss of the last complete forward with targets.
+    pub fn loss(&self) -> Option<f64> {
+        self.loss
+    }
+
+    /// An error unless `unit` is the `expected` next one of `pass`.
+    fn expect(&self, pass: &'static str, expected: Option<Unit>, unit: Unit) -> Result<()> {
+        match expected {
+            Some(e) if e == unit => Ok(()),
+            _ => Err(ModelError::Config {
+                field: "unit order",
+                value: format!("{pass} of {unit:?}"),
+                reason: match expected {
+                    Some(e) => format!("the next unit of the {pass} is {e:?}"),
+                    None if pass == "backward" => {
+                        "the backward needs a complete forward with targets".into()
+                    }
+                    None => "no forward in progress: call begin first".into(),
+                },
+            }),
+        }
+    }
+
+    fn loss_forward(&mut self, th: &Threads) -> f64 {
         let d = &self.dims;
         let [logits, losses] = self
             .arena
@@ -256,7 +335,7 @@ impl<T: Real> Model<T> {
             "cross_entropy.fwd",
             cross_entropy_fwd(th, losses, lse, logits, &self.targets, d.n, d.v)
         );
-        Ok(Some(mean_loss(losses)))
+        mean_loss(losses)
     }
 
     /// Backward of the last forward (which must have had targets): gradients
@@ -276,26 +355,54 @@ impl<T: Real> Model<T> {
         grads: &mut [T],
         ready: &mut dyn FnMut(Range<usize>, &mut [T]),
     ) -> Result<()> {
+        for unit in self.layout.units().into_iter().rev() {
+            self.backward_unit(th, params, grads, unit)?;
+            ready(self.layout.unit_range(unit), grads);
+        }
+        Ok(())
+    }
+
+    /// The backward of `unit`, in reverse [`Layout::units`] order after a
+    /// forward with targets: accumulates (`+=`) its parameters' gradients into
+    /// `grads` (the head also into the embedding's when tied). Reads `unit`'s
+    /// range of `params` (the embeddings' backward reads none; a tied head
+    /// reads the embedding's). After it, `unit`'s gradient range is final.
+    pub fn backward_unit(
+        &mut self,
+        th: &Threads,
+        params: &[T],
+        grads: &mut [T],
+        unit: Unit,
+    ) -> Result<()> {
         self.check_len("params", params.len(), self.layout.total)?;
         self.check_len("grads", grads.len(), self.layout.total)?;
-        if !self.has_targets {
-            return Err(ModelError::Config {
-                field: "targets",
-                value: "none".into(),
-                reason: "backward needs a forward with targets".into(),
-            });
-        }
-        self.has_targets = false;
-        self.head_backward(th, params, grads);
-        let head = self.layout.blocks[self.cfg.layers - 1].end..self.layout.total;
-        ready(head, grads);
-        for l in (0..self.cfg.layers).rev() {
-            if self.recompute[l] {
-                self.block_forward(th, params, l);
+        self.expect("backward", self.next_bwd, unit)?;
+        let layers = self.cfg.layers;
+        self.next_bwd = match unit {
+            Unit::Head => {
+                self.head_backward(th, params, grads);
+                Some(Unit::Block(layers - 1))
             }
-            self.block_backward(th, params, grads, l);
-            ready(self.layout.blocks[l].clone(), grads);
-        }
+            Unit::Block(l) => {
+                if self.recompute[l] {
+                    self.block_forward(th, params, l);
+                }
+                self.block_backward(th, params, grads, l);
+                Some(if l > 0 {
+                    Unit::Block(l - 1)
+                } else {
+                    Unit::Embed
+                })
+            }
+            Unit::Embed => {
+                self.embed_backward(th, grads);
+                None
+            }
+        };
+        Ok(())
+    }
+
+    fn embed_backward(&mut self, th: &Threads, grads: &mut [T]) {
         let d = &self.dims;
         let (wte, wpe) = match &self.layout.wpe {
             Some(wpe) => {
@@ -310,8 +417,6 @@ impl<T: Real> Model<T> {
             "embedding.bwd",
             embed_bwd(th, wte, wpe, &self.dresid, &self.tokens, d.n, d.t, d.c)
         );
-        ready(0..self.layout.blocks[0].start, grads);
-        Ok(())
     }
 
     fn embed_forward(&mut self, th: &Threads, params: &[T]) {

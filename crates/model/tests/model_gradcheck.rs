@@ -206,3 +206,42 @@ fn bad_inputs_are_errors_naming_the_problem() {
         Err(ModelError::Config { field: "batch", .. })
     ));
 }
+
+#[test]
+fn unit_by_unit_passes_equal_the_whole_and_keep_their_order() {
+    use model::layout::Unit;
+    let cfg = tiny_gpt2();
+    let th = Threads::single();
+    let mut m = Model::<f32>::new(&cfg, 1, cfg.seq_len, true).unwrap();
+    let mut p = vec![0f32; m.n_params()];
+    model::init::init_params(&cfg, m.layout(), 3, &mut p);
+    let (toks, tgts) = batch(&cfg, 1);
+    let whole = m.forward(&th, &p, &toks, Some(&tgts)).unwrap();
+    let mut g_whole = vec![0f32; p.len()];
+    m.backward(&th, &p, &mut g_whole).unwrap();
+
+    let units = m.layout().units();
+    m.begin(&toks, Some(&tgts)).unwrap();
+    // Out of order: the first unit is the embedding.
+    assert!(m.forward_unit(&th, &p, Unit::Head).is_err());
+    for &u in &units {
+        m.forward_unit(&th, &p, u).unwrap();
+    }
+    assert_eq!(m.loss(), whole);
+    let mut g = vec![0f32; p.len()];
+    assert!(m.backward_unit(&th, &p, &mut g, Unit::Embed).is_err());
+    for &u in units.iter().rev() {
+        m.backward_unit(&th, &p, &mut g, u).unwrap();
+    }
+    assert_eq!(g, g_whole);
+    // The backward is spent.
+    assert!(m.backward_unit(&th, &p, &mut g, Unit::Head).is_err());
+    // Units tile the buffer.
+    let mut at = 0;
+    for &u in &units {
+        let r = m.layout().unit_range(u);
+        assert_eq!(r.start, at, "{u:?}");
+        at = r.end;
+    }
+    assert_eq!(at, p.len());
+}

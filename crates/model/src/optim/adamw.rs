@@ -226,6 +226,16 @@ pub(crate) fn for_each_segment(
     }
 }
 
+/// One part of a state-wide AdamW step ([`AdamW::step_parts`]).
+pub struct StatePart<'a> {
+    /// Index of the part's first element in the state.
+    pub at: usize,
+    /// The part's parameters, updated in place.
+    pub params: &'a mut [f32],
+    /// Their gradients.
+    pub grads: &'a [f32],
+}
+
 /// AdamW state for a fixed number of parameters: both moments and the
 /// number of steps taken.
 #[derive(Debug, Clone)]
@@ -331,6 +341,70 @@ impl AdamW {
         })
     }
 
+    /// One AdamW step over parts of the state, each updated where it lies:
+    /// part `(at, params, grads)` holds the state's elements `at..at +
+    /// params.len()`. A sharded optimizer (ZeRO-1/2) updates the pieces of
+    /// the full parameter buffer its shard owns in place this way, with no
+    /// contiguous copy. Elements of the state outside every part keep their
+    /// moments. Weight decay applies inside the `decay` ranges (state
+    /// coordinates). Each element gets exactly the update [`AdamW::step`]
+    /// would give it.
+    ///
+    /// On error nothing is changed (the step count included).
+    pub fn step_parts(
+        &mut self,
+        th: &Threads,
+        parts: &mut [StatePart<'_>],
+        lr: f32,
+        decay: &[Range<usize>],
+    ) -> Result<()> {
+        let len = self.len();
+        for p in parts.iter() {
+            if p.grads.len() != p.params.len() || p.at + p.params.len() > len {
+                return Err(ModelError::Shape {
+                    what: "adamw part (params and grads inside the state)",
+                    expected: len.saturating_sub(p.at).min(p.params.len()),
+                    got: p.grads.len().max(p.params.len()),
+                });
+            }
+        }
+        if !(lr.is_finite() && lr >= 0.0) {
+            return Err(bad("lr", lr, "must be finite and >= 0"));
+        }
+        let decay = normalize_ranges(decay, len)?;
+        let step = self.step + 1;
+        let k = Coeffs::new(&self.cfg, lr, step);
+        for part in parts.iter_mut() {
+            let at = part.at;
+            let n = part.params.len();
+            let (ps, ms, vs) = (
+                SharedMut::new(&mut *part.params),
+                SharedMut::new(&mut self.m[at..at + n]),
+                SharedMut::new(&mut self.v[at..at + n]),
+            );
+            let grads = part.grads;
+            th.ranges(n, MIN_PER_THREAD, |chunk| {
+                let global = chunk.start + at..chunk.end + at;
+                for_each_segment(global, &decay, |seg, decayed| {
+                    let local = seg.start - at..seg.end - at;
+                    // SAFETY: the chunks of `th.ranges` are disjoint and the
+                    // segments of one chunk are disjoint; the buffers outlive
+                    // the call.
+                    let (p, m, v) = unsafe {
+                        (
+                            ps.slice(local.clone()),
+                            ms.slice(local.clone()),
+                            vs.slice(local.clone()),
+                        )
+                    };
+                    update(p, &grads[local], m, v, &k, decayed);
+                });
+            });
+        }
+        self.step = step;
+        Ok(())
+    }
+
     /// Validate, advance the step count and call
     /// `body(segment, decayed, params, m, v, coeffs)` over disjoint segments
     /// of the parameters in parallel (`params`, `m`, `v` are the segment's
@@ -388,6 +462,58 @@ impl AdamW {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn step_parts_gives_each_element_the_step_update() {
+        let th = Threads::new(2).unwrap();
+        let n = 40_000;
+        let init: Vec<f32> = (0..n)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
+            .collect();
+        let grads: Vec<f32> = (0..n)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 32.0)
+            .collect();
+        let decay = [100..20_000, 30_000..35_000];
+        let cfg = AdamWConfig::default();
+        let (mut whole, mut a) = (init.clone(), AdamW::new(cfg, n).unwrap());
+        let mut b = AdamW::new(cfg, n).unwrap();
+        let mut parts_buf = init.clone();
+        for _ in 0..3 {
+            a.step(&th, &mut whole, &grads, 1e-2, &decay).unwrap();
+            // Three parts out of order, covering everything.
+            let (x, rest) = parts_buf.split_at_mut(12_345);
+            let (y, z) = rest.split_at_mut(20_000);
+            let mut parts = [
+                StatePart {
+                    at: 32_345,
+                    params: z,
+                    grads: &grads[32_345..],
+                },
+                StatePart {
+                    at: 0,
+                    params: x,
+                    grads: &grads[..12_345],
+                },
+                StatePart {
+                    at: 12_345,
+                    params: y,
+                    grads: &grads[12_345..32_345],
+                },
+            ];
+            b.step_parts(&th, &mut parts, 1e-2, &decay).unwrap();
+        }
+        assert_eq!(whole, parts_buf);
+        assert_eq!(a.moments(), b.moments());
+        assert_eq!(a.step_count(), b.step_count());
+        let mut short = vec![0f32; 3];
+        let mut bad = [StatePart {
+            at: n - 2,
+            params: &mut short,
+            grads: &grads[..3],
+        }];
+        assert!(b.step_parts(&th, &mut bad, 1e-2, &decay).is_err());
+        assert_eq!(b.step_count(), 3);
+    }
 
     #[test]
     fn segments_cover_chunk_and_follow_decay() {

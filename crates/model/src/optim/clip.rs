@@ -34,9 +34,17 @@ fn sum_sq(xs: &[f32]) -> f64 {
 /// The global L2 norm of `grads`, accumulated in f64 (deterministic: the
 /// same for every thread count). NaN or infinite when a gradient is.
 pub fn grad_norm(th: &Threads, grads: &[f32]) -> f64 {
+    grad_sum_sq(th, grads).sqrt()
+}
+
+/// The sum of squares of `grads` in f64, over fixed blocks of
+/// [`NORM_BLOCK`] (deterministic for every thread count): the squared
+/// [`grad_norm`], or one shard's part of a global norm that is summed over
+/// ranks (ZeRO).
+pub fn grad_sum_sq(th: &Threads, grads: &[f32]) -> f64 {
     let blocks = grads.len().div_ceil(NORM_BLOCK);
     if blocks <= 1 {
-        return sum_sq(grads).sqrt();
+        return sum_sq(grads);
     }
     let mut partial = vec![0.0f64; blocks];
     let parts = th.n().min(blocks);
@@ -50,7 +58,30 @@ pub fn grad_norm(th: &Threads, grads: &[f32]) -> f64 {
             *d = sum_sq(&grads[b * NORM_BLOCK..end]);
         }
     });
-    partial.iter().sum::<f64>().sqrt()
+    partial.iter().sum::<f64>()
+}
+
+/// The factor `torch.nn.utils.clip_grad_norm_` scales gradients of global
+/// norm `norm` by to clip them to `max_norm` (`max_norm / (norm + 1e-6)`),
+/// or `None` when no clipping applies (the norm is within the bound, or is
+/// not finite).
+pub fn clip_coef(norm: f64, max_norm: f64) -> Option<f32> {
+    if !norm.is_finite() {
+        return None;
+    }
+    let coef = max_norm / (norm + 1e-6);
+    (coef < 1.0).then_some(coef as f32)
+}
+
+/// Multiplies `grads` by `c` in parallel.
+pub fn scale_grads(th: &Threads, grads: &mut [f32], c: f32) {
+    let g = SharedMut::new(grads);
+    th.ranges(g.len(), NORM_BLOCK, |r| {
+        // SAFETY: the ranges of `th.ranges` are disjoint.
+        for x in unsafe { g.slice(r) } {
+            *x *= c;
+        }
+    });
 }
 
 /// Clip `grads` to global L2 norm `max_norm` the way
@@ -63,19 +94,8 @@ pub fn grad_norm(th: &Threads, grads: &[f32]) -> f64 {
 /// `max_norm` once with [`check_max_norm`].
 pub fn clip_grad_norm(th: &Threads, grads: &mut [f32], max_norm: f64) -> f64 {
     let norm = grad_norm(th, grads);
-    if !norm.is_finite() {
-        return norm;
-    }
-    let coef = max_norm / (norm + 1e-6);
-    if coef < 1.0 {
-        let c = coef as f32;
-        let g = SharedMut::new(grads);
-        th.ranges(g.len(), NORM_BLOCK, |r| {
-            // SAFETY: the ranges of `th.ranges` are disjoint.
-            for x in unsafe { g.slice(r) } {
-                *x *= c;
-            }
-        });
+    if let Some(c) = clip_coef(norm, max_norm) {
+        scale_grads(th, grads, c);
     }
     norm
 }

@@ -11,7 +11,10 @@ pub mod bf16;
 pub mod clip;
 pub mod schedule;
 
+pub use adamw::StatePart;
 pub use adamw::{AdamW, AdamWConfig};
 pub use bf16::Bf16Store;
-pub use clip::{check_finite, check_max_norm, clip_grad_norm, grad_norm};
+pub use clip::{
+    check_finite, check_max_norm, clip_coef, clip_grad_norm, grad_norm, grad_sum_sq, scale_grads,
+};
 pub use schedule::{SCHEDULE_NAMES, Schedule};
