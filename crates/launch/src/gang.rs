@@ -1,0 +1,560 @@
+//! Job-level coordination of the agents through the store hosted by node 0 (004 section 28.8,
+//! Algorithm 28.2: gang admission with a deadline; nothing runs until the whole gang is there).
+//!
+//! Keys, all under `launch/g{generation}/` and written with that generation's stamp, so the
+//! store refuses anything an agent or worker of an older generation still tries to say:
+//! - `node/{i}`: node i's agent is ready to start its workers (admission);
+//! - `members`: the nodes node 0 admitted, in rank order ([`Membership`]); with `--nnodes
+//!   MIN:MAX` that is every registered node once all MAX are there, or once at least MIN are
+//!   and every missing node is lost (its lease stood still, see [`crate::elastic`]) or the
+//!   admission deadline has passed;
+//! - `failed`: the first failure of the generation, as text (compare-and-set: first wins);
+//!   every agent polls it and stops its workers when it appears;
+//! - `failure-seen/{i}`: member i read the failure and stopped its workers (node 0 waits a
+//!   moment for these before it moves the job on);
+//! - `verdict`: node 0's decision after a failure, `abort: ...` (else the generation moves on);
+//! - `done/{i}`, `complete`, `ack/{i}`: node i's workers all succeeded; node 0 saw all nodes
+//!   done; node i saw that.
+//!
+//! `launch/restarts` counts the job's restarts (node 0 adds to it); `launch/lease/{i}` is node
+//! i's lease counter in an elastic job (it spans generations); the store's generation counter
+//! is the generation itself, bumped by node 0 only.
+
+use crate::elastic::{Leases, Membership, NodeRange};
+use crate::error::{LaunchError, Result};
+use crate::heartbeat::{self, Beat};
+use comm::CommError;
+use comm::store::StoreClient;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How often an agent re-reads the store while waiting for another agent.
+pub const POLL: Duration = Duration::from_millis(100);
+
+/// Node 0's decision after a failed generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Start this generation.
+    Restart(u64),
+    /// Give up, for this reason.
+    Abort(String),
+}
+
+/// The outcome of gang admission for this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admitted {
+    /// This node runs in the generation, with these members.
+    Member(Membership),
+    /// The generation runs without this node (it registered too late): these are its members.
+    Excluded(Membership),
+}
+
+/// What an excluded node saw while it waited for the job to move on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// A new generation it may register for.
+    Generation(u64),
+    /// The job completed without it.
+    Complete,
+    /// Node 0 gave up on the job, for this reason.
+    Abort(String),
+}
+
+/// One agent's view of the job's keys.
+pub struct Gang<'a> {
+    store: &'a StoreClient,
+    /// Nodes the job may run on.
+    pub nodes: NodeRange,
+    /// This node.
+    pub node: usize,
+    /// Node 0: the other nodes' leases.
+    leases: Mutex<Leases>,
+}
+
+fn key(g: u64, what: &str) -> String {
+    format!("launch/g{g}/{what}")
+}
+
+impl<'a> Gang<'a> {
+    /// Coordination through `store` for node `node` of a job on `nodes` nodes (`3` or a
+    /// [`NodeRange`]); node 0 judges the others' leases with `lease_timeout`.
+    pub fn new(
+        store: &'a StoreClient,
+        nodes: impl Into<NodeRange>,
+        node: usize,
+        lease_timeout: Duration,
+    ) -> Gang<'a> {
+        Gang {
+            store,
+            nodes: nodes.into(),
+            node,
+            leases: Mutex::new(Leases::new(lease_timeout)),
+        }
+    }
+
+    /// Registers this node for generation `g`; node 0 then decides the members (see the module
+    /// docs) within `timeout`, the others wait for that decision (a little longer). On timeout
+    /// with fewer than MIN nodes, names the missing ones (no worker has been started).
+    pub fn admit(&self, g: u64, timeout: Duration) -> Result<Admitted> {
+        self.store
+            .set(&key(g, &format!("node/{}", self.node)), b"ready")?;
+        let start = Instant::now();
+        if self.node != 0 {
+            // Node 0 decides within `timeout` of its own start; allow for it starting later.
+            let wait = timeout + timeout.min(Duration::from_secs(30));
+            let text = match self.store.wait_one(&key(g, "members"), wait) {
+                Ok(t) => t,
+                Err(CommError::Store(_)) => {
+                    return Err(LaunchError::Admission {
+                        generation: g,
+                        waited: start.elapsed(),
+                        missing: vec![0],
+                    });
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let m = Membership::decode(&text).ok_or_else(|| {
+                LaunchError::invalid(
+                    "membership",
+                    String::from_utf8_lossy(&text),
+                    format!("node 0 published a malformed member list for generation {g}"),
+                )
+            })?;
+            return Ok(match m.slot(self.node) {
+                Some(_) => Admitted::Member(m),
+                None => Admitted::Excluded(m),
+            });
+        }
+        let deadline = start + timeout;
+        loop {
+            let now = Instant::now();
+            let mut leases = self.leases();
+            leases.poll(self.store, 1..self.nodes.max)?;
+            let mut registered = Vec::new();
+            let mut missing = Vec::new();
+            for i in 0..self.nodes.max {
+                // A node that registered and then went silent is not admitted: it would only
+                // fail the generation again.
+                let live = leases.lost(i, now).is_none();
+                if live && self.store.get(&key(g, &format!("node/{i}")))?.is_some() {
+                    registered.push(i);
+                } else {
+                    missing.push(i);
+                }
+            }
+            let enough = registered.len() >= self.nodes.min;
+            let all_lost = missing.iter().all(|&i| leases.lost(i, now).is_some());
+            if missing.is_empty() || (enough && (all_lost || now >= deadline)) {
+                let m = Membership { nodes: registered };
+                self.store.set(&key(g, "members"), m.encode().as_bytes())?;
+                return Ok(Admitted::Member(m));
+            }
+            if now >= deadline {
+                return Err(LaunchError::Admission {
+                    generation: g,
+                    waited: start.elapsed(),
+                    missing,
+                });
+            }
+            drop(leases);
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// The lease record (a poisoned lock still holds valid observations).
+    fn leases(&self) -> MutexGuard<'_, Leases> {
+        self.leases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Node 0: the first member of `m` (other than node 0) whose lease has stood still for the
+    /// lease timeout, with how long, if any.
+    pub fn lost_member(&self, m: &Membership) -> Result<Option<(usize, Duration)>> {
+        let mut leases = self.leases();
+        leases.poll(self.store, m.nodes.iter().copied().filter(|&n| n != 0))?;
+        let now = Instant::now();
+        Ok(m.nodes
+            .iter()
+            .find_map(|&n| Some((n, leases.lost(n, now)?))))
+    }
+
+    /// An excluded node: waits (at most `timeout`) for the job to start a new generation,
+    /// complete without it, or abort. Generation `g` is the one it was left out of.
+    pub fn await_next(&self, g: u64, timeout: Duration) -> Result<Next> {
+        let start = Instant::now();
+        loop {
+            let now = self.store.generation()?;
+            if now > g {
+                self.store.set_generation(now);
+                return Ok(Next::Generation(now));
+            }
+            let read = |what: &str| match self.store.get(&key(g, what)) {
+                Ok(v) => Ok(v.map(|v| String::from_utf8_lossy(&v).into_owned())),
+                // The generation moved on meanwhile: the next look at it says so.
+                Err(CommError::StaleGeneration { .. }) => Ok(None),
+                Err(e) => Err(e),
+            };
+            if read("complete")?.is_some() {
+                return Ok(Next::Complete);
+            }
+            if let Some(v) = read("verdict")? {
+                let why = v.strip_prefix("abort: ").unwrap_or(&v);
+                return Ok(Next::Abort(why.to_string()));
+            }
+            if start.elapsed() >= timeout {
+                return Err(LaunchError::Excluded {
+                    node: self.node,
+                    generation: g,
+                    waited: start.elapsed(),
+                });
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Another member: says it read generation `g`'s failure (best effort: node 0 may have
+    /// moved on already, and only waits a moment for this).
+    pub fn failure_seen(&self, g: u64) {
+        if let Err(e) = self
+            .store
+            .set(&key(g, &format!("failure-seen/{}", self.node)), b"1")
+        {
+            tracing::debug!("failure acknowledgement: {e}");
+        }
+    }
+
+    /// Node 0: waits, at most `bound`, until every member of `m` not known lost has read
+    /// generation `g`'s failure, so the generation moves on after they know why it ended.
+    pub fn await_failure_seen(&self, g: u64, m: &Membership, bound: Duration) -> Result<()> {
+        let now = Instant::now();
+        let keys: Vec<String> = {
+            let leases = self.leases();
+            m.nodes[1..]
+                .iter()
+                .filter(|&&n| leases.lost(n, now).is_none())
+                .map(|n| key(g, &format!("failure-seen/{n}")))
+                .collect()
+        };
+        if keys.is_empty() {
+            return Ok(());
+        }
+        match self.store.wait(&keys, bound) {
+            Ok(_) | Err(CommError::Store(_)) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Publishes `failure` as generation `g`'s failure unless one is there; returns the one
+    /// that stands (the first).
+    pub fn report_failure(&self, g: u64, failure: &str) -> Result<String> {
+        let now = self
+            .store
+            .compare_set(&key(g, "failed"), None, failure.as_bytes())?;
+        Ok(now.map_or_else(
+            || failure.to_string(),
+            |v| String::from_utf8_lossy(&v).into_owned(),
+        ))
+    }
+
+    /// Generation `g`'s failure, if any agent reported one.
+    pub fn failure(&self, g: u64) -> Result<Option<String>> {
+        Ok(self
+            .store
+            .get(&key(g, "failed"))?
+            .map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
+    /// Counts one more restart for the job; returns the count (node 0).
+    pub fn count_restart(&self) -> Result<u64> {
+        Ok(self.store.add("launch/restarts", 1)?.max(0) as u64)
+    }
+
+    /// Node 0: gives up on the job after generation `g` (members `m`), then waits (at most
+    /// `linger`) until the other members have read that, before its store goes away.
+    pub fn abort(&self, g: u64, m: &Membership, why: &str, linger: Duration) -> Result<()> {
+        self.store
+            .set(&key(g, "verdict"), format!("abort: {why}").as_bytes())?;
+        let seen: Vec<String> = m.nodes[1..]
+            .iter()
+            .map(|i| key(g, &format!("abort-seen/{i}")))
+            .collect();
+        if !seen.is_empty()
+            && let Err(e) = self.store.wait(&seen, linger)
+        {
+            tracing::warn!("not every node saw the job abort: {e}");
+        }
+        Ok(())
+    }
+
+    /// Node 0: moves the job from generation `g` to the next and stamps this agent with it.
+    pub fn advance(&self, g: u64) -> Result<u64> {
+        let next = self.store.bump_generation(g)?;
+        self.store.set_generation(next);
+        Ok(next)
+    }
+
+    /// Other nodes: waits (at most `timeout`) for node 0 to restart or abort after `g` failed.
+    pub fn await_decision(&self, g: u64, timeout: Duration) -> Result<Decision> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let now = self.store.generation()?;
+            if now > g {
+                self.store.set_generation(now);
+                return Ok(Decision::Restart(now));
+            }
+            match self.store.get(&key(g, "verdict")) {
+                Ok(Some(v)) => {
+                    let v = String::from_utf8_lossy(&v);
+                    if let Some(why) = v.strip_prefix("abort: ") {
+                        let seen = key(g, &format!("abort-seen/{}", self.node));
+                        if let Err(e) = self.store.set(&seen, b"1") {
+                            tracing::debug!("abort acknowledgement: {e}");
+                        }
+                        return Ok(Decision::Abort(why.to_string()));
+                    }
+                }
+                Ok(None) | Err(CommError::StaleGeneration { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            if Instant::now() >= deadline {
+                return Err(LaunchError::NoDecision(timeout, g));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Rank `rank`'s latest heartbeat in generation `g` (`None`: none yet, or malformed).
+    pub fn beat(&self, g: u64, rank: usize) -> Result<Option<Beat>> {
+        Ok(self
+            .store
+            .get(&heartbeat::key(g, rank))?
+            .and_then(|v| Beat::decode(&v)))
+    }
+
+    /// This node's workers of generation `g` all succeeded.
+    pub fn mark_done(&self, g: u64) -> Result<()> {
+        self.store
+            .set(&key(g, &format!("done/{}", self.node)), b"1")?;
+        Ok(())
+    }
+
+    /// Whether the job is complete in generation `g` (members `m`). Node 0 declares it (every
+    /// member done) and then waits, at most `linger`, for the others to acknowledge before its
+    /// store goes away; other members acknowledge it.
+    pub fn complete(&self, g: u64, m: &Membership, linger: Duration) -> Result<bool> {
+        if self.node == 0 {
+            for i in &m.nodes {
+                if self.store.get(&key(g, &format!("done/{i}")))?.is_none() {
+                    return Ok(false);
+                }
+            }
+            self.store.set(&key(g, "complete"), b"1")?;
+            let acks: Vec<String> = m.nodes[1..]
+                .iter()
+                .map(|i| key(g, &format!("ack/{i}")))
+                .collect();
+            if !acks.is_empty()
+                && let Err(e) = self.store.wait(&acks, linger)
+            {
+                tracing::warn!("not every node acknowledged the end of the job: {e}");
+            }
+            return Ok(true);
+        }
+        if self.store.get(&key(g, "complete"))?.is_none() {
+            return Ok(false);
+        }
+        // Node 0 may shut its store down as soon as the ack lands, before the reply reaches us:
+        // the job is complete either way.
+        if let Err(e) = self.store.set(&key(g, &format!("ack/{}", self.node)), b"1") {
+            tracing::debug!("end-of-job acknowledgement: {e}");
+        }
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::elastic::LeaseKeeper;
+    use comm::store::{Secret, StoreServer};
+
+    const LEASE: Duration = Duration::from_secs(2);
+
+    fn both() -> Membership {
+        Membership { nodes: vec![0, 1] }
+    }
+
+    fn store() -> (StoreServer, StoreClient, StoreClient) {
+        let secret = Secret::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap();
+        let s = StoreServer::bind("127.0.0.1:0".parse().unwrap(), secret.clone()).unwrap();
+        let c =
+            |_| StoreClient::connect(s.local_addr(), &secret, 0, Duration::from_secs(5)).unwrap();
+        let (a, b) = (c(0), c(1));
+        (s, a, b)
+    }
+
+    #[test]
+    fn admission_names_the_missing_node() {
+        let (_s, a, _b) = store();
+        let e = Gang::new(&a, 3, 0, LEASE)
+            .admit(0, Duration::from_millis(200))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("generation 0") && e.contains("[1, 2]"), "{e}");
+    }
+
+    #[test]
+    fn an_abort_reaches_every_node() {
+        let (_s, a, b) = store();
+        let (n0, n1) = (Gang::new(&a, 2, 0, LEASE), Gang::new(&b, 2, 1, LEASE));
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let d = n1.await_decision(0, Duration::from_secs(10)).unwrap();
+                assert_eq!(d, Decision::Abort("out of restarts".into()));
+            });
+            n0.abort(0, &both(), "out of restarts", Duration::from_secs(10))
+                .unwrap();
+        });
+        let e = n1
+            .await_decision(7, Duration::ZERO)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("generation 7"), "{e}");
+    }
+
+    #[test]
+    fn a_failure_restarts_every_node_and_old_reports_are_refused() {
+        let (_s, a, b) = store();
+        let (n0, n1) = (Gang::new(&a, 2, 0, LEASE), Gang::new(&b, 2, 1, LEASE));
+        let member = Admitted::Member(both());
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                assert_eq!(n1.admit(0, Duration::from_secs(10)).unwrap(), member);
+                assert_eq!(n1.report_failure(0, "rank 3 died").unwrap(), "rank 3 died");
+                n1.failure_seen(0);
+                let old = b.try_clone().unwrap();
+                let d = n1.await_decision(0, Duration::from_secs(10)).unwrap();
+                assert_eq!(d, Decision::Restart(1));
+                // A late completion message of generation 0 is refused by the store.
+                assert!(old.set("launch/g0/done/1", b"1").is_err());
+                assert_eq!(n1.admit(1, Duration::from_secs(10)).unwrap(), member);
+                n1.mark_done(1).unwrap();
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while !n1.complete(1, &both(), Duration::ZERO).unwrap() {
+                    assert!(Instant::now() < deadline);
+                    std::thread::sleep(POLL);
+                }
+            });
+            assert_eq!(n0.admit(0, Duration::from_secs(10)).unwrap(), member);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let failure = loop {
+                if let Some(f) = n0.failure(0).unwrap() {
+                    break f;
+                }
+                assert!(Instant::now() < deadline);
+                std::thread::sleep(POLL);
+            };
+            assert_eq!(n0.report_failure(0, "rank 0 too").unwrap(), failure);
+            assert_eq!(n0.count_restart().unwrap(), 1);
+            // Node 1 read the failure: node 0 does not wait out the bound.
+            let t = Instant::now();
+            n0.await_failure_seen(0, &both(), Duration::from_secs(30))
+                .unwrap();
+            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+            assert_eq!(n0.advance(0).unwrap(), 1);
+            assert_eq!(n0.admit(1, Duration::from_secs(10)).unwrap(), member);
+            n0.mark_done(1).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !n0.complete(1, &both(), Duration::from_secs(5)).unwrap() {
+                assert!(Instant::now() < deadline);
+                std::thread::sleep(POLL);
+            }
+        });
+    }
+
+    #[test]
+    fn an_elastic_gang_goes_on_without_a_lost_node_and_a_late_one_waits() {
+        let (s, a, b) = store();
+        let secret = Secret::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap();
+        let c = StoreClient::connect(s.local_addr(), &secret, 0, Duration::from_secs(5)).unwrap();
+        let range = NodeRange::new(2, 3).unwrap();
+        let (n0, n1, n2) = (
+            Gang::new(&a, range, 0, LEASE),
+            Gang::new(&b, range, 1, LEASE),
+            Gang::new(&c, range, 2, LEASE),
+        );
+        let three = Admitted::Member(Membership {
+            nodes: vec![0, 1, 2],
+        });
+        std::thread::scope(|scope| {
+            scope.spawn(|| assert_eq!(n1.admit(0, Duration::from_secs(10)).unwrap(), three));
+            scope.spawn(|| assert_eq!(n2.admit(0, Duration::from_secs(10)).unwrap(), three));
+            assert_eq!(n0.admit(0, Duration::from_secs(10)).unwrap(), three);
+        });
+        // Node 1 renews its lease; node 2's agent is gone after one renewal.
+        let _keep = LeaseKeeper::start(&b, 1).unwrap();
+        c.set(&crate::elastic::lease_key(2), b"1").unwrap();
+        let m3 = Membership {
+            nodes: vec![0, 1, 2],
+        };
+        let t0 = Instant::now();
+        let lost = loop {
+            if let Some(l) = n0.lost_member(&m3).unwrap() {
+                break l;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "node 2 never lost");
+            std::thread::sleep(POLL);
+        };
+        assert_eq!(lost.0, 2);
+        assert!(t0.elapsed() >= LEASE - POLL, "{:?}", t0.elapsed());
+        assert_eq!(n0.advance(0).unwrap(), 1);
+        assert_eq!(
+            n1.await_decision(0, Duration::from_secs(5)).unwrap(),
+            Decision::Restart(1)
+        );
+        // Generation 1 starts on nodes 0 and 1 at once (node 2 is lost), long before the
+        // admission deadline.
+        let t1 = Instant::now();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                assert_eq!(
+                    n1.admit(1, Duration::from_secs(30)).unwrap(),
+                    Admitted::Member(both())
+                )
+            });
+            assert_eq!(
+                n0.admit(1, Duration::from_secs(30)).unwrap(),
+                Admitted::Member(both())
+            );
+        });
+        assert!(t1.elapsed() < Duration::from_secs(10), "{:?}", t1.elapsed());
+        // Node 2 comes back too late: it is left out and learns of the end of the job.
+        c.set_generation(c.generation().unwrap());
+        assert_eq!(
+            n2.admit(1, Duration::from_secs(5)).unwrap(),
+            Admitted::Excluded(both())
+        );
+        n0.mark_done(1).unwrap();
+        n1.mark_done(1).unwrap();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while !n1.complete(1, &both(), Duration::ZERO).unwrap() {
+                    assert!(Instant::now() < deadline);
+                    std::thread::sleep(POLL);
+                }
+            });
+            assert!(n0.complete(1, &both(), Duration::from_secs(10)).unwrap());
+        });
+        assert_eq!(
+            n2.await_next(1, Duration::from_secs(10)).unwrap(),
+            Next::Complete
+        );
+        // Fewer than MIN nodes by the deadline: admission fails naming the missing ones.
+        assert_eq!(n0.advance(1).unwrap(), 2);
+        let e = n0
+            .admit(2, Duration::from_millis(300))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("generation 2") && e.contains("[1, 2]"), "{e}");
+    }
+}

@@ -1,0 +1,41 @@
+//! The per-host agent of a Flotilla job: it starts the node's workers, watches their exit
+//! statuses and heartbeats, and when any worker of the job fails it stops the whole gang and
+//! starts it again, one generation later, from the last committed checkpoint.
+//!
+//! Sources: file 001 sections 12.5-12.8 (scheduling, checkpoints and failure recovery: heartbeat
+//! timeouts, watchdogs, restart from the most recent checkpoint, recovery drills) and file 004
+//! section 28.8 with Algorithm 28.2 (gang admission: nothing starts until the whole gang is
+//! admitted, with a deadline; completion messages from an older generation are not trusted).
+//!
+//! - [`agent`]: the restart loop of one node;
+//! - [`gang`]: coordination of the nodes' agents through the rendezvous store;
+//! - [`elastic`]: `--nnodes MIN:MAX`, generation membership and node leases;
+//! - [`heartbeat`]: the worker's heartbeat thread and the beat format;
+//! - [`watchdog`]: failure rules (exit, signal, heartbeat silence, stalled step);
+//! - [`process`]: spawning and stopping worker processes;
+//! - [`chaos`]: injected faults for recovery tests;
+//! - [`env`]: worker identity, Slurm and torchrun-style environments.
+//!
+//! Generations: the store's generation counter is the job's membership generation. Workers get
+//! it in `FLOTILLA_GENERATION`; their process group and every key they write carry it, and the
+//! store refuses requests stamped with an older one, so a straggler of a failed generation can
+//! neither join nor disturb the next.
+
+pub mod agent;
+pub mod chaos;
+pub mod elastic;
+pub mod env;
+pub mod error;
+pub mod gang;
+pub mod heartbeat;
+pub mod process;
+pub mod watchdog;
+
+pub use agent::{AgentConfig, JobReport, run};
+pub use chaos::{Chaos, Fault};
+pub use elastic::NodeRange;
+pub use env::{NodeEnv, WorkerEnv};
+pub use error::{LaunchError, Result};
+pub use heartbeat::Heartbeat;
+pub use process::WorkerCommand;
+pub use watchdog::WatchRules;

@@ -1,0 +1,226 @@
+//! A parallel layout (TP × PP × DP, EP inside DP, micro-batch, schedule, ZeRO, recomputation) and
+//! its validation against a model and a cluster (000 F8: N_total = d × p × t).
+
+use crate::error::{PlanError, Result};
+use crate::pipeline::Schedule;
+use serde::{Deserialize, Serialize};
+
+/// ZeRO / FSDP sharding stage (000 §ZeRO, Table 5.3). Written as 0–3 in TOML.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize)]
+#[serde(try_from = "u8", into = "u8")]
+pub enum ZeroStage {
+    /// Plain data parallelism: every replica holds everything.
+    #[default]
+    None,
+    /// Stage 1: optimizer state sharded.
+    Optimizer,
+    /// Stage 2: optimizer state and gradients sharded.
+    Gradients,
+    /// Stage 3 (FSDP): parameters too.
+    Parameters,
+}
+
+impl TryFrom<u8> for ZeroStage {
+    type Error = String;
+    fn try_from(v: u8) -> std::result::Result<Self, String> {
+        match v {
+            0 => Ok(ZeroStage::None),
+            1 => Ok(ZeroStage::Optimizer),
+            2 => Ok(ZeroStage::Gradients),
+            3 => Ok(ZeroStage::Parameters),
+            _ => Err(format!("zero stage {v} is not one of 0, 1, 2, 3")),
+        }
+    }
+}
+
+impl From<ZeroStage> for u8 {
+    fn from(z: ZeroStage) -> u8 {
+        z as u8
+    }
+}
+
+/// Activation recomputation (Korthikanti et al. 2022).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Recompute {
+    /// Keep every activation.
+    #[default]
+    None,
+    /// Recompute the attention core only (drops the 5as/h term).
+    Selective,
+    /// Keep each layer's input only; recompute the whole forward.
+    Full,
+}
+
+/// One parallel configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Layout {
+    /// Tensor-parallel degree t.
+    pub tp: u64,
+    /// Pipeline stages p.
+    pub pp: u64,
+    /// Data-parallel replicas d.
+    pub dp: u64,
+    /// Expert-parallel degree (inside DP; 1 for dense models).
+    #[serde(default = "one")]
+    pub ep: u64,
+    /// Sequences per micro-batch b.
+    #[serde(default = "one")]
+    pub micro_batch: u64,
+    /// Virtual stages per device v (interleaved schedule only).
+    #[serde(default = "one")]
+    pub interleave: u64,
+    /// Pipeline schedule.
+    #[serde(default)]
+    pub schedule: Schedule,
+    /// ZeRO stage over the DP group.
+    #[serde(default)]
+    pub zero: ZeroStage,
+    /// Activation recomputation.
+    #[serde(default)]
+    pub recompute: Recompute,
+    /// Megatron sequence parallelism (shards LayerNorm/dropout activations over TP).
+    #[serde(default = "yes")]
+    pub sequence_parallel: bool,
+}
+
+fn one() -> u64 {
+    1
+}
+fn yes() -> bool {
+    true
+}
+
+impl Layout {
+    /// A plain layout with defaults for everything but the three degrees.
+    pub fn new(tp: u64, pp: u64, dp: u64) -> Layout {
+        Layout {
+            tp,
+            pp,
+            dp,
+            ep: 1,
+            micro_batch: 1,
+            interleave: 1,
+            schedule: Schedule::OneFOneB,
+            zero: ZeroStage::None,
+            recompute: Recompute::None,
+            sequence_parallel: true,
+        }
+    }
+
+    /// Devices used: t × p × d.
+    pub fn devices(&self) -> u64 {
+        self.tp.saturating_mul(self.pp).saturating_mul(self.dp)
+    }
+
+    /// Micro-batches per step per pipeline: m = B / (d·b).
+    pub fn microbatches(&self, global_batch: u64) -> u64 {
+        global_batch / self.dp.saturating_mul(self.micro_batch).max(1)
+    }
+
+    /// Checks the layout against the model shape, the global batch and the device count. Each
+    /// refusal states the equation: "tp x pp x dp = 2 x 4 x 64 = 512 != 1024 devices".
+    pub fn validate(
+        &self,
+        layers: u64,
+        heads: u64,
+        kv_heads: u64,
+        experts: u64,
+        global_batch: u64,
+        devices: u64,
+    ) -> Result<()> {
+        let bad =
+            |field: &'static str, equation: String| PlanError::Inconsistent { field, equation };
+        for (f, v) in [
+            ("layout.tp", self.tp),
+            ("layout.pp", self.pp),
+            ("layout.dp", self.dp),
+            ("layout.ep", self.ep),
+            ("layout.micro_batch", self.micro_batch),
+            ("layout.interleave", self.interleave),
+        ] {
+            if v == 0 {
+                return Err(PlanError::Invalid {
+                    field: f,
+                    value: "0".into(),
+                    reason: "must be >= 1".into(),
+                });
+            }
+        }
+        if self.devices() != devices {
+            return Err(bad(
+                "layout",
+                format!(
+                    "tp x pp x dp = {} x {} x {} = {} != {} devices",
+                    self.tp,
+                    self.pp,
+                    self.dp,
+                    self.devices(),
+                    devices
+                ),
+            ));
+        }
+        if !heads.is_multiple_of(self.tp) {
+            return Err(bad(
+                "layout.tp",
+                format!("tp {} does not divide heads {heads}", self.tp),
+            ));
+        }
+        if !kv_heads.is_multiple_of(self.tp) && !self.tp.is_multiple_of(kv_heads) {
+            return Err(bad(
+                "layout.tp",
+                format!(
+                    "tp {} and kv_heads {kv_heads}: neither divides the other",
+                    self.tp
+                ),
+            ));
+        }
+        if self.pp > layers {
+            return Err(bad(
+                "layout.pp",
+                format!("pp {} > layers {layers}", self.pp),
+            ));
+        }
+        if !layers.is_multiple_of(self.pp.saturating_mul(self.interleave)) {
+            return Err(bad(
+                "layout.pp",
+                format!(
+                    "pp x interleave = {} x {} = {} does not divide layers {layers}",
+                    self.pp,
+                    self.interleave,
+                    self.pp.saturating_mul(self.interleave)
+                ),
+            ));
+        }
+        if self.interleave > 1 && self.schedule != Schedule::Interleaved {
+            return Err(bad(
+                "layout.interleave",
+                format!(
+                    "interleave {} needs schedule = \"interleaved\"",
+                    self.interleave
+                ),
+            ));
+        }
+        if self.ep > 1 && (!experts.is_multiple_of(self.ep) || !self.dp.is_multiple_of(self.ep)) {
+            return Err(bad(
+                "layout.ep",
+                format!(
+                    "ep {} must divide experts {experts} and dp {}",
+                    self.ep, self.dp
+                ),
+            ));
+        }
+        let per_step = self.dp.saturating_mul(self.micro_batch);
+        if !global_batch.is_multiple_of(per_step) {
+            return Err(bad(
+                "job.global_batch",
+                format!(
+                    "dp x micro_batch = {} x {} = {per_step} does not divide global_batch {global_batch}",
+                    self.dp, self.micro_batch
+                ),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,186 @@
+//! Memory per device: model state by ZeRO stage and TP/PP/DP/EP sharding, activations by
+//! Korthikanti et al.'s per-layer formula, micro-batches in flight per schedule.
+
+use crate::cluster::Cluster;
+use crate::job::Job;
+use crate::layout::{Layout, Recompute, ZeroStage};
+use crate::pipeline::in_flight;
+use serde::{Deserialize, Serialize};
+
+/// Model-state bytes per parameter on one device for ZeRO `stage` over `n` data-parallel ranks,
+/// with w weight bytes, g gradient bytes and K optimizer bytes (000 §ZeRO, F19, Table 5.3):
+/// stage 0: w+g+K; 1: w+g+K/n; 2: w+(g+K)/n; 3: (w+g+K)/n. With w = g = 2, K = 12 these are the
+/// seeds' 2+2+K, 2+2+K/N, 2+(2+K)/N, (2+2+K)/N (000 E15: 7B, N = 64 → 0.25 B/param = 1.75 GB).
+pub fn state_bytes_per_param(stage: ZeroStage, w: f64, g: f64, k: f64, n: u64) -> f64 {
+    let n = n.max(1) as f64;
+    match stage {
+        ZeroStage::None => w + g + k,
+        ZeroStage::Optimizer => w + g + k / n,
+        ZeroStage::Gradients => w + (g + k) / n,
+        ZeroStage::Parameters => (w + g + k) / n,
+    }
+}
+
+/// Activation bytes of one transformer layer for one micro-batch (Korthikanti et al. 2022,
+/// "Reducing Activation Recomputation in Large Transformer Models", eqs. 1–4; 000 E7 uses it):
+/// - no TP: s·b·h·(34 + 5·a·s/h)
+/// - TP t, no SP: s·b·h·(10 + 24/t + 5·a·s/(h·t))
+/// - TP t with SP: s·b·h·(34 + 5·a·s/h)/t
+/// - selective recompute drops the 5as/h term; full recompute keeps only the layer input 2·s·b·h
+///   (divided by t with SP).
+///
+/// Constants assume 2-byte activations; `scale` rescales (2 for FP32 activations).
+#[allow(clippy::too_many_arguments)]
+pub fn activation_bytes_per_layer(
+    s: f64,
+    b: f64,
+    h: f64,
+    a: f64,
+    t: f64,
+    sp: bool,
+    recompute: Recompute,
+    scale: f64,
+) -> f64 {
+    let sbh = s * b * h;
+    let attn = 5.0 * a * s / h;
+    let bytes = match (recompute, sp) {
+        (Recompute::Full, true) => 2.0 * sbh / t,
+        (Recompute::Full, false) => 2.0 * sbh,
+        (Recompute::Selective, true) => 34.0 * sbh / t,
+        (Recompute::Selective, false) => sbh * (10.0 + 24.0 / t),
+        (Recompute::None, true) => sbh * (34.0 + attn) / t,
+        (Recompute::None, false) => sbh * (10.0 + 24.0 / t + attn / t),
+    };
+    bytes * scale
+}
+
+/// Where one device's HBM goes, bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryBreakdown {
+    /// Parameters held by this device (after TP, PP and EP sharding, before ZeRO).
+    pub params_local: f64,
+    /// Weights.
+    pub weights: f64,
+    /// Gradients.
+    pub grads: f64,
+    /// Optimizer state.
+    pub optimizer: f64,
+    /// Activations at the peak of the schedule (first stage).
+    pub activations: f64,
+    /// Reserved (communication buffers, allocator).
+    pub reserve: f64,
+    /// Sum.
+    pub total: f64,
+    /// Device HBM.
+    pub capacity: f64,
+}
+
+impl MemoryBreakdown {
+    /// True when the total fits in HBM.
+    pub fn fits(&self) -> bool {
+        self.total <= self.capacity
+    }
+}
+
+/// Parameters on the most loaded pipeline stage of one device: (layers/p dense params + the larger
+/// embedding matrix when p > 1, both when p = 1) / t, plus expert params / (t·ep).
+pub fn params_per_device(job: &Job, l: &Layout) -> (f64, f64) {
+    let m = &job.model;
+    let layers_per_stage = (m.layers / l.pp.max(1)) as f64;
+    let emb = m.vocab as f64 * m.hidden as f64;
+    let emb_stage = if l.pp <= 1 { m.embedding_params() } else { emb };
+    let dense = (layers_per_stage * m.dense_params_per_layer() + emb_stage) / l.tp as f64;
+    let expert = layers_per_stage * m.expert_params_per_layer() / (l.tp * l.ep.max(1)) as f64;
+    (dense, expert)
+}
+
+/// The memory of one device of `layout` (000 §2.21; the first pipeline stage is the peak).
+/// ZeRO shards dense state over dp and expert state over dp/ep.
+pub fn device_memory(job: &Job, cluster: &Cluster, l: &Layout) -> MemoryBreakdown {
+    let m = &job.model;
+    let (w, g, k) = (
+        job.precision.bytes(),
+        job.precision.bytes(),
+        job.optimizer_bytes,
+    );
+    let (dense, expert) = params_per_device(job, l);
+    let n_dense = l.dp;
+    let n_expert = (l.dp / l.ep.max(1)).max(1);
+    let per = |stage_bytes: &dyn Fn(u64) -> (f64, f64, f64)| {
+        let (a, b, c) = stage_bytes(n_dense);
+        let (x, y, z) = stage_bytes(n_expert);
+        (
+            dense * a + expert * x,
+            dense * b + expert * y,
+            dense * c + expert * z,
+        )
+    };
+    let shard = |n: u64| {
+        let nf = n.max(1) as f64;
+        match l.zero {
+            ZeroStage::None => (w, g, k),
+            ZeroStage::Optimizer => (w, g, k / nf),
+            ZeroStage::Gradients => (w, g / nf, k / nf),
+            ZeroStage::Parameters => (w / nf, g / nf, k / nf),
+        }
+    };
+    let (weights, grads, optimizer) = per(&shard);
+    let scale = job.precision.bytes() / 2.0;
+    let per_layer = activation_bytes_per_layer(
+        m.seq as f64,
+        l.micro_batch as f64,
+        m.hidden as f64,
+        m.heads as f64,
+        l.tp as f64,
+        l.sequence_parallel && l.tp > 1,
+        l.recompute,
+        scale,
+    );
+    let mb = l.microbatches(job.global_batch);
+    let layers_per_stage = (m.layers / l.pp.max(1)) as f64;
+    let mut activations =
+        per_layer * layers_per_stage * in_flight(l.schedule, l.pp, mb, l.interleave);
+    if l.recompute == Recompute::Full {
+        // The layer being recomputed needs its full activations once.
+        activations += activation_bytes_per_layer(
+            m.seq as f64,
+            l.micro_batch as f64,
+            m.hidden as f64,
+            m.heads as f64,
+            l.tp as f64,
+            l.sequence_parallel && l.tp > 1,
+            Recompute::None,
+            scale,
+        );
+    }
+    let reserve = cluster.memory_reserve;
+    MemoryBreakdown {
+        params_local: dense + expert,
+        weights,
+        grads,
+        optimizer,
+        activations,
+        reserve,
+        total: weights + grads + optimizer + activations + reserve,
+        capacity: cluster.device.hbm_bytes,
+    }
+}
+
+/// Minimum devices to hold `bytes` at `per_device` each: ⌈bytes / per_device⌉ (000 E3, S23:
+/// 350 GB / 80 GB → 5).
+pub fn min_devices(bytes: f64, per_device: f64) -> u64 {
+    (bytes / per_device - 1e-12).ceil().max(1.0) as u64
+}
+
+/// KV-cache bytes: 2 (K and V) × layers × kv_heads × head_dim × bytes × tokens × sequences
+/// (000 F51, E44: 70B, 1,024 tokens × 256 sequences → 85.9 GB).
+pub fn kv_cache_bytes(
+    layers: u64,
+    kv_heads: u64,
+    head_dim: u64,
+    bytes: f64,
+    tokens: u64,
+    seqs: u64,
+) -> f64 {
+    2.0 * (layers * kv_heads * head_dim) as f64 * bytes * (tokens * seqs) as f64
+}

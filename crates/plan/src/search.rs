@@ -1,0 +1,186 @@
+//! Layout search: every TP (inside the node), PP, DP, EP, micro-batch, interleaving, ZeRO stage
+//! and recomputation that divides cleanly, filtered by memory, ranked by throughput.
+
+use crate::cluster::Cluster;
+use crate::error::Result;
+use crate::job::Job;
+use crate::layout::{Layout, Recompute, ZeroStage};
+use crate::pipeline::Schedule;
+use crate::step::{Evaluation, evaluate_valid};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// What to search and how many to keep.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SearchOptions {
+    /// Layouts to keep.
+    pub top_k: usize,
+    /// Micro-batch sizes to try.
+    pub micro_batches: Vec<u64>,
+    /// Largest interleaving degree v.
+    pub max_interleave: u64,
+    /// Allow TP groups larger than a node (000 Q9 says never; off by default).
+    pub tp_across_nodes: bool,
+}
+
+impl Default for SearchOptions {
+    fn default() -> Self {
+        SearchOptions {
+            top_k: 5,
+            micro_batches: vec![1, 2, 4, 8],
+            max_interleave: 4,
+            tp_across_nodes: false,
+        }
+    }
+}
+
+/// The outcome of a search.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SearchResult {
+    /// Layouts evaluated.
+    pub evaluated: usize,
+    /// Layouts that fit in memory.
+    pub feasible: usize,
+    /// Layouts skipped, by reason.
+    pub rejected: BTreeMap<String, usize>,
+    /// The best feasible layouts, fastest first.
+    pub top: Vec<Evaluation>,
+    /// The fastest layout refused for memory, if it beats the best feasible one: the binding
+    /// constraint.
+    pub binding: Option<Evaluation>,
+}
+
+/// Divisors of n in increasing order, O(√n).
+fn divisors(n: u64) -> Vec<u64> {
+    let (mut lo, mut hi) = (Vec::new(), Vec::new());
+    let mut d = 1;
+    while d * d <= n {
+        if n.is_multiple_of(d) {
+            lo.push(d);
+            if d != n / d {
+                hi.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    lo.extend(hi.into_iter().rev());
+    lo
+}
+
+/// Searches all layouts of `job` on `cluster`.
+pub fn search(job: &Job, cluster: &Cluster, opts: &SearchOptions) -> Result<SearchResult> {
+    cluster.device.peak(job.precision)?;
+    let m = &job.model;
+    let n = cluster.devices();
+    let mut rejected: BTreeMap<String, usize> = BTreeMap::new();
+    let mut reject = |k: &str| *rejected.entry(k.to_string()).or_default() += 1;
+    let mut feasible: Vec<Evaluation> = Vec::new();
+    let mut binding: Option<Evaluation> = None;
+    let mut evaluated = 0;
+    let tp_max = if opts.tp_across_nodes {
+        n
+    } else {
+        cluster.devices_per_node
+    };
+    for tp in divisors(n).into_iter().filter(|&t| t <= tp_max) {
+        if !m.heads.is_multiple_of(tp) || (!m.kv_heads.is_multiple_of(tp) && tp % m.kv_heads != 0) {
+            reject("tp does not divide heads");
+            continue;
+        }
+        for pp in divisors(n / tp) {
+            if !m.layers.is_multiple_of(pp) {
+                reject("pp does not divide layers");
+                continue;
+            }
+            let dp = n / (tp * pp);
+            let eps: Vec<u64> = if m.experts > 1 {
+                divisors(dp)
+                    .into_iter()
+                    .filter(|e| m.experts.is_multiple_of(*e))
+                    .collect()
+            } else {
+                vec![1]
+            };
+            for &ep in &eps {
+                for &mb in &opts.micro_batches {
+                    if !job.global_batch.is_multiple_of(dp * mb) {
+                        reject("dp x micro_batch does not divide global_batch");
+                        continue;
+                    }
+                    let micro = job.global_batch / (dp * mb);
+                    let mut scheds = vec![(Schedule::OneFOneB, 1)];
+                    if pp > 1 {
+                        let mut v = 2;
+                        while v <= opts.max_interleave {
+                            if m.layers.is_multiple_of(pp * v) && micro.is_multiple_of(pp) {
+                                scheds.push((Schedule::Interleaved, v));
+                            }
+                            v *= 2;
+                        }
+                    }
+                    for &(schedule, interleave) in &scheds {
+                        for zero in [
+                            ZeroStage::None,
+                            ZeroStage::Optimizer,
+                            ZeroStage::Gradients,
+                            ZeroStage::Parameters,
+                        ] {
+                            if dp == 1 && zero != ZeroStage::None {
+                                continue;
+                            }
+                            for recompute in
+                                [Recompute::None, Recompute::Selective, Recompute::Full]
+                            {
+                                let l = Layout {
+                                    tp,
+                                    pp,
+                                    dp,
+                                    ep,
+                                    micro_batch: mb,
+                                    interleave,
+                                    schedule,
+                                    zero,
+                                    recompute,
+                                    sequence_parallel: true,
+                                };
+                                let e = evaluate_valid(job, cluster, &l, false)?;
+                                evaluated += 1;
+                                if e.memory.fits() {
+                                    feasible.push(e);
+                                } else {
+                                    reject("out of memory");
+                                    if binding
+                                        .as_ref()
+                                        .is_none_or(|b| e.tokens_per_s > b.tokens_per_s)
+                                    {
+                                        binding = Some(e);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let count = feasible.len();
+    feasible.sort_by(|a, b| {
+        b.tokens_per_s
+            .total_cmp(&a.tokens_per_s)
+            .then(a.memory.total.total_cmp(&b.memory.total))
+    });
+    feasible.truncate(opts.top_k.max(1));
+    // Re-evaluate the kept ones with explanations.
+    let top = feasible
+        .iter()
+        .map(|e| evaluate_valid(job, cluster, &e.layout, true))
+        .collect::<Result<Vec<_>>>()?;
+    let binding = binding.filter(|b| top.first().is_none_or(|t| b.tokens_per_s > t.tokens_per_s));
+    Ok(SearchResult {
+        evaluated,
+        feasible: count,
+        rejected,
+        top,
+        binding,
+    })
+}

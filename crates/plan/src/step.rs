@@ -1,0 +1,372 @@
+//! Step time of one layout: compute on a roofline with an efficiency factor, pipeline bubble,
+//! TP/SP collectives per layer, PP send/recv, EP all-to-all, DP all-reduce or ZeRO
+//! reduce-scatter/all-gather with overlap, optimizer update; then MFU/HFU, time, cost, energy.
+//! Fleet law (000 F2): T_step = T_compute/N + T_comm + T_sync − T_overlap.
+
+use crate::cluster::Cluster;
+use crate::collectives::{Placement, all_to_all, group_all_reduce, group_link, placement};
+use crate::error::Result;
+use crate::job::Job;
+use crate::layout::{Layout, Recompute, ZeroStage};
+use crate::memory::{MemoryBreakdown, device_memory, params_per_device};
+use crate::pipeline::{bubble_fraction, bubble_time};
+use crate::units::{fmt_bytes, fmt_time};
+use serde::{Deserialize, Serialize};
+
+/// One explained quantity: name, formula with its inputs, value, and the seed it comes from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Term {
+    /// Short name ("compute", "tp_comm").
+    pub name: String,
+    /// The formula with the numbers put in.
+    pub formula: String,
+    /// The value (seconds for times).
+    pub value: f64,
+    /// Seed citation.
+    pub cite: String,
+}
+
+/// Step-time components, seconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepBreakdown {
+    /// m micro-batches of compute on one stage (recomputation included).
+    pub compute: f64,
+    /// Pipeline idle time.
+    pub bubble: f64,
+    /// Tensor/sequence-parallel collectives (not overlapped).
+    pub tp_comm: f64,
+    /// Pipeline sends/receives.
+    pub pp_comm: f64,
+    /// Expert-parallel all-to-all.
+    pub ep_comm: f64,
+    /// Data-parallel (or ZeRO) communication before overlap.
+    pub dp_comm: f64,
+    /// The part of `dp_comm` not hidden under compute.
+    pub dp_exposed: f64,
+    /// Optimizer update (HBM-bound).
+    pub optimizer: f64,
+    /// Sum of the exposed parts.
+    pub total: f64,
+}
+
+/// Everything the planner says about one layout.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Evaluation {
+    /// The layout.
+    pub layout: Layout,
+    /// Micro-batches per step m.
+    pub microbatches: u64,
+    /// Memory per device.
+    pub memory: MemoryBreakdown,
+    /// Step time.
+    pub step: StepBreakdown,
+    /// Pipeline bubble fraction.
+    pub bubble_fraction: f64,
+    /// Tokens per second.
+    pub tokens_per_s: f64,
+    /// Model FLOPs utilisation.
+    pub mfu: f64,
+    /// Hardware FLOPs utilisation (recomputation counted).
+    pub hfu: f64,
+    /// Wall time to train `job.tokens`, seconds (0 if tokens = 0).
+    pub time_to_train_s: f64,
+    /// Device-hour cost of that time.
+    pub cost: f64,
+    /// Facility energy, kWh.
+    pub energy_kwh: f64,
+    /// Electricity cost.
+    pub energy_cost: f64,
+    /// The largest step component, e.g. "compute 71%".
+    pub bound: String,
+    /// The explained terms.
+    pub terms: Vec<Term>,
+}
+
+/// Validates `layout` and evaluates it.
+pub fn evaluate(job: &Job, cluster: &Cluster, layout: &Layout) -> Result<Evaluation> {
+    let m = &job.model;
+    layout.validate(
+        m.layers,
+        m.heads,
+        m.kv_heads,
+        m.experts,
+        job.global_batch,
+        cluster.devices(),
+    )?;
+    evaluate_valid(job, cluster, layout, true)
+}
+
+/// Evaluates a layout already validated; fails only on an unsupported precision.
+pub(crate) fn evaluate_valid(
+    job: &Job,
+    cluster: &Cluster,
+    l: &Layout,
+    explain: bool,
+) -> Result<Evaluation> {
+    let m = &job.model;
+    let peak = cluster.device.peak(job.precision)?;
+    let memory = device_memory(job, cluster, l);
+    let mut terms = Vec::new();
+    let mut term = |name: &str, formula: &dyn Fn() -> String, value: f64, cite: &str| {
+        if explain {
+            terms.push(Term {
+                name: name.into(),
+                formula: formula(),
+                value,
+                cite: cite.into(),
+            })
+        }
+    };
+    let (s, h) = (m.seq as f64, m.hidden as f64);
+    let b = l.micro_batch as f64;
+    let mb = l.microbatches(job.global_batch);
+    let layers_stage = (m.layers / l.pp) as f64;
+    let act = job.precision.bytes();
+    let dpn = cluster.devices_per_node;
+
+    // Compute: roofline max(F/(R·eff), Q/β_mem) per micro-batch (004 eq. 28.2).
+    let extra = match l.recompute {
+        Recompute::None => 0.0,
+        Recompute::Selective => m.attention_flops_per_token() / 3.0,
+        Recompute::Full => 2.0 * m.active_params() + m.attention_flops_per_token() / 3.0,
+    };
+    let model_flops_tok = m.flops_per_token();
+    let hw_flops_tok = model_flops_tok + extra;
+    let f_dev = hw_flops_tok * b * s / (l.tp * l.pp) as f64;
+    let q_dev = 3.0 * memory.params_local * job.precision.bytes();
+    let t_flop = f_dev / (peak * job.efficiency);
+    let t_mem = q_dev / cluster.device.hbm_bw;
+    let t_mb = t_flop.max(t_mem);
+    let compute = mb as f64 * t_mb;
+    term(
+        "compute",
+        &|| {
+            format!(
+                "m x max(F/(R*eff), Q/B_mem) = {mb} x max({f_dev:.3e}/({peak:.3e}*{}), {}/{:.3e}) = {}",
+                job.efficiency,
+                fmt_bytes(q_dev),
+                cluster.device.hbm_bw,
+                fmt_time(compute)
+            )
+        },
+        compute,
+        "000 F23 (6N), 004 eq. 28.2",
+    );
+    let bf = bubble_fraction(l.schedule, l.pp, mb, l.interleave);
+    let bubble = bubble_time(l.schedule, l.pp, mb, l.interleave, t_mb);
+    term(
+        "bubble",
+        &|| {
+            format!(
+                "(p-1)/(v*m+p-1) = {:.2}% of step ({:?}, p={}, m={mb}, v={}) = {}",
+                bf * 100.0,
+                l.schedule,
+                l.pp,
+                l.interleave,
+                fmt_time(bubble)
+            )
+        },
+        bubble,
+        "000 F41",
+    );
+
+    // TP/SP: 4 all-reduces (or AG+RS pairs) of s·b·h per layer per micro-batch, 6 with full
+    // recomputation (000 F46–F47).
+    let tp_pl = placement(l.tp, 1, dpn);
+    let tp_msg = s * b * h * act;
+    let n_tp = if l.recompute == Recompute::Full {
+        6.0
+    } else {
+        4.0
+    };
+    let t_tp1 = group_all_reduce(
+        &cluster.intra,
+        &cluster.inter,
+        tp_msg,
+        l.tp,
+        tp_pl,
+        cluster.ring,
+    );
+    let tp_comm = mb as f64 * layers_stage * n_tp * t_tp1;
+    term(
+        "tp_comm",
+        &|| {
+            format!(
+                "m x L/p x {n_tp} x AR({}, t={}) = {mb} x {layers_stage} x {n_tp} x {} = {}{}",
+                fmt_bytes(tp_msg),
+                l.tp,
+                fmt_time(t_tp1),
+                fmt_time(tp_comm),
+                if tp_pl == Placement::IntraNode {
+                    ""
+                } else {
+                    " [crosses nodes]"
+                }
+            )
+        },
+        tp_comm,
+        "000 F46-F47, 004 eq. 28.12",
+    );
+
+    // PP: one activation send forward and one gradient back per micro-batch and virtual stage;
+    // s·b·h·bytes/t per device with scatter-gather (000 F42).
+    let pp_link = group_link(&cluster.intra, &cluster.inter, placement(l.pp, l.tp, dpn));
+    let pp_msg = s * b * h * act / l.tp as f64;
+    let pp_comm = if l.pp > 1 {
+        2.0 * (mb * l.interleave) as f64 * pp_link.msg_time(pp_msg)
+    } else {
+        0.0
+    };
+    term(
+        "pp_comm",
+        &|| {
+            format!(
+                "2 x m x v x (a + n/B), n = s*b*h*bytes/t = {} -> {}",
+                fmt_bytes(pp_msg),
+                fmt_time(pp_comm)
+            )
+        },
+        pp_comm,
+        "000 F42, 004 eq. 28.10",
+    );
+
+    // EP: dispatch + combine, forward + backward, per MoE layer per micro-batch (000 F50).
+    let ep_comm = if m.experts > 1 && l.ep > 1 {
+        let pl = placement(l.ep, l.tp * l.pp, dpn);
+        let link = group_link(&cluster.intra, &cluster.inter, pl);
+        let msg = s * b * h * act * m.top_k as f64 / l.tp as f64;
+        mb as f64 * layers_stage * 4.0 * all_to_all(&link, msg, l.ep, cluster.ring)
+    } else {
+        0.0
+    };
+    term(
+        "ep_comm",
+        &|| {
+            format!(
+                "m x L/p x 4 x A2A(s*b*h*k*bytes/t, ep={}) = {}",
+                l.ep,
+                fmt_time(ep_comm)
+            )
+        },
+        ep_comm,
+        "000 F50, F59",
+    );
+
+    // DP: gradient all-reduce (2 half-units), ZeRO-2 m reduce-scatters + 1 all-gather, ZeRO-3
+    // 2m all-gathers + m reduce-scatters (000 F20: FSDP ≈ 3 units vs DDP 2 at m = 1).
+    let (dense, expert) = params_per_device(job, l);
+    let g = job.precision.bytes();
+    let units = match l.zero {
+        ZeroStage::None | ZeroStage::Optimizer => 2.0,
+        ZeroStage::Gradients => mb as f64 + 1.0,
+        ZeroStage::Parameters => 3.0 * mb as f64,
+    };
+    let stride = l.tp * l.pp;
+    let half_ar = |bytes: f64, size: u64, stride: u64| {
+        group_all_reduce(
+            &cluster.intra,
+            &cluster.inter,
+            bytes,
+            size,
+            placement(size, stride, dpn),
+            cluster.ring,
+        ) / 2.0
+    };
+    let ep = l.ep.max(1);
+    let dp_comm =
+        units * (half_ar(dense * g, l.dp, stride) + half_ar(expert * g, l.dp / ep, stride * ep));
+    let overlap = (job.dp_overlap * dp_comm).min(compute);
+    let dp_exposed = dp_comm - overlap;
+    term(
+        "dp_comm",
+        &|| {
+            format!(
+                "{units} x AR/2({}, d={}) - min({} x comm, compute) = {} - {} = {}",
+                fmt_bytes(dense * g),
+                l.dp,
+                job.dp_overlap,
+                fmt_time(dp_comm),
+                fmt_time(overlap),
+                fmt_time(dp_exposed)
+            )
+        },
+        dp_exposed,
+        "000 F15, F20; 004 eq. 28.15",
+    );
+    let optimizer =
+        2.0 * (memory.weights + memory.grads + memory.optimizer) / cluster.device.hbm_bw;
+    term(
+        "optimizer",
+        &|| format!("2 x state bytes / B_mem = {}", fmt_time(optimizer)),
+        optimizer,
+        "004 eq. 28.2",
+    );
+
+    let total = compute + bubble + tp_comm + pp_comm + ep_comm + dp_exposed + optimizer;
+    let step = StepBreakdown {
+        compute,
+        bubble,
+        tp_comm,
+        pp_comm,
+        ep_comm,
+        dp_comm,
+        dp_exposed,
+        optimizer,
+        total,
+    };
+    let tokens_step = job.tokens_per_step();
+    let tokens_per_s = tokens_step / total;
+    let n = cluster.devices() as f64;
+    let mfu = model_flops_tok * tokens_step / (total * n * peak);
+    let hfu = hw_flops_tok * tokens_step / (total * n * peak);
+    term(
+        "mfu",
+        &|| {
+            format!(
+                "6N_active+12Lhs per token x tokens / (T x N x R) = {:.1}%",
+                mfu * 100.0
+            )
+        },
+        mfu,
+        "000 E42, F24",
+    );
+    let time = if job.tokens > 0.0 {
+        job.tokens / tokens_per_s
+    } else {
+        0.0
+    };
+    let hours = time / 3600.0;
+    let cost = n * hours * cluster.price_per_device_hour;
+    let it_w = cluster.nodes as f64 * cluster.node_power_w + cluster.network_storage_w;
+    let energy_kwh = it_w * cluster.pue * hours / 1e3;
+    let energy_cost = energy_kwh * cluster.price_per_kwh;
+    let parts = [
+        ("compute", compute),
+        ("bubble", bubble),
+        ("tp_comm", tp_comm),
+        ("pp_comm", pp_comm),
+        ("ep_comm", ep_comm),
+        ("dp_comm", dp_exposed),
+        ("optimizer", optimizer),
+    ];
+    let (bn, bv) = parts.iter().fold(
+        ("compute", 0.0),
+        |a, &(k, v)| if v > a.1 { (k, v) } else { a },
+    );
+    Ok(Evaluation {
+        layout: l.clone(),
+        microbatches: mb,
+        memory,
+        step,
+        bubble_fraction: bf,
+        tokens_per_s,
+        mfu,
+        hfu,
+        time_to_train_s: time,
+        cost,
+        energy_kwh,
+        energy_cost,
+        bound: format!("{bn} {:.0}%", 100.0 * bv / total),
+        terms,
+    })
+}
