@@ -4,9 +4,10 @@
 //! - tensors, one per entry of the model's layout table, all float32 in the entry's shape:
 //!   `model.<entry>` (the f32 master weights under bf16), `optim.exp_avg.<entry>` and
 //!   `optim.exp_avg_sq.<entry>` (AdamW's moments);
-//! - state: the step, AdamW's step count, the number of batches drawn from the data source
-//!   (the cursor of the built-in corpora, replayed on resume) and, for token datasets, the
-//!   loader's own state; the model config (as the safetensors metadata map of
+//! - state: the step, AdamW's step count, the number of batches and of rows drawn from the data
+//!   source (the rows are the global cursor of the built-in corpora, whose stream is one row
+//!   after another: a resume skips them, on any number of ranks) and, for token datasets, the
+//!   loader's own state (its global sample cursor, which also survives a change of ranks); the model config (as the safetensors metadata map of
 //!   `model::interop::config_to_metadata`, so `flotilla ckpt convert` can rebuild the model) and
 //!   the hash of the training config. The learning-rate schedule is a pure function of the step
 //!   and parameter initialisation happens once, so neither has state of its own.
@@ -28,6 +29,7 @@ use serde_json::json;
 use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
 use crate::trainer::{StepStats, Trainer};
+use crate::zero::state::StatePiece;
 use model::layout::Layout;
 
 /// Prefix of the parameter tensors.
@@ -40,12 +42,16 @@ pub const EXP_AVG_SQ_PREFIX: &str = "optim.exp_avg_sq.";
 pub const SAVE_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// Hash of everything in the training config that decides the numbers, i.e. all but the number
-/// of steps (a resumed run may go further) and the thread count (which can change the
-/// reduction order: bit-identical resumes need the same count, but a different one is allowed).
+/// of steps (a resumed run may go further), the thread count (which can change the reduction
+/// order: bit-identical resumes need the same count, but a different one is allowed) and the
+/// gradient accumulation: like the number of ranks, it only sets how many rows of the stream
+/// one step takes (`batch x ranks x grad_accum`), and an elastic resume may change either (to
+/// keep the global batch when ranks are lost, raise the accumulation).
 pub fn config_hash(cfg: &TrainConfig) -> String {
     let mut c = cfg.clone();
     c.steps = 0;
     c.threads = 0;
+    c.grad_accum = 1;
     ckpt::checksum_hex(format!("{c:?}").as_bytes())
 }
 
@@ -90,43 +96,61 @@ pub(crate) fn state_views<'a>(
     m: &'a [f32],
     v: &'a [f32],
 ) -> Vec<(TensorMeta, &'a [u8])> {
+    let bufs = [master, m, v];
+    state_metas(layout)
+        .into_iter()
+        .enumerate()
+        .map(|(i, meta)| {
+            let e = &layout.entries[i % layout.entries.len()];
+            (meta, f32_bytes(&bufs[i / layout.entries.len()][e.range()]))
+        })
+        .collect()
+}
+
+/// The checkpoint tensors of `layout`'s state, in order: every entry under [`MODEL_PREFIX`],
+/// then under [`EXP_AVG_PREFIX`] and [`EXP_AVG_SQ_PREFIX`].
+pub fn state_metas(layout: &Layout) -> Vec<TensorMeta> {
     let mut out = Vec::with_capacity(3 * layout.entries.len());
-    for (prefix, buf) in [
-        (MODEL_PREFIX, master),
-        (EXP_AVG_PREFIX, m),
-        (EXP_AVG_SQ_PREFIX, v),
-    ] {
+    for prefix in [MODEL_PREFIX, EXP_AVG_PREFIX, EXP_AVG_SQ_PREFIX] {
         for e in &layout.entries {
-            let meta = TensorMeta {
+            out.push(TensorMeta {
                 name: format!("{prefix}{}", e.name),
                 dtype: DType::F32,
                 shape: e.shape.iter().map(|&d| d as u64).collect(),
-            };
-            out.push((meta, f32_bytes(&buf[e.range()])));
+            });
         }
     }
     out
 }
 
 impl Trainer {
-    /// The tensors of a checkpoint of the current step, each with its bytes.
+    /// The tensors of a checkpoint of the current step, each with its bytes (whole-state
+    /// trainers; a ZeRO rank holds only parts: [`Trainer::checkpoint_pieces`]).
     pub fn checkpoint_tensors(&self) -> Vec<(TensorMeta, &[u8])> {
         let (m, v) = self.optimizer().moments();
         state_views(self.model().layout(), self.master_params(), m, v)
     }
 
+    /// The pieces this rank, `rank` of `world`, writes of the current step: its rows of every
+    /// tensor ([`ckpt::rank_rows`]) when every rank holds the whole state, or its owned parts
+    /// under ZeRO. Each names its tensor by index into [`state_metas`].
+    pub fn checkpoint_pieces(&self, rank: u32, world: u32) -> Vec<StatePiece<'_>> {
+        let (m, v) = self.optimizer().moments();
+        if let Some(z) = self.zero_engine() {
+            return z.state_pieces(self.model().layout(), self.params(), m, v);
+        }
+        rows_pieces(&self.checkpoint_tensors(), rank, world)
+    }
+
     /// Everything but the tensors: run id, layout and the non-tensor state (see the module doc).
     pub fn checkpoint_meta(&mut self, run_id: &str) -> CheckpointMeta {
-        let tensors = self
-            .checkpoint_tensors()
-            .into_iter()
-            .map(|(m, _)| m)
-            .collect();
+        let tensors = state_metas(self.model().layout());
         let loader = self.source_mut().loader_state().map(|s| s.to_json());
         let state = json!({
             "step": self.steps_done(),
             "optimizer_step": self.optimizer().step_count(),
             "batches_drawn": self.batches_drawn(),
+            "rows_drawn": self.rows_drawn(),
             "loader": loader,
             "seed": self.config().seed,
             "world": self.world(),
@@ -135,7 +159,12 @@ impl Trainer {
         CheckpointMeta {
             run_id: run_id.to_string(),
             world_size: 1,
-            layout: json!({"dp": 1, "tp": 1, "pp": 1}),
+            layout: match self.zero_stage() {
+                Some(stage) => {
+                    json!({"dp": 1, "tp": 1, "pp": 1, "split": "zero-flat", "zero": stage.number()})
+                }
+                None => json!({"dp": 1, "tp": 1, "pp": 1, "split": "dim0"}),
+            },
             config_hash: config_hash(self.config()),
             tensors,
             state,
@@ -168,14 +197,11 @@ impl Trainer {
             field("optimizer_step")?,
             field("batches_drawn")?,
         );
+        // The global row cursor (older checkpoints: whole global batches of their world).
         let saved_world = state["world"].as_u64().unwrap_or(1);
-        if saved_world != self.world() as u64 {
-            return Err(resume(format!(
-                "saved by {saved_world} data-parallel ranks, this run has {}: the global batch \
-                 and the data order would change (resuming on another world size is not built yet)",
-                self.world()
-            )));
-        }
+        let rows = state["rows_drawn"]
+            .as_u64()
+            .unwrap_or(drawn * saved_world * self.config().batch as u64);
         let n = self.params().len();
         let (mut master, mut m, mut v) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
         for e in &self.model().layout().entries {
@@ -194,7 +220,7 @@ impl Trainer {
             _ => None,
         };
         self.load_state(master, m, v, opt_step, step)?;
-        self.reset_source(loader.as_ref(), drawn)
+        self.reset_source(loader.as_ref(), rows)
     }
 }
 
@@ -289,7 +315,7 @@ impl Checkpointer {
     fn after_write(&self, mut meta: CheckpointMeta) -> ckpt::AfterWrite {
         let (root, rank, world) = (self.cfg.dir.clone(), self.rank, self.world);
         meta.world_size = world;
-        meta.layout = serde_json::json!({"dp": world, "tp": 1, "pp": 1, "split": "dim0"});
+        meta.layout["dp"] = world.into();
         Box::new(move |step, pieces| {
             if rank != 0 {
                 return ckpt::handoff::publish_pieces(&root, step, rank, &pieces);
@@ -341,9 +367,9 @@ impl Checkpointer {
         let start = Instant::now();
         if let Some(saver) = &mut self.saver {
             let bytes = trainer
-                .checkpoint_tensors()
+                .checkpoint_pieces(self.rank, self.world)
                 .iter()
-                .map(|(_, b)| b.len())
+                .map(|(_, _, b)| b.len())
                 .sum();
             saver.reserve(bytes)?;
         }
@@ -377,8 +403,9 @@ impl Checkpointer {
                 saver.wait(SAVE_TIMEOUT)?;
                 let previous = before.elapsed();
                 let (stats, bytes, waited) = trainer.step_with_staging(|views| {
-                    let slices = my_slices(views, rank, world);
-                    let pieces = my_pieces(views, &slices);
+                    let metas: Vec<TensorMeta> = views.iter().map(|(m, _)| m.clone()).collect();
+                    let pieces = rows_pieces(views, rank, world);
+                    let pieces = piece_refs(&metas, &pieces);
                     saver
                         .save(step, &pieces, after)
                         .map(|_| piece_bytes(&pieces))
@@ -389,7 +416,9 @@ impl Checkpointer {
             _ => trainer.step()?,
         };
         if self.due(stats.step) {
-            if self.saver.is_some() {
+            // A ZeRO rank's step writes the state it would stage (its shards), so its save
+            // copies them in the foreground; the write still runs in the background.
+            if self.saver.is_some() && trainer.zero_stage().is_none() {
                 self.pending = Some((stats.step, trainer.checkpoint_meta(&self.run_id)));
             } else {
                 summary = Some(self.save(trainer)?);
@@ -429,9 +458,9 @@ impl Checkpointer {
             _ => trainer.checkpoint_meta(&self.run_id),
         };
         let after = self.after_write(meta);
-        let views = trainer.checkpoint_tensors();
-        let slices = my_slices(&views, self.rank, self.world);
-        let pieces = my_pieces(&views, &slices);
+        let metas = state_metas(trainer.model().layout());
+        let pieces = trainer.checkpoint_pieces(self.rank, self.world);
+        let pieces = piece_refs(&metas, &pieces);
         match &mut self.saver {
             Some(saver) => {
                 saver.wait(SAVE_TIMEOUT)?;
@@ -463,32 +492,33 @@ impl Checkpointer {
     }
 }
 
-/// This rank's [`ckpt::rank_rows`] of each of `views`' tensors (`None` where it owns none).
-fn my_slices(views: &[(TensorMeta, &[u8])], rank: u32, world: u32) -> Vec<Option<Slice>> {
+/// This rank's [`ckpt::rank_rows`] of each of `views`' tensors, with their bytes, naming the
+/// tensor by its index in `views` (tensors of which it owns no rows are left out).
+fn rows_pieces<'a>(views: &[(TensorMeta, &'a [u8])], rank: u32, world: u32) -> Vec<StatePiece<'a>> {
     views
         .iter()
-        .map(|(m, _)| ckpt::rank_rows(&m.shape, rank, world))
+        .enumerate()
+        .filter_map(|(i, (m, bytes))| {
+            let s = ckpt::rank_rows(&m.shape, rank, world)?;
+            let bytes = match (m.shape.first(), s.0.first()) {
+                (Some(&rows), Some(first)) => {
+                    let row_bytes = bytes.len() / rows as usize;
+                    let at = first.offset as usize * row_bytes;
+                    &bytes[at..at + first.len as usize * row_bytes]
+                }
+                _ => *bytes,
+            };
+            Some((i, s, bytes))
+        })
         .collect()
 }
 
-/// This rank's pieces (tensor, its rows, their bytes) of `views`, over the matching `slices`.
-fn my_pieces<'a>(
-    views: &'a [(TensorMeta, &'a [u8])],
-    slices: &'a [Option<Slice>],
+/// `pieces` as the writer takes them, each with its tensor from `metas`.
+fn piece_refs<'a>(
+    metas: &'a [TensorMeta],
+    pieces: &'a [StatePiece<'a>],
 ) -> Vec<(&'a TensorMeta, &'a Slice, &'a [u8])> {
-    views
-        .iter()
-        .zip(slices)
-        .filter_map(|((m, bytes), s)| {
-            let s = s.as_ref()?;
-            let (Some(rows), Some(first)) = (m.shape.first(), s.0.first()) else {
-                return Some((m, s, *bytes));
-            };
-            let row_bytes = bytes.len() / *rows as usize;
-            let at = first.offset as usize * row_bytes;
-            Some((m, s, &bytes[at..at + first.len as usize * row_bytes]))
-        })
-        .collect()
+    pieces.iter().map(|(i, s, b)| (&metas[*i], s, *b)).collect()
 }
 
 /// Bytes of tensor data in `pieces`.

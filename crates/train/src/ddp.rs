@@ -32,6 +32,26 @@ use crate::error::{Result, TrainError};
 /// beside its compute. `--bucket-mb` sets it.
 pub const DEFAULT_BUCKET_BYTES: usize = 1 << 20;
 
+/// Buckets of at least `bucket_bytes` over `layout`'s flat buffer, in the order the backward
+/// finishes them (the head, the blocks from the last down, the embeddings; see the module doc):
+/// consecutive units are merged until a bucket reaches the size, so each bucket is one
+/// contiguous range. With `bucket_bytes` of 1 every unit is its own bucket.
+pub fn plan_buckets(layout: &Layout, bucket_bytes: usize) -> Vec<Range<usize>> {
+    let elems = (bucket_bytes / 4).max(1);
+    let mut buckets: Vec<Range<usize>> = Vec::new();
+    for unit in layout.units().into_iter().rev() {
+        let r = layout.unit_range(unit);
+        if r.is_empty() {
+            continue;
+        }
+        match buckets.last_mut() {
+            Some(b) if b.len() < elems && r.end == b.start => b.start = r.start,
+            _ => buckets.push(r),
+        }
+    }
+    buckets
+}
+
 /// The gradient buckets of one data-parallel rank (see the module doc).
 pub struct GradBuckets {
     group: ProcessGroup,
@@ -50,19 +70,7 @@ pub struct GradBuckets {
 impl GradBuckets {
     /// Plans buckets of at least `bucket_bytes` over `layout`'s gradient buffer for `group`.
     pub fn new(group: ProcessGroup, layout: &Layout, bucket_bytes: usize) -> Self {
-        let elems = (bucket_bytes / 4).max(1);
-        let mut ready: Vec<Range<usize>> = Vec::new();
-        let last_block = layout.blocks.last().map_or(0, |b| b.end);
-        ready.push(last_block..layout.total);
-        ready.extend(layout.blocks.iter().rev().cloned());
-        ready.push(0..layout.blocks.first().map_or(layout.total, |b| b.start));
-        let mut buckets: Vec<Range<usize>> = Vec::new();
-        for r in ready.into_iter().filter(|r| !r.is_empty()) {
-            match buckets.last_mut() {
-                Some(b) if b.len() < elems && r.end == b.start => b.start = r.start,
-                _ => buckets.push(r),
-            }
-        }
+        let buckets = plan_buckets(layout, bucket_bytes);
         let spare = buckets
             .iter()
             .map(|b| Vec::with_capacity(b.len()))
@@ -139,6 +147,12 @@ impl GradBuckets {
             Some(e) => Err(e),
             None => Ok(start.elapsed()),
         }
+    }
+
+    /// Bytes of the owned bucket buffers kept between steps (one gradient's worth once every
+    /// bucket has run).
+    pub fn buffer_bytes(&self) -> usize {
+        self.spare.iter().map(|b| b.capacity() * 4).sum()
     }
 
     /// The mean of `value` over the ranks (a scalar all-reduce, e.g. of the loss).

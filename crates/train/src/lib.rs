@@ -9,11 +9,14 @@ pub mod checkpoint;
 pub mod config;
 pub mod ddp;
 pub mod error;
+mod grad;
 pub mod metrics;
+pub mod metrics_log;
 pub mod source;
 pub mod trainer;
+pub mod zero;
 
 pub use checkpoint::{CheckpointConfig, Checkpointer, SaveSummary};
 pub use config::{DataSpec, TrainConfig};
 pub use error::TrainError;
-pub use trainer::{StepStats, Trainer};
+pub use trainer::{StateMemory, StepStats, Trainer};

@@ -103,6 +103,21 @@ impl Source {
         self.kind.entropy_floor()
     }
 
+    /// Skips the next `rows` rows of the stream (the built-in corpora: their rows come one
+    /// after another whatever the batch, so a run resumed on another number of ranks continues
+    /// the same stream at its global row cursor). A token-dataset source continues from its
+    /// loader state instead and ignores this.
+    pub fn skip_rows(&mut self, rows: u64, seq_len: usize) -> Result<()> {
+        if matches!(self.kind, Kind::Loader { .. }) {
+            return Ok(());
+        }
+        let (mut i, mut t) = (vec![0; seq_len], vec![0; seq_len]);
+        for _ in 0..rows {
+            self.kind.next_batch(1, &mut i, &mut t)?;
+        }
+        Ok(())
+    }
+
     /// Fill `inputs` and `targets` (this rank's rows x T each) with its share of the next
     /// global batch.
     pub fn next_batch(&mut self, inputs: &mut [u32], targets: &mut [u32]) -> Result<()> {

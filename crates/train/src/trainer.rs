@@ -1,11 +1,13 @@
 //! The single-process trainer: forward, backward, clip, AdamW, schedule.
 use crate::config::TrainConfig;
-use crate::error::Result;
+use crate::error::{Result, TrainError};
+use crate::grad::{Accum, GradOut, GradStep, fetch, grad_step};
 use crate::source::Source;
+use crate::zero::{Stage, Window, Zero};
 use model::Threads;
 use model::init::init_params;
 use model::model::Model;
-use model::optim::{AdamW, Bf16Store, check_finite, clip_grad_norm, grad_norm};
+use model::optim::{AdamW, Bf16Store, check_finite};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
@@ -37,13 +39,29 @@ pub struct StepStats {
     pub comm_seconds: f64,
 }
 
+/// Resident bytes of one rank's training state, measured: whole-model buffers count only their
+/// pages in memory ([`crate::zero::Window`]), shards and optimizer moments their length.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateMemory {
+    /// Parameters (with bf16, its parameters, gradients and master weights too).
+    pub params: usize,
+    /// Gradients.
+    pub grads: usize,
+    /// Optimizer state (AdamW's two moments).
+    pub optimizer: usize,
+    /// Data-parallel bucket buffers kept between steps (0 for ZeRO, whose are transient).
+    pub comm_buffers: usize,
+}
+
 /// A single-process training run.
 pub struct Trainer {
     cfg: TrainConfig,
     th: Threads,
     model: Model<f32>,
-    params: Vec<f32>,
-    grads: Vec<f32>,
+    /// The whole model's parameters (f32; under ZeRO-3 only the units gathered at the moment).
+    params: Window,
+    /// The whole model's gradients (under ZeRO-2/3 only the buckets not yet reduced).
+    grads: Window,
     opt: AdamW,
     bf16: Option<Bf16Store>,
     decay: Vec<Range<usize>>,
@@ -54,15 +72,20 @@ pub struct Trainer {
     /// Batches drawn from `source` (training and evaluation alike): the data cursor of the
     /// built-in corpora.
     drawn: u64,
+    /// Rows consumed before `drawn` started counting (a resume on another number of ranks
+    /// whose cursor is not a whole number of this run's global batches).
+    rows_base: u64,
     /// Data-parallel gradient buckets, when this is one rank of several.
     sync: Option<GradBuckets>,
+    /// The ZeRO engine, when this is one rank of a sharded data-parallel run.
+    zero: Option<Box<Zero>>,
 }
 
 impl Trainer {
     /// Validate `cfg`, initialise the parameters from its seed and build the
     /// data source.
     pub fn new(cfg: TrainConfig) -> Result<Self> {
-        Self::build(cfg, None)
+        Self::build(cfg, None, None)
     }
 
     /// One rank of data-parallel training over `group`: every rank holds the whole model,
@@ -74,37 +97,80 @@ impl Trainer {
         group: ProcessGroup,
         bucket_bytes: usize,
     ) -> Result<Self> {
-        Self::build(cfg, Some((group, bucket_bytes)))
+        Self::build(cfg, Some((group, bucket_bytes)), None)
     }
 
-    fn build(cfg: TrainConfig, dp: Option<(ProcessGroup, usize)>) -> Result<Self> {
+    /// One rank of ZeRO data-parallel training at `stage` ([`crate::zero`]): the same update
+    /// as [`Trainer::data_parallel`], with the optimizer state (stage 1), the gradients (2) and
+    /// the parameters (3) sharded over `group`. ZeRO-1/2 reduce in buckets of `bucket_bytes`.
+    /// Not with `bf16` (refused).
+    pub fn zero(
+        cfg: TrainConfig,
+        group: ProcessGroup,
+        stage: Stage,
+        bucket_bytes: usize,
+    ) -> Result<Self> {
+        if cfg.bf16 {
+            return Err(TrainError::Config {
+                field: "bf16",
+                value: "true".into(),
+                reason: format!(
+                    "ZeRO-{} shards f32 state; bf16 with ZeRO is not built yet",
+                    stage.number()
+                ),
+            });
+        }
+        Self::build(cfg, Some((group, bucket_bytes)), Some(stage))
+    }
+
+    fn build(
+        cfg: TrainConfig,
+        dp: Option<(ProcessGroup, usize)>,
+        stage: Option<Stage>,
+    ) -> Result<Self> {
         cfg.validate()?;
         let th = Threads::new(cfg.threads)?;
         let model = Model::<f32>::new(&cfg.model, cfg.batch, cfg.seq_len, cfg.recompute)?;
-        let mut params = vec![0f32; model.n_params()];
+        let mut params = Window::new(model.n_params())?;
         init_params(&cfg.model, model.layout(), cfg.seed, &mut params);
         let bf16 = match cfg.bf16 {
             true => {
-                let store = Bf16Store::new(params.clone());
+                let store = Bf16Store::new(params.to_vec());
                 store.decode_params(&mut params)?;
                 Some(store)
             }
             false => None,
         };
         let decay = model.layout().decay_ranges(cfg.decay_all);
-        let opt = AdamW::new(cfg.adamw, params.len())?;
-        let sync = dp.map(|(group, bytes)| GradBuckets::new(group, model.layout(), bytes));
+        let (mut sync, mut zero) = (None, None);
+        match (dp, stage) {
+            (Some((group, bytes)), Some(stage)) => {
+                let z = Zero::new(group, stage, model.layout(), bytes, &params, &decay);
+                z.release_params(&mut params);
+                zero = Some(Box::new(z));
+            }
+            (Some((group, bytes)), None) => {
+                sync = Some(GradBuckets::new(group, model.layout(), bytes))
+            }
+            (None, _) => {}
+        }
+        let opt_len = zero.as_ref().map_or(params.len(), |z| z.shard_len());
+        let opt = AdamW::new(cfg.adamw, opt_len)?;
+        let group = sync
+            .as_ref()
+            .map(GradBuckets::group)
+            .or(zero.as_ref().map(|z| z.group()));
         let source = Source::new(
             &cfg.data,
             cfg.model.vocab,
             cfg.seq_len,
-            share(&cfg, sync.as_ref()),
+            share(&cfg, group),
             cfg.seed,
             None,
         )?;
         let n = cfg.micro_tokens();
         Ok(Self {
-            grads: vec![0f32; params.len()],
+            grads: Window::new(params.len())?,
             params,
             opt,
             bf16,
@@ -114,7 +180,9 @@ impl Trainer {
             targets: vec![0; n],
             step: 0,
             drawn: 0,
+            rows_base: 0,
             sync,
+            zero,
             th,
             model,
             cfg,
@@ -143,17 +211,30 @@ impl Trainer {
 
     /// The data-parallel process group, when this is one rank of several.
     pub fn group(&self) -> Option<&ProcessGroup> {
-        self.sync.as_ref().map(GradBuckets::group)
+        self.sync
+            .as_ref()
+            .map(GradBuckets::group)
+            .or(self.zero.as_ref().map(|z| z.group()))
     }
 
     /// Data-parallel ranks (1 for one process).
     pub fn world(&self) -> usize {
-        self.sync.as_ref().map_or(1, |s| s.group().size())
+        self.group().map_or(1, |g| g.size())
     }
 
     /// This process's data-parallel rank (0 for one process).
     pub fn rank(&self) -> usize {
-        self.sync.as_ref().map_or(0, |s| s.group().rank())
+        self.group().map_or(0, |g| g.rank())
+    }
+
+    /// The ZeRO engine, when the state is sharded.
+    pub(crate) fn zero_engine(&self) -> Option<&Zero> {
+        self.zero.as_deref()
+    }
+
+    /// The ZeRO stage, when the state is sharded.
+    pub fn zero_stage(&self) -> Option<Stage> {
+        self.zero.as_ref().map(|z| z.stage())
     }
 
     /// Steps completed.
@@ -194,35 +275,51 @@ impl Trainer {
         optimizer_step: u64,
         step: u64,
     ) -> Result<()> {
+        if let Some(z) = &mut self.zero {
+            let (m, v) = z.load_state(&mut self.params, &master, &m, &v);
+            self.opt = AdamW::from_state(self.cfg.adamw, m, v, optimizer_step)?;
+            self.step = step;
+            return Ok(());
+        }
         self.opt = AdamW::from_state(self.cfg.adamw, m, v, optimizer_step)?;
         match &mut self.bf16 {
             Some(store) => {
                 *store = Bf16Store::new(master);
                 store.decode_params(&mut self.params)?;
             }
-            None => self.params = master,
+            None => self.params.copy_from_slice(&master),
         }
         self.step = step;
         Ok(())
     }
 
+    /// Rows of the data stream consumed so far by all ranks together (the global row cursor).
+    pub fn rows_drawn(&self) -> u64 {
+        self.rows_base + self.drawn * self.global_rows()
+    }
+
+    /// Rows of one global micro-batch.
+    fn global_rows(&self) -> u64 {
+        (self.cfg.batch * self.world()) as u64
+    }
+
     /// Rebuilds the data source at a checkpoint's position: from the loader's saved state for
-    /// token datasets, else by replaying `drawn` batches of the deterministic stream.
+    /// token datasets, else by skipping the `rows` rows the run had consumed (on any number of
+    /// ranks) in the deterministic stream.
     pub(crate) fn reset_source(
         &mut self,
         loader: Option<&data::LoaderState>,
-        drawn: u64,
+        rows: u64,
     ) -> Result<()> {
         let c = &self.cfg;
-        let share = share(c, self.sync.as_ref());
+        let share = share(c, self.group());
         self.source = Source::new(&c.data, c.model.vocab, c.seq_len, share, c.seed, loader)?;
         if loader.is_none() {
-            for _ in 0..drawn {
-                self.source
-                    .next_batch(&mut self.inputs, &mut self.targets)?;
-            }
+            self.source.skip_rows(rows, c.seq_len)?;
         }
-        self.drawn = drawn;
+        let per = self.global_rows();
+        self.drawn = rows / per;
+        self.rows_base = rows % per;
         Ok(())
     }
 
@@ -242,6 +339,9 @@ impl Trainer {
     /// norm is an error naming the step; the parameters are left as they
     /// were before the step.
     pub fn step(&mut self) -> Result<StepStats> {
+        if self.zero.is_some() {
+            return self.zero_step();
+        }
         let step = self.step + 1;
         let t0 = Instant::now();
         let mut acc = Accum::new(self.cfg.grad_accum);
@@ -266,6 +366,15 @@ impl Trainer {
         &mut self,
         stage: impl FnOnce(&[(TensorMeta, &[u8])]) -> R + Send,
     ) -> Result<(StepStats, R, Duration)> {
+        if let Some(stage) = self.zero_stage() {
+            return Err(TrainError::Config {
+                field: "checkpoint staging",
+                value: format!("ZeRO-{}", stage.number()),
+                reason: "a ZeRO rank's step rewrites the shards it would stage: save with \
+                         Checkpointer::save between steps"
+                    .into(),
+            });
+        }
         let step = self.step + 1;
         let t0 = Instant::now();
         let master: &[f32] = match &self.bf16 {
@@ -330,6 +439,77 @@ impl Trainer {
         })
     }
 
+    /// [`Trainer::step`] of a ZeRO rank: micro-batches through the engine, then its update.
+    fn zero_step(&mut self) -> Result<StepStats> {
+        let step = self.step + 1;
+        let t0 = Instant::now();
+        let count = self.cfg.grad_accum.max(1);
+        let z = self.zero.as_mut().expect("a ZeRO trainer");
+        let (mut loss_sum, mut data_seconds) = (0.0, 0.0);
+        for i in 0..count {
+            data_seconds += fetch(&mut self.source, &mut self.inputs, &mut self.targets)?;
+            self.drawn += 1;
+            let loss = z.micro(
+                &mut self.model,
+                &self.th,
+                &mut self.params,
+                &mut self.grads,
+                (&self.inputs, &self.targets),
+                (i == 0, i + 1 == count, count),
+            )?;
+            check_finite("loss", step, loss)?;
+            loss_sum += loss;
+        }
+        let loss = z.mean(loss_sum / count as f64)?;
+        let lr = self.cfg.schedule.lr_at(self.cfg.lr, self.step);
+        let (norm, comm) = z.update(
+            &self.th,
+            &mut self.params,
+            &mut self.grads,
+            &mut self.opt,
+            lr,
+            self.cfg.grad_clip,
+            step,
+        )?;
+        self.step = step;
+        Ok(StepStats {
+            step,
+            loss,
+            lr,
+            grad_norm: norm,
+            tokens: self.cfg.tokens_per_step() * self.world(),
+            seconds: t0.elapsed().as_secs_f64() - data_seconds,
+            data_seconds,
+            comm_seconds: comm.as_secs_f64(),
+        })
+    }
+
+    /// Under ZeRO-3, all-gathers the whole model into [`Trainer::params`] (every rank must
+    /// call it; the pages stay resident until the next step releases them); otherwise the
+    /// parameters are already whole and this does nothing.
+    pub fn gather_params(&mut self) -> Result<()> {
+        match &mut self.zero {
+            Some(z) if z.stage() == Stage::Three => z.gather_all(&mut self.params),
+            _ => Ok(()),
+        }
+    }
+
+    /// Resident bytes of the training state on this rank, measured (see [`StateMemory`]).
+    pub fn state_memory(&self) -> StateMemory {
+        let (shard_params, shard_grads) = self.zero.as_ref().map_or((0, 0), |z| z.shard_bytes());
+        let bf16 = self
+            .bf16
+            .as_ref()
+            .map_or(0, |b| b.param_bytes() + b.grad_bytes() + b.master_bytes());
+        let (m, v) = self.opt.moments();
+        StateMemory {
+            params: self.params.resident_bytes() + shard_params + bf16,
+            grads: self.grads.resident_bytes() + shard_grads,
+            optimizer: (m.len() + v.len()) * 4,
+            comm_buffers: self.sync.as_ref().map_or(0, |s| s.buffer_bytes()),
+        }
+    }
+
     /// The data loader's metrics, when training on datasets.
     pub fn data_metrics(&self) -> Option<&data::LoaderMetrics> {
         self.source.loader_metrics()
@@ -342,172 +522,34 @@ impl Trainer {
             self.source
                 .next_batch(&mut self.inputs, &mut self.targets)?;
             self.drawn += 1;
-            sum += self
-                .model
-                .forward(&self.th, &self.params, &self.inputs, Some(&self.targets))?
-                .unwrap_or(f64::NAN);
+            let loss = match &mut self.zero {
+                Some(z) => z.forward(
+                    &mut self.model,
+                    &self.th,
+                    &mut self.params,
+                    &self.inputs,
+                    Some(&self.targets),
+                    false,
+                )?,
+                None => {
+                    self.model
+                        .forward(&self.th, &self.params, &self.inputs, Some(&self.targets))?
+                }
+            };
+            sum += loss.unwrap_or(f64::NAN);
         }
         Ok(sum / batches.max(1) as f64)
     }
 }
 
 /// This process's share of each global batch.
-fn share(cfg: &TrainConfig, sync: Option<&GradBuckets>) -> Share {
-    match sync {
-        Some(s) => Share {
+fn share(cfg: &TrainConfig, group: Option<&ProcessGroup>) -> Share {
+    match group {
+        Some(g) => Share {
             batch: cfg.batch,
-            world: s.group().size(),
-            rank: s.group().rank(),
+            world: g.size(),
+            rank: g.rank(),
         },
         None => Share::whole(cfg.batch),
-    }
-}
-
-/// The [`GradStep`] of a trainer's fields. A macro, not a method: a method would borrow the
-/// whole trainer, while the staging thread of `step_with_staging` holds other fields.
-macro_rules! grad_step {
-    ($t:ident) => {
-        GradStep {
-            model: &mut $t.model,
-            th: &$t.th,
-            params: &$t.params,
-            inputs: &$t.inputs,
-            targets: &$t.targets,
-            grads: &mut $t.grads,
-            sync: $t.sync.as_mut(),
-        }
-    };
-}
-use grad_step;
-
-/// What one step's gradient computation reads and writes.
-struct GradStep<'a> {
-    model: &'a mut Model<f32>,
-    th: &'a Threads,
-    params: &'a [f32],
-    inputs: &'a [u32],
-    targets: &'a [u32],
-    grads: &'a mut [f32],
-    sync: Option<&'a mut GradBuckets>,
-}
-
-/// What it produced.
-struct GradOut {
-    /// Mean loss over the global batch.
-    loss: f64,
-    /// Global gradient norm before clipping.
-    norm: f64,
-    /// Exposed gradient communication, seconds.
-    comm_seconds: f64,
-}
-
-/// Fills the input and target buffers with the next micro-batch; returns the seconds it took.
-fn fetch(source: &mut Source, inputs: &mut [u32], targets: &mut [u32]) -> Result<f64> {
-    let start = Instant::now();
-    source.next_batch(inputs, targets)?;
-    Ok(start.elapsed().as_secs_f64())
-}
-
-/// Gradient accumulation over the micro-batches of one optimizer step.
-struct Accum {
-    count: usize,
-    done: usize,
-    loss_sum: f64,
-    data_seconds: f64,
-}
-
-impl Accum {
-    fn new(count: usize) -> Accum {
-        Accum {
-            count: count.max(1),
-            done: 0,
-            loss_sum: 0.0,
-            data_seconds: 0.0,
-        }
-    }
-
-    /// Runs the next micro-batch through `g` (whose batch took `fetched` seconds to fetch);
-    /// after the last, returns the step's gradient result.
-    fn micro(
-        &mut self,
-        g: GradStep<'_>,
-        fetched: f64,
-        clip: Option<f64>,
-        step: u64,
-    ) -> Result<Option<GradOut>> {
-        self.data_seconds += fetched;
-        let (first, last) = (self.done == 0, self.done + 1 == self.count);
-        let loss = g.run(first, last, self.count, clip, step, &mut self.loss_sum)?;
-        self.done += 1;
-        Ok(loss)
-    }
-}
-
-impl GradStep<'_> {
-    /// Forward and backward of one micro-batch, the gradients summed into `grads` (zeroed by
-    /// the `first`); reads `params` only. The `last` of `count` micro-batches also all-reduces
-    /// the gradient buckets as the backward completes them (data parallel), scales the sum to
-    /// the mean over micro-batches and ranks, and takes (and clips to `clip`) the norm; it
-    /// returns the result, with the loss averaged over the micro-batches (summed in
-    /// `loss_sum`) and ranks. A non-finite loss or norm is an error naming `step`.
-    fn run(
-        self,
-        first: bool,
-        last: bool,
-        count: usize,
-        clip: Option<f64>,
-        step: u64,
-        loss_sum: &mut f64,
-    ) -> Result<Option<GradOut>> {
-        let GradStep {
-            model,
-            th,
-            params,
-            inputs,
-            targets,
-            grads,
-            sync,
-        } = self;
-        if first {
-            grads.fill(0.0);
-        }
-        let loss = model
-            .forward(th, params, inputs, Some(targets))?
-            .unwrap_or(f64::NAN);
-        check_finite("loss", step, loss)?;
-        *loss_sum += loss;
-        let mut comm_seconds = 0.0;
-        let mut loss = *loss_sum / count as f64;
-        let scale = 1.0 / count as f32;
-        // Data parallel: only the last micro-batch's backward communicates.
-        let synced = match sync {
-            Some(s) if last => {
-                model.backward_hooked(th, params, grads, &mut |range, g| s.ready(range, g))?;
-                comm_seconds = s.finish(grads, scale)?.as_secs_f64();
-                loss = s.mean(loss)?;
-                true
-            }
-            _ => {
-                model.backward(th, params, grads)?;
-                false
-            }
-        };
-        if !last {
-            return Ok(None);
-        }
-        if !synced && count > 1 {
-            grads.iter_mut().for_each(|g| *g *= scale);
-        }
-        let _p = model::profile::scope("grad_norm");
-        let norm = match clip {
-            Some(max) => clip_grad_norm(th, grads, max),
-            None => grad_norm(th, grads),
-        };
-        check_finite("gradient norm", step, norm)?;
-        Ok(Some(GradOut {
-            loss,
-            norm,
-            comm_seconds,
-        }))
     }
 }

@@ -1,47 +1,21 @@
 //! Data parallel: N ranks on their shares of each global batch end where one process training
 //! on the whole global batch ends (up to float summation order), every rank holds the same
 //! parameters bit for bit, and repeated runs are bit-identical.
+#[path = "support/common.rs"]
+mod common;
+
 use comm::group::GroupConfig;
 use comm::local::run_threads;
-use model::config::ModelConfig;
-use train::{DataSpec, TrainConfig, Trainer};
-
-fn tiny(batch: usize, steps: u64) -> TrainConfig {
-    let mut c = TrainConfig::new(ModelConfig::gpt2(2, 4, 64, 32, 64), steps);
-    c.batch = batch;
-    c.lr = 3e-3;
-    c.threads = 1;
-    c.seed = 5;
-    c.grad_clip = Some(1.0);
-    c.data = DataSpec::Markov { branching: 4 };
-    c
-}
+use common::{max_rel_diff, run, tiny, with_checkpoints};
+use train::Trainer;
 
 /// Trains `steps` steps on `world` ranks of `batch` rows each with buckets of `bucket` bytes;
 /// returns every rank's final parameters and its last loss.
 fn data_parallel(world: usize, batch: usize, steps: u64, bucket: usize) -> Vec<(Vec<f32>, f64)> {
-    run_threads(world, GroupConfig::default(), move |g| {
-        let mut t = Trainer::data_parallel(tiny(batch, steps), g, bucket).unwrap();
-        let mut loss = 0.0;
-        for _ in 0..steps {
-            let s = t.step().unwrap();
-            assert_eq!(s.tokens, world * batch * 32);
-            loss = s.loss;
-        }
-        Ok((t.params().to_vec(), loss))
-    })
-    .unwrap()
-    .into_iter()
-    .map(|r| r.unwrap())
-    .collect()
-}
-
-fn max_rel_diff(a: &[f32], b: &[f32]) -> f64 {
-    let scale = b.iter().fold(0f64, |m, &x| m.max(f64::from(x).abs()));
-    a.iter()
-        .zip(b)
-        .fold(0f64, |m, (&x, &y)| m.max(f64::from(x - y).abs()))
-        / scale
+    run(world, tiny(batch, steps), 0, bucket)
+        .into_iter()
+        .map(|(params, losses, _, _)| (params, *losses.last().unwrap()))
+        .collect()
 }
 
 #[test]
@@ -82,49 +56,15 @@ fn data_parallel_runs_are_bit_identical_and_bucket_size_only_changes_overlap() {
     assert!(max_rel_diff(&a[0].0, &c[0].0) < 1e-6);
 }
 
-/// `world` ranks train `steps` steps, checkpointing every 2 steps (async, each rank writing its
-/// rows) into `dir`, resuming from it first if it holds a step; returns rank 0's parameters.
-fn dp_with_checkpoints(world: usize, steps: u64, dir: std::path::PathBuf) -> Vec<f32> {
-    let out = run_threads(world, GroupConfig::default(), move |g| {
-        let (rank, size) = (g.rank() as u32, g.size() as u32);
-        let mut t = Trainer::data_parallel(tiny(2, steps), g, 16 << 10).unwrap();
-        if rank == 0 {
-            train::Checkpointer::resume(&dir, &mut t).unwrap();
-        }
-        t.group().unwrap().barrier().unwrap();
-        if rank != 0 {
-            train::Checkpointer::resume(&dir, &mut t).unwrap();
-        }
-        let cfg = train::CheckpointConfig {
-            dir: dir.clone(),
-            every: 2,
-            asynchronous: true,
-            auto_mtbf: None,
-        };
-        let mut ck = train::Checkpointer::new(cfg, "ddp")
-            .unwrap()
-            .with_shard(rank, size)
-            .unwrap();
-        while t.steps_done() < steps {
-            ck.step(&mut t).unwrap();
-        }
-        ck.finish(&mut t).unwrap();
-        t.group().unwrap().barrier().unwrap();
-        Ok(t.params().to_vec())
-    })
-    .unwrap();
-    out.into_iter().next().unwrap().unwrap()
-}
-
 #[test]
 fn sharded_checkpoints_resume_data_parallel_runs_bit_identically() {
     let straight = data_parallel(2, 2, 5, 16 << 10);
     let dir = tempfile::tempdir().unwrap();
     // 3 steps (saves 2, and 3 at the end), then a fresh pair of ranks resumes to step 5.
-    dp_with_checkpoints(2, 3, dir.path().to_path_buf());
+    with_checkpoints(tiny(2, 3), 0, dir.path().to_path_buf());
     let c = ckpt::Checkpoint::open(dir.path(), 3, ckpt::Verify::AllPieces).unwrap();
     assert_eq!(c.manifest().world_size, 2);
-    let resumed = dp_with_checkpoints(2, 5, dir.path().to_path_buf());
+    let resumed = with_checkpoints(tiny(2, 5), 0, dir.path().to_path_buf());
     assert_eq!(resumed, straight[0].0);
     assert_eq!(ckpt::list_committed(dir.path()).unwrap(), vec![2, 3, 4, 5]);
 }

@@ -1,0 +1,95 @@
+//! Shared pieces of the engine tests: a tiny config, runs of N ranks at any ZeRO stage, runs
+//! with checkpoints, and the parameter comparison.
+#![allow(dead_code)]
+
+use comm::group::{GroupConfig, ProcessGroup};
+use comm::local::run_threads;
+use model::config::ModelConfig;
+use train::zero::Stage;
+use train::{DataSpec, StateMemory, TrainConfig, Trainer};
+
+/// A 2-layer GPT on the Markov corpus, `batch` rows of 32 tokens per rank, `steps` steps.
+pub fn tiny(batch: usize, steps: u64) -> TrainConfig {
+    let mut c = TrainConfig::new(ModelConfig::gpt2(2, 4, 64, 32, 64), steps);
+    c.batch = batch;
+    c.lr = 3e-3;
+    c.threads = 1;
+    c.seed = 5;
+    c.grad_clip = Some(1.0);
+    c.data = DataSpec::Markov { branching: 4 };
+    c
+}
+
+/// One rank's trainer at ZeRO `stage` (0: plain data parallel) with buckets of `bucket` bytes.
+pub fn trainer(cfg: TrainConfig, g: ProcessGroup, stage: u8, bucket: usize) -> Trainer {
+    match Stage::from_number(stage).unwrap() {
+        Some(s) => Trainer::zero(cfg, g, s, bucket).unwrap(),
+        None => Trainer::data_parallel(cfg, g, bucket).unwrap(),
+    }
+}
+
+/// What a run returns per rank: final parameters, per-step losses, the state's resident bytes
+/// after the last step and the model's parameter count.
+pub type RankOut = (Vec<f32>, Vec<f64>, StateMemory, usize);
+
+/// `world` ranks train `cfg` for `steps` steps at ZeRO `stage` (0: plain data parallel) with
+/// buckets of `bucket` bytes.
+pub fn run(world: usize, cfg: TrainConfig, stage: u8, bucket: usize) -> Vec<RankOut> {
+    run_threads(world, GroupConfig::default(), move |g| {
+        let steps = cfg.steps;
+        let mut t = trainer(cfg.clone(), g, stage, bucket);
+        let losses = (0..steps).map(|_| t.step().unwrap().loss).collect();
+        let memory = t.state_memory();
+        t.gather_params().unwrap();
+        Ok((t.params().to_vec(), losses, memory, t.model().n_params()))
+    })
+    .unwrap()
+    .into_iter()
+    .map(|r| r.unwrap())
+    .collect()
+}
+
+/// The largest difference between `a` and `b`, relative to `b`'s largest magnitude.
+pub fn max_rel_diff(a: &[f32], b: &[f32]) -> f64 {
+    let scale = b.iter().fold(0f64, |m, &x| m.max(f64::from(x).abs()));
+    a.iter()
+        .zip(b)
+        .fold(0f64, |m, (&x, &y)| m.max(f64::from(x - y).abs()))
+        / scale
+}
+
+/// Two ranks train `cfg` to `steps` at ZeRO `stage` (0: plain data parallel), checkpointing
+/// every 2 steps into `dir` (asynchronous writes) after resuming from it; returns rank 0's
+/// whole parameters.
+pub fn with_checkpoints(cfg: TrainConfig, stage: u8, dir: std::path::PathBuf) -> Vec<f32> {
+    let out = run_threads(2, GroupConfig::default(), move |g| {
+        let (rank, size) = (g.rank() as u32, g.size() as u32);
+        let mut t = trainer(cfg.clone(), g, stage, 16 << 10);
+        if rank == 0 {
+            train::Checkpointer::resume(&dir, &mut t).unwrap();
+        }
+        t.group().unwrap().barrier().unwrap();
+        if rank != 0 {
+            train::Checkpointer::resume(&dir, &mut t).unwrap();
+        }
+        let ck = train::CheckpointConfig {
+            dir: dir.clone(),
+            every: 2,
+            asynchronous: true,
+            auto_mtbf: None,
+        };
+        let mut ck = train::Checkpointer::new(ck, "zero")
+            .unwrap()
+            .with_shard(rank, size)
+            .unwrap();
+        while t.steps_done() < cfg.steps {
+            ck.step(&mut t).unwrap();
+        }
+        ck.finish(&mut t).unwrap();
+        t.group().unwrap().barrier().unwrap();
+        t.gather_params().unwrap();
+        Ok(t.params().to_vec())
+    })
+    .unwrap();
+    out.into_iter().next().unwrap().unwrap()
+}
