@@ -1,5 +1,14 @@
 //! `flotilla`: one binary for training, planning, benchmarking and inspecting jobs.
 
+/// Prints a line only from the lead rank (`$lead`): the others of a data-parallel job stay quiet.
+macro_rules! out {
+    ($lead:expr, $($arg:tt)*) => {
+        if $lead {
+            println!($($arg)*);
+        }
+    };
+}
+
 mod bench_check;
 mod bench_comm;
 mod bench_model;
@@ -7,6 +16,7 @@ mod ckpt_bench_cmd;
 mod ckpt_cmd;
 mod ckpt_convert_cmd;
 mod ckpt_policy_cmd;
+mod config_file;
 mod data_bench_cmd;
 mod data_cmd;
 mod data_inspect_cmd;
@@ -18,11 +28,13 @@ mod generate_cmd;
 mod loader_args;
 mod model_args;
 mod page_cache;
+mod plan_cmd;
 mod saved;
 mod spawn;
+mod train_ckpt;
 mod train_cmd;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Flotilla: distributed deep-learning training that never hangs silently.
 #[derive(Parser)]
@@ -51,6 +63,9 @@ enum Command {
         #[command(subcommand)]
         what: ckpt_cmd::CkptCommand,
     },
+    /// Plan a job before running it: memory, step time, layout search, cost, checkpoint
+    /// interval (docs/PLAN.md).
+    Plan(plan_cmd::Args),
     /// Benchmarks (collectives, model training throughput).
     Bench {
         #[command(subcommand)]
@@ -75,7 +90,15 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    // `--config FILE.toml` becomes the file's options, ahead of the command line's.
+    let args = match config_file::expand(&Cli::command(), std::env::args_os()) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("flotilla: error: {e:#}");
+            std::process::exit(2);
+        }
+    };
+    let cli = Cli::parse_from(args);
     let result = match cli.command {
         Command::Bench {
             what: BenchCommand::Comm(a),
@@ -86,6 +109,7 @@ fn main() {
         Command::Data { what } => data_cmd::run(what),
         Command::Ckpt { what } => ckpt_cmd::run(what),
         Command::Train(a) => train_cmd::run(a),
+        Command::Plan(a) => plan_cmd::run(a),
         Command::Generate(a) => generate_cmd::run(a),
     };
     if let Err(e) = result {

@@ -1,61 +1,23 @@
-//! Starting local worker processes for a job: the parent hosts the rendezvous store and spawns
-//! `nproc` copies of this binary with their rank in the environment, then watches them; if one
-//! fails, the others are stopped (nothing is left hanging).
+//! CLI glue over the `launch` agent: where this node sits in the job ([`NodePlan`]: flags, then
+//! Slurm or torchrun-style environment), the agent settings of commands that run as a gang of
+//! workers without restarts (`bench comm`, [`run_node`]), and a training worker's link to its
+//! agent ([`Supervision`]: heartbeats, chaos). `train` adds heartbeats, the watchdog, restarts
+//! and chaos to [`agent_config`]'s settings.
 
 use anyhow::{Context, Result, bail};
-use comm::group::Rendezvous;
-use comm::store::{Secret, StoreServer};
 use std::net::SocketAddr;
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Environment variables that carry a worker's identity.
-pub const ENV_RANK: &str = "FLOTILLA_RANK";
-pub const ENV_WORLD: &str = "FLOTILLA_WORLD_SIZE";
-pub const ENV_RDZV: &str = "FLOTILLA_RDZV";
-pub const ENV_GENERATION: &str = "FLOTILLA_GENERATION";
-pub const ENV_SECRET: &str = "FLOTILLA_SECRET";
-
-/// A worker's identity, read from the environment.
-pub struct Worker {
-    pub rank: usize,
-    pub world: usize,
-    pub rdv: Rendezvous,
-}
-
-fn var<T: std::str::FromStr>(name: &str) -> Result<T> {
-    let v = std::env::var(name).with_context(|| format!("{name} is not set"))?;
-    v.parse()
-        .map_err(|_| anyhow::anyhow!("{name}='{v}' is not valid"))
-}
-
-impl Worker {
-    /// The identity of this process if it was started as a worker.
-    pub fn from_env() -> Result<Option<Worker>> {
-        if std::env::var_os(ENV_RANK).is_none() {
-            return Ok(None);
-        }
-        let secret = Secret::from_env_required()?;
-        let w = Worker {
-            rank: var(ENV_RANK)?,
-            world: var(ENV_WORLD)?,
-            rdv: Rendezvous {
-                addr: var(ENV_RDZV)?,
-                secret,
-                generation: var(ENV_GENERATION).unwrap_or(0),
-            },
-        };
-        if w.rank >= w.world {
-            bail!("{ENV_RANK}={} is not below {ENV_WORLD}={}", w.rank, w.world);
-        }
-        Ok(Some(w))
-    }
-}
+/// A worker's identity, read from the environment the agent set.
+pub use launch::WorkerEnv as Worker;
 
 /// Where this node's workers sit in the job.
 pub struct NodeSpec {
+    /// Workers on this node.
     pub nproc: usize,
+    /// Nodes in the job.
     pub nnodes: usize,
+    /// This node's index.
     pub node_rank: usize,
     /// Store address: node 0 binds it (port 0 picks one; single-node only).
     pub rdzv: SocketAddr,
@@ -63,87 +25,266 @@ pub struct NodeSpec {
     pub job_timeout: Duration,
 }
 
-/// Runs this binary's `args` as `nproc` workers of this node and waits for them.
+/// Runs this binary's `args` as `nproc` workers of this node and waits for them; the first
+/// failure stops every worker of the job (no restarts).
 pub fn run_node(spec: &NodeSpec, args: &[String]) -> Result<()> {
-    if spec.nproc == 0 || spec.nnodes == 0 || spec.node_rank >= spec.nnodes {
-        bail!(
-            "need nproc >= 1 and node_rank < nnodes (got nproc {}, nnodes {}, node_rank {})",
-            spec.nproc,
-            spec.nnodes,
-            spec.node_rank
-        );
-    }
-    if spec.nnodes > 1 && spec.rdzv.port() == 0 {
-        bail!(
-            "a job across {} nodes needs --rdzv HOST:PORT with a fixed port that every node can reach (got {})",
-            spec.nnodes,
-            spec.rdzv
-        );
-    }
-    let secret = match Secret::from_env()? {
-        Some(s) => s,
-        None if spec.nnodes == 1 => Secret::generate()?,
-        None => bail!(
-            "a job across {} nodes needs a shared secret: set {ENV_SECRET} (or FLOTILLA_SECRET_FILE) on every node",
-            spec.nnodes
-        ),
-    };
-    let server = if spec.node_rank == 0 {
-        Some(
-            StoreServer::bind(spec.rdzv, secret.clone())
-                .with_context(|| format!("start the rendezvous store on {}", spec.rdzv))?,
-        )
-    } else {
-        None
-    };
-    let addr = server.as_ref().map_or(spec.rdzv, |s| s.local_addr());
-    let exe = std::env::current_exe().context("locate the flotilla binary")?;
-    let world = spec.nproc * spec.nnodes;
-    let mut children: Vec<(usize, Child)> = Vec::new();
-    for local in 0..spec.nproc {
-        let rank = spec.node_rank * spec.nproc + local;
-        let child = Command::new(&exe)
-            .args(args)
-            .env(ENV_RANK, rank.to_string())
-            .env(ENV_WORLD, world.to_string())
-            .env(ENV_RDZV, addr.to_string())
-            .env(ENV_GENERATION, "0")
-            .env(ENV_SECRET, secret.to_env_value()?)
-            .spawn()
-            .with_context(|| format!("spawn worker rank {rank}"))?;
-        children.push((rank, child));
-    }
-    watch(children, spec.job_timeout)
+    let mut cfg = agent_config(spec, args.to_vec())?;
+    // Without restarts there is no next generation to shrink into: always the whole gang.
+    cfg.min_nnodes = cfg.nnodes;
+    launch::run(&cfg)?;
+    Ok(())
 }
 
-/// Waits for every child; on the first failure (or the job timeout) kills the rest.
-fn watch(mut children: Vec<(usize, Child)>, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    let mut failed: Option<String> = None;
-    while !children.is_empty() {
-        let mut i = 0;
-        while i < children.len() {
-            match children[i].1.try_wait()? {
-                Some(st) => {
-                    let (rank, _) = children.remove(i);
-                    if !st.success() && failed.is_none() {
-                        failed = Some(format!("worker rank {rank} exited with {st}"));
-                    }
-                }
-                None => i += 1,
-            }
-        }
-        if failed.is_some() || Instant::now() >= deadline {
-            for (_, c) in children.iter_mut() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-            return Err(anyhow::anyhow!(failed.unwrap_or_else(|| format!(
-                "job did not finish within {timeout:?}; workers stopped"
-            ))));
-        }
-        // Children exit rarely; a coarse sleep costs nothing on the measured path.
-        std::thread::sleep(Duration::from_millis(20));
+/// The agent's settings for `spec` running this binary with `args`: exit statuses watched,
+/// no heartbeats, no restarts, no chaos (callers adjust what they need). The job is elastic
+/// only if the environment says so ([`elastic_minimum`]); callers holding a [`NodePlan`] set
+/// `min_nnodes` from [`NodePlan::min_nnodes`].
+pub fn agent_config(spec: &NodeSpec, args: Vec<String>) -> Result<launch::AgentConfig> {
+    let program =
+        std::env::current_exe().map_err(|e| anyhow::anyhow!("locate the flotilla binary: {e}"))?;
+    Ok(launch::AgentConfig {
+        command: launch::WorkerCommand {
+            program,
+            args,
+            env: Vec::new(),
+        },
+        nproc: spec.nproc,
+        nnodes: spec.nnodes,
+        min_nnodes: elastic_minimum(spec.nnodes),
+        node_rank: spec.node_rank,
+        rdzv: spec.rdzv,
+        watch: None,
+        max_restarts: 0,
+        chaos: launch::Chaos::default(),
+        chaos_seed: 0,
+        steps: 0,
+        ckpt_dir: None,
+        job_timeout: spec.job_timeout,
+        admission_timeout: Duration::from_secs(300),
+        kill_grace: Duration::from_secs(2),
+    })
+}
+
+/// The fewest nodes a generation of an `nnodes`-node job may run on: MIN of a torchrun-style
+/// `NNODES=MIN:MAX` in the environment whose MAX is `nnodes`, else `nnodes` (a rigid job).
+/// This is how an elastic range reaches the agent when no flag carries it (001 section 12.8:
+/// recovery goes on with the nodes that remain).
+pub fn elastic_minimum(nnodes: usize) -> usize {
+    match launch::NodeEnv::detect() {
+        Ok(Some(launch::NodeEnv {
+            source: "torchrun",
+            nnodes: Some(r),
+            ..
+        })) if r.max == nnodes => r.min,
+        _ => nnodes,
     }
-    Ok(())
+}
+
+/// Worker processes per node when neither --nproc nor the environment says.
+pub const DEFAULT_NPROC: usize = 2;
+
+/// This node's place in the job: flags first, then the scheduler's environment (torchrun-style
+/// or Slurm, see [`launch::NodeEnv`]), then defaults (one node, [`DEFAULT_NPROC`] workers, a
+/// free loopback port).
+pub struct NodePlan {
+    /// Workers on this node.
+    pub nproc: usize,
+    /// Nodes in the job (the most a generation runs on).
+    pub nnodes: usize,
+    /// Fewest nodes a generation may run on (`nnodes` unless elastic: `--nnodes MIN:MAX`).
+    pub min_nnodes: usize,
+    /// This node.
+    pub node_rank: usize,
+    /// The store's address.
+    pub rdzv: SocketAddr,
+    /// The scheduler convention that supplied a value, if any did.
+    pub source: Option<&'static str>,
+}
+
+impl NodePlan {
+    /// Resolves the flags `--nproc`, `--nnodes` (`N`, or a [`launch::NodeRange`] `MIN:MAX`),
+    /// `--node-rank` and `--rdzv` (`None`: not given).
+    pub fn resolve(
+        nproc: Option<usize>,
+        nnodes: Option<impl Into<launch::NodeRange>>,
+        node_rank: Option<usize>,
+        rdzv: Option<&str>,
+    ) -> Result<NodePlan> {
+        let given = [
+            nproc.is_some(),
+            nnodes.is_some(),
+            node_rank.is_some(),
+            rdzv.is_some(),
+        ];
+        let env = if given.iter().all(|&g| g) {
+            None
+        } else {
+            launch::NodeEnv::detect()?
+        };
+        NodePlan::combine(nproc, nnodes.map(Into::into), node_rank, rdzv, env)
+    }
+
+    /// [`NodePlan::resolve`] with the scheduler's environment given.
+    fn combine(
+        nproc: Option<usize>,
+        nnodes: Option<launch::NodeRange>,
+        node_rank: Option<usize>,
+        rdzv: Option<&str>,
+        env: Option<launch::NodeEnv>,
+    ) -> Result<NodePlan> {
+        let e = env.clone().unwrap_or_default();
+        let rdzv_text = rdzv.map(str::to_string).or_else(|| {
+            e.master_addr
+                .as_ref()
+                .map(|h| format!("{h}:{}", e.master_port.unwrap_or(launch::env::DEFAULT_PORT)))
+        });
+        let rdzv = match rdzv_text {
+            Some(t) => {
+                use std::net::ToSocketAddrs;
+                let mut addrs: Vec<SocketAddr> = t
+                    .to_socket_addrs()
+                    .with_context(|| format!("--rdzv '{t}': expected HOST:PORT that resolves"))?
+                    .collect();
+                addrs.sort_by_key(|a| !a.is_ipv4());
+                *addrs
+                    .first()
+                    .with_context(|| format!("--rdzv '{t}': no address"))?
+            }
+            None => "127.0.0.1:0".parse().context("loopback address")?,
+        };
+        let nodes = nnodes.or(e.nnodes).unwrap_or(launch::NodeRange::from(1));
+        let plan = NodePlan {
+            nproc: nproc.or(e.nproc_per_node).unwrap_or(DEFAULT_NPROC),
+            nnodes: nodes.max,
+            min_nnodes: nodes.min,
+            node_rank: node_rank.or(e.node_rank).unwrap_or(0),
+            rdzv,
+            source: env.map(|e| e.source),
+        };
+        if plan.nproc == 0 || plan.nnodes == 0 || plan.node_rank >= plan.nnodes {
+            bail!(
+                "need nproc >= 1 and node rank < nnodes (got nproc {}, nnodes {}, node rank {}{})",
+                plan.nproc,
+                nodes,
+                plan.node_rank,
+                plan.source
+                    .map_or_else(String::new, |s| format!("; from the {s} environment"))
+            );
+        }
+        Ok(plan)
+    }
+}
+
+/// A worker's link to its agent: its heartbeat, and the chaos fault it may have been handed.
+#[derive(Default)]
+pub struct Supervision {
+    /// The heartbeat thread, if the agent watches heartbeats.
+    pub hb: Option<launch::Heartbeat>,
+    /// The chaos fault this worker may have to strike itself with.
+    pub fault: Option<launch::Fault>,
+    /// Global rank.
+    pub rank: usize,
+    /// The generation this worker belongs to.
+    pub generation: u64,
+}
+
+impl Supervision {
+    /// Training starts (again) at `step`.
+    pub fn resumed(&self, step: u64) {
+        if let Some(hb) = &self.hb {
+            hb.resumed(step);
+        }
+    }
+
+    /// The next step starts.
+    pub fn starting(&self) {
+        if let Some(hb) = &self.hb {
+            hb.started();
+        }
+    }
+
+    /// `step` is complete: tell the agent, then let chaos strike if it is due.
+    pub fn completed(&self, step: u64) -> Result<()> {
+        if let Some(hb) = &self.hb {
+            hb.completed(step);
+        }
+        if let Some(f) = &self.fault {
+            let flush = || {
+                if let Some(hb) = &self.hb {
+                    hb.flush(step, std::time::Duration::from_secs(5));
+                }
+            };
+            f.strike(
+                self.rank,
+                step,
+                self.generation,
+                flush,
+                std::time::Duration::from_secs(3600),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The loop is over (final save and barrier follow).
+    pub fn finishing(&self) {
+        if let Some(hb) = &self.hb {
+            hb.finishing();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_the_environment_which_overrides_defaults() {
+        let slurm = launch::NodeEnv {
+            source: "slurm",
+            nnodes: Some(launch::NodeRange::from(2)),
+            node_rank: Some(1),
+            nproc_per_node: Some(4),
+            master_addr: Some("127.0.0.1".into()),
+            master_port: Some(29511),
+        };
+        let p = NodePlan::combine(None, None, None, None, Some(slurm.clone())).unwrap();
+        assert_eq!((p.nproc, p.nnodes, p.node_rank), (4, 2, 1));
+        assert_eq!(p.rdzv.to_string(), "127.0.0.1:29511");
+        assert_eq!(p.source, Some("slurm"));
+        let p =
+            NodePlan::combine(Some(1), None, Some(0), Some("127.0.0.1:7"), Some(slurm)).unwrap();
+        assert_eq!((p.nproc, p.nnodes, p.node_rank), (1, 2, 0));
+        assert_eq!(p.rdzv.port(), 7);
+        let p = NodePlan::combine(None, None, None, None, None).unwrap();
+        assert_eq!((p.nproc, p.nnodes, p.node_rank), (DEFAULT_NPROC, 1, 0));
+        assert_eq!(p.rdzv.port(), 0);
+        let elastic = launch::NodeRange::new(2, 3).unwrap();
+        let p = NodePlan::combine(Some(1), Some(elastic), Some(2), None, None).unwrap();
+        assert_eq!((p.min_nnodes, p.nnodes, p.node_rank), (2, 3, 2));
+        let p = NodePlan::resolve(Some(1), Some(4usize), Some(0), Some("127.0.0.1:7")).unwrap();
+        assert_eq!((p.min_nnodes, p.nnodes), (4, 4));
+        let e = NodePlan::combine(None, Some(2.into()), Some(2), None, None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("node rank 2"), "{e}");
+        // `--nnodes MIN:MAX` as a clap flag of type `Option<launch::NodeRange>`.
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[arg(long)]
+            nnodes: Option<launch::NodeRange>,
+        }
+        use clap::Parser;
+        let f = Flags::try_parse_from(["t", "--nnodes", "2:3"]).unwrap();
+        assert_eq!(f.nnodes, Some(elastic));
+        let e = Flags::try_parse_from(["t", "--nnodes", "3:2"])
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("3:2"), "{e}");
+        let e = NodePlan::combine(None, None, None, Some("nowhere"), None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("--rdzv 'nowhere'"), "{e}");
+    }
 }

@@ -1,7 +1,8 @@
 //! `flotilla train`: train a model in this process, printing step, loss,
 //! tokens/s and MFU.
 use crate::model_args::{ModelArgs, TrainArgs};
-use crate::spawn::{NodeSpec, Worker, run_node};
+use crate::spawn::{NodePlan, NodeSpec, Supervision, Worker, agent_config};
+use crate::train_ckpt::{open_checkpoints, saved_line, slowest_rank};
 use anyhow::{Context, Result, bail};
 use comm::group::{GroupConfig, ProcessGroup};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -11,18 +12,66 @@ use train::metrics::{gemm_gflops, mfu};
 
 /// Options of `flotilla train`.
 #[derive(clap::Args, Debug)]
+#[command(args_override_self = true)]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
     #[command(flatten)]
     train: TrainArgs,
-    /// Data-parallel worker processes on this machine: each trains on its --batch rows of every
-    /// global batch of nproc x batch rows, gradients all-reduced in buckets during the backward.
-    #[arg(long, default_value_t = 1)]
-    nproc: usize,
+    /// Data-parallel worker processes on this node: each trains on its --batch rows of every
+    /// global batch of nproc x nnodes x batch rows, gradients all-reduced in buckets during the
+    /// backward. Default: NPROC_PER_NODE, or Slurm's tasks (or GPUs) per node, else 2. Workers
+    /// run under the agent (heartbeats, watchdog, restarts); --nproc 1 on one node without
+    /// --chaos trains in this process.
+    #[arg(long)]
+    nproc: Option<usize>,
+    /// Nodes in the job: N, or MIN:MAX for an elastic job (each generation runs on the nodes
+    /// still alive, at least MIN; a lost node is dropped at the next restart) (default: NNODES
+    /// or SLURM_NNODES, else 1).
+    #[arg(long)]
+    nnodes: Option<launch::NodeRange>,
+    /// This node's index (default: NODE_RANK or SLURM_NODEID, else 0).
+    #[arg(long)]
+    node_rank: Option<usize>,
+    /// The rendezvous store, HOST:PORT, hosted by node 0 (default: MASTER_ADDR:MASTER_PORT or
+    /// the first host of SLURM_JOB_NODELIST; one node: a free loopback port).
+    #[arg(long)]
+    rdzv: Option<String>,
+    /// Restarts allowed for the whole job: after a worker fails, every worker is stopped and
+    /// started again from the last committed checkpoint in --ckpt-dir.
+    #[arg(long, default_value_t = 3)]
+    max_restarts: u64,
+    /// A worker whose heartbeat is silent this long has failed (dead or stopped).
+    #[arg(long, default_value_t = 30.0)]
+    heartbeat_timeout_s: f64,
+    /// A worker whose step does not advance this long has failed (hung inside the loop).
+    #[arg(long, default_value_t = 600.0)]
+    watchdog_s: f64,
+    /// Longest time from a worker's start to its first completed step (joining the group and
+    /// resuming included).
+    #[arg(long, default_value_t = 600.0)]
+    startup_timeout_s: f64,
+    /// Deadline for every node's agent to register for a generation (gang admission).
+    #[arg(long, default_value_t = 300.0)]
+    admission_timeout_s: f64,
+    /// Fault injection, generation 0 only: kill@STEP[:RANK], hang@STEP[:RANK] (SIGSTOP),
+    /// stall@STEP[:RANK] (no progress, heartbeat alive), corrupt-newest (the newest committed
+    /// checkpoint is damaged before the restart); STEP may be `random`. Comma-separated.
+    #[arg(long)]
+    chaos: Option<String>,
+    /// Seed of the chaos plan's random choices (default: from the clock; printed).
+    #[arg(long)]
+    chaos_seed: Option<u64>,
     /// Gradient bucket size in MiB (data parallel; see train::ddp::DEFAULT_BUCKET_BYTES).
     #[arg(long, default_value_t = 1.0)]
     bucket_mb: f64,
+    /// ZeRO stage of a data-parallel run: 0 (every rank keeps the whole state), 1 (optimizer
+    /// state sharded), 2 (and gradients), 3 (and parameters, gathered unit by unit).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
+    zero: u8,
+    /// Append per-step metrics and a final summary to this file as JSON lines (lead rank).
+    #[arg(long, value_name = "FILE")]
+    metrics: Option<PathBuf>,
     /// Stop the whole job (every worker) if it runs longer than this.
     #[arg(long, default_value_t = 24 * 3600)]
     job_timeout_s: u64,
@@ -66,50 +115,161 @@ pub struct Args {
 /// Run `flotilla train`: in one process, or as the launcher of `--nproc` data-parallel
 /// workers (which run this same command with their rank in the environment).
 pub fn run(a: Args) -> Result<()> {
-    if a.nproc == 0 {
+    // `flotilla train` alone: the embedded default job (see `EMBEDDED_CKPT_DIR`).
+    let embedded = std::env::args_os().count() == 2;
+    if a.nproc == Some(0) {
         bail!("--nproc 0: at least one process is needed");
     }
     if !(a.bucket_mb > 0.0 && a.bucket_mb.is_finite()) {
         bail!("--bucket-mb {}: must be a positive number", a.bucket_mb);
     }
+    for (flag, v) in [
+        ("--heartbeat-timeout-s", a.heartbeat_timeout_s),
+        ("--watchdog-s", a.watchdog_s),
+        ("--startup-timeout-s", a.startup_timeout_s),
+        ("--admission-timeout-s", a.admission_timeout_s),
+    ] {
+        if !(v > 0.0 && v.is_finite() && v < 1e9) {
+            bail!("{flag} {v}: must be a positive number of seconds");
+        }
+    }
+    let chaos = a.chaos.as_deref().map(launch::Chaos::parse).transpose()?;
+    if chaos.as_ref().is_some_and(|c| c.corrupt_newest) && a.ckpt_dir.is_none() {
+        bail!("--chaos corrupt-newest needs --ckpt-dir (the checkpoints it damages)");
+    }
     let mut cfg = a.train.build(a.model.build()?, a.model.vocab.is_some())?;
     match Worker::from_env()? {
-        None if a.nproc > 1 => launch(&a, &cfg),
-        None => train(a, cfg, None),
+        None => {
+            let plan = NodePlan::resolve(a.nproc, a.nnodes, a.node_rank, a.rdzv.as_deref())?;
+            if plan.nproc * plan.nnodes > 1 || chaos.is_some() {
+                launch(&a, &cfg, &plan, chaos.unwrap_or_default(), embedded)
+            } else {
+                train(a, cfg, None, Supervision::default())
+            }
+        }
         Some(w) => {
             if a.train.threads.is_none() {
                 let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
                 cfg.threads = (cores / w.world).max(1);
             }
+            let hb = match w.heartbeat {
+                Some(period) => Some(
+                    launch::Heartbeat::start(&w.rdv, w.rank, period)
+                        .with_context(|| format!("starting the heartbeat of rank {}", w.rank))?,
+                ),
+                None => None,
+            };
+            let sup = Supervision {
+                hb,
+                fault: w.chaos.as_deref().map(launch::Fault::parse).transpose()?,
+                rank: w.rank,
+                generation: w.rdv.generation,
+            };
             let group =
                 ProcessGroup::new(&w.rdv, "world", w.rank, w.world, GroupConfig::from_env()?)
                     .with_context(|| format!("joining the training group as rank {}", w.rank))?;
-            train(a, cfg, Some(group))
+            train(a, cfg, Some(group), sup)
         }
     }
 }
 
-/// Starts `--nproc` workers running this command and waits for them; measures the machine's
-/// GEMM peak once for all of them (each rank's MFU denominator is its share).
-fn launch(a: &Args, cfg: &train::TrainConfig) -> Result<()> {
+/// Where `flotilla train` with no arguments keeps its checkpoints (and resumes from them).
+const EMBEDDED_CKPT_DIR: &str = "flotilla-run/checkpoints";
+/// Checkpoint interval of the embedded default job.
+const EMBEDDED_CKPT_EVERY: u64 = 10;
+
+/// Runs this node's workers under the agent (heartbeats, watchdog, restarts from the last
+/// checkpoint, chaos) and waits for the job; measures the machine's GEMM peak once for all of
+/// them (each rank's MFU denominator is its share).
+fn launch(
+    a: &Args,
+    cfg: &train::TrainConfig,
+    plan: &NodePlan,
+    chaos: launch::Chaos,
+    embedded: bool,
+) -> Result<()> {
+    use std::time::Duration;
     let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let mut ckpt_dir = a.ckpt_dir.clone();
+    if embedded {
+        let dir = std::path::PathBuf::from(EMBEDDED_CKPT_DIR);
+        let resuming = ckpt::list_committed(&dir).is_ok_and(|s| !s.is_empty());
+        println!(
+            "# embedded default job: {} steps of the {} model on the built-in corpus, {} workers x {} rows; \
+             checkpoints every {EMBEDDED_CKPT_EVERY} steps in {EMBEDDED_CKPT_DIR} ({})",
+            cfg.steps,
+            a.model.config,
+            plan.nproc,
+            cfg.batch,
+            if resuming {
+                "found: resuming from the newest; delete the directory to start over"
+            } else {
+                "none yet: starting at step 0"
+            }
+        );
+        args.extend([
+            "--ckpt-dir".into(),
+            EMBEDDED_CKPT_DIR.into(),
+            "--ckpt-every".into(),
+            EMBEDDED_CKPT_EVERY.to_string(),
+        ]);
+        ckpt_dir = Some(dir);
+    }
     if a.peak_gflops.is_none() {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let peak = gemm_gflops(&model::Threads::new(cores.max(cfg.threads))?, 2048, 5);
-        args.extend(["--peak-gflops".into(), format!("{}", peak / a.nproc as f64)]);
+        args.extend([
+            "--peak-gflops".into(),
+            format!("{}", peak / plan.nproc as f64),
+        ]);
+    }
+    if let Some(source) = plan.source {
+        println!(
+            "# job: {} node(s) x {} worker(s), this is node {}, store {} (from the {source} environment)",
+            plan.nnodes, plan.nproc, plan.node_rank, plan.rdzv
+        );
     }
     let spec = NodeSpec {
-        nproc: a.nproc,
-        nnodes: 1,
-        node_rank: 0,
-        rdzv: "127.0.0.1:0".parse().context("loopback address")?,
-        job_timeout: std::time::Duration::from_secs(a.job_timeout_s),
+        nproc: plan.nproc,
+        nnodes: plan.nnodes,
+        node_rank: plan.node_rank,
+        rdzv: plan.rdzv,
+        job_timeout: Duration::from_secs(a.job_timeout_s),
     };
-    run_node(&spec, &args)
+    let mut agent = agent_config(&spec, args)?;
+    agent.watch = Some(launch::WatchRules {
+        heartbeat_timeout: Duration::from_secs_f64(a.heartbeat_timeout_s),
+        watchdog: Duration::from_secs_f64(a.watchdog_s),
+        startup_timeout: Duration::from_secs_f64(a.startup_timeout_s),
+    });
+    agent.max_restarts = a.max_restarts;
+    agent.chaos = chaos;
+    agent.chaos_seed = a.chaos_seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    });
+    agent.steps = cfg.steps;
+    agent.ckpt_dir = ckpt_dir;
+    agent.admission_timeout = Duration::from_secs_f64(a.admission_timeout_s);
+    agent.min_nnodes = plan.min_nnodes;
+    let report = launch::run(&agent)?;
+    if report.restarts > 0 {
+        println!(
+            "# job finished in generation {} after {} restart(s)",
+            report.generation, report.restarts
+        );
+    }
+    Ok(())
 }
 
 /// The training run of this process (alone, or one rank of `group`).
-fn train(a: Args, cfg: train::TrainConfig, group: Option<ProcessGroup>) -> Result<()> {
+fn train(
+    a: Args,
+    cfg: train::TrainConfig,
+    group: Option<ProcessGroup>,
+    sup: Supervision,
+) -> Result<()> {
     let lead = group.as_ref().is_none_or(|g| g.rank() == 0);
     let world = group.as_ref().map_or(1, |g| g.size());
     let steps = cfg.steps;
@@ -120,9 +280,15 @@ fn train(a: Args, cfg: train::TrainConfig, group: Option<ProcessGroup>) -> Resul
         None => gemm_gflops(&model::Threads::new(cfg.threads)?, 2048, 5),
     };
     let bucket_bytes = (a.bucket_mb * (1 << 20) as f64) as usize;
-    let mut trainer = match group {
-        Some(g) => Trainer::data_parallel(cfg.clone(), g, bucket_bytes)?,
-        None => Trainer::new(cfg.clone())?,
+    let stage = train::zero::Stage::from_number(a.zero)?;
+    let mut trainer = match (group, stage) {
+        (Some(g), Some(stage)) => Trainer::zero(cfg.clone(), g, stage, bucket_bytes)?,
+        (Some(g), None) => Trainer::data_parallel(cfg.clone(), g, bucket_bytes)?,
+        (None, Some(stage)) => bail!(
+            "--zero {}: ZeRO shards the state over data-parallel ranks; run it with --nproc 2 or more",
+            stage.number()
+        ),
+        (None, None) => Trainer::new(cfg.clone())?,
     };
     let fpt = trainer.flops_per_token();
     let m = &cfg.model;
@@ -161,10 +327,19 @@ fn train(a: Args, cfg: train::TrainConfig, group: Option<ProcessGroup>) -> Resul
         );
     }
     let mut checkpointer = match &a.ckpt_dir {
-        Some(dir) => Some(open_checkpoints(dir, &a, &mut trainer)?),
+        Some(dir) => Some(open_checkpoints(
+            &mut trainer,
+            train::CheckpointConfig {
+                dir: dir.clone(),
+                every: a.ckpt_every,
+                asynchronous: !a.ckpt_sync,
+                auto_mtbf: a.ckpt_auto_mtbf,
+            },
+        )?),
         None => None,
     };
     let first = trainer.steps_done();
+    sup.resumed(first);
     let pb = if a.no_progress || !lead {
         ProgressBar::hidden()
     } else {
@@ -180,7 +355,21 @@ fn train(a: Args, cfg: train::TrainConfig, group: Option<ProcessGroup>) -> Resul
     let (mut timed_s, mut timed_tokens, mut last_loss) = (0.0, 0usize, f64::NAN);
     let mut comm_s = 0.0;
     let peak_all = peak * world as f64;
+    let mut metrics = match &a.metrics {
+        Some(path) if lead => Some(train::metrics_log::MetricsLog::open(
+            path,
+            train::metrics_log::RunInfo {
+                rank: trainer.rank(),
+                world,
+                generation: sup.generation,
+                peak_gflops: peak_all,
+                flops_per_token: fpt,
+            },
+        )?),
+        _ => None,
+    };
     for _ in first..steps {
+        sup.starting();
         let (s, saved) = match &mut checkpointer {
             Some(ck) => ck.step(&mut trainer)?,
             None => (trainer.step()?, None),
@@ -190,8 +379,8 @@ fn train(a: Args, cfg: train::TrainConfig, group: Option<ProcessGroup>) -> Resul
         if s.step > first + 1 || steps == first + 1 {
             timed_s += s.seconds;
             timed_tokens += s.tokens;
+            comm_s += s.comm_seconds;
         }
-        comm_s += s.comm_seconds;
         let tps = s.tokens as f64 / s.seconds;
         pb.set_message(format!("loss {:.4} {:.0} tok/s", s.loss, tps));
         pb.inc(1);
@@ -211,13 +400,22 @@ fn train(a: Args, cfg: train::TrainConfig, group: Option<ProcessGroup>) -> Resul
                 say(&pb, line);
             }
         }
-        if let Some(saved) = saved {
-            let saved = slowest_rank(&trainer, saved)?;
-            if lead {
-                say(&pb, saved_line(&saved));
+        let pause = match saved {
+            Some(saved) => {
+                let saved = slowest_rank(&trainer, saved)?;
+                if lead {
+                    say(&pb, saved_line(&saved));
+                }
+                Some(saved.pause)
             }
+            None => None,
+        };
+        if let Some(log) = &mut metrics {
+            log.step(&s, pause)?;
         }
+        sup.completed(s.step)?;
     }
+    sup.finishing();
     if let Some(ck) = &mut checkpointer {
         if let Some(saved) = ck.finish(&mut trainer)? {
             let saved = slowest_rank(&trainer, saved)?;
@@ -238,12 +436,31 @@ fn train(a: Args, cfg: train::TrainConfig, group: Option<ProcessGroup>) -> Resul
     }
     pb.finish_and_clear();
     let tps = timed_tokens as f64 / timed_s.max(1e-9);
-    out!(
-        lead,
-        "# done: {steps} steps, final loss {last_loss:.4}, {tps:.1} tokens/s, MFU {:.1}% (steps after the first){}",
-        100.0 * mfu(tps, fpt, peak_all),
-        comm_note(comm_s, timed_s, world)
-    );
+    if first >= steps {
+        out!(
+            lead,
+            "# done: already at step {first} of {steps} (resumed); nothing left to train"
+        );
+    } else {
+        out!(
+            lead,
+            "# done: {steps} steps, final loss {last_loss:.4}, {tps:.1} tokens/s, MFU {:.1}% (steps after the first){}",
+            100.0 * mfu(tps, fpt, peak_all),
+            comm_note(comm_s, timed_s, world)
+        );
+    }
+    if world > 1 {
+        out!(lead, "{}", state_line(&trainer));
+    }
+    if let Some(log) = metrics.take() {
+        let path = log.path().display().to_string();
+        log.finish()?;
+        out!(lead, "# metrics in {path}");
+    }
+    if a.save.is_some() || a.export_hf.is_some() {
+        // ZeRO-3 keeps no whole copy: every rank takes part in gathering one.
+        trainer.gather_params()?;
+    }
     if let Some(m) = trainer.data_metrics() {
         out!(
             lead,
@@ -277,6 +494,33 @@ fn train(a: Args, cfg: train::TrainConfig, group: Option<ProcessGroup>) -> Resul
     Ok(())
 }
 
+/// The state-memory line of a data-parallel run: what this rank holds, measured, beside the
+/// formula of its ZeRO stage (`train::zero::expected_bytes`).
+fn state_line(trainer: &Trainer) -> String {
+    let m = trainer.state_memory();
+    let stage = trainer.zero_stage();
+    let (p, g, o) = train::zero::expected_bytes(stage, trainer.world());
+    let n = trainer.model().n_params() as f64;
+    format!(
+        "# state per rank ({}): parameters {:.1} MB, gradients {:.1} MB, optimizer {:.1} MB \
+         (formula {p:.2} + {g:.2} + {o:.2} bytes/param: {:.1} + {:.1} + {:.1} MB){}",
+        stage.map_or("data parallel".to_string(), |s| format!(
+            "ZeRO-{}",
+            s.number()
+        )),
+        m.params as f64 / 1e6,
+        m.grads as f64 / 1e6,
+        m.optimizer as f64 / 1e6,
+        p * n / 1e6,
+        g * n / 1e6,
+        o * n / 1e6,
+        match m.comm_buffers {
+            0 => String::new(),
+            b => format!("; bucket buffers {:.1} MB", b as f64 / 1e6),
+        }
+    )
+}
+
 /// Prints a line above the progress bar (or plainly when it is hidden).
 fn say(pb: &ProgressBar, line: String) {
     if pb.is_hidden() {
@@ -286,104 +530,8 @@ fn say(pb: &ProgressBar, line: String) {
     }
 }
 
-fn saved_line(s: &train::SaveSummary) -> String {
-    let planned = match s.planned {
-        Some((tau, loss)) => format!(
-            "; next in {tau:.1} s (Young/Daly, expected loss {:.2} %)",
-            100.0 * loss
-        ),
-        None => String::new(),
-    };
-    format!(
-        "# checkpoint step {}: {:.1} MB, training paused {:.1} ms (slowest rank){planned}",
-        s.step,
-        s.bytes as f64 / 1e6,
-        s.pause.as_secs_f64() * 1e3
-    )
-}
-
 fn cfg_dir(a: &Args) -> &std::path::Path {
     a.ckpt_dir.as_deref().unwrap_or(std::path::Path::new("."))
-}
-
-/// Opens the checkpoint directory: resumes from its newest loadable step, if any, and returns
-/// the checkpointer that saves the rest of the run there.
-///
-/// Data parallel: rank 0 resumes first (setting aside any step that fails verification), then
-/// the others, so all read the same directory state; the ranks then check they resumed the same
-/// step. Every rank saves its rows of every tensor in parallel; rank 0 commits.
-fn open_checkpoints(
-    dir: &std::path::Path,
-    a: &Args,
-    trainer: &mut Trainer,
-) -> Result<train::Checkpointer> {
-    let lead = trainer.rank() == 0;
-    let resume = |trainer: &mut Trainer| {
-        train::Checkpointer::resume(dir, trainer)
-            .with_context(|| format!("resuming from {}", dir.display()))
-    };
-    let resumed = if lead { resume(trainer)? } else { None };
-    if let Some(g) = trainer.group() {
-        g.barrier().context("resume barrier")?;
-    }
-    let resumed = if lead { resumed } else { resume(trainer)? };
-    if let Some(g) = trainer.group() {
-        let step = trainer.steps_done() as f64;
-        let (mut lo, mut hi) = ([step], [step]);
-        g.all_reduce(&mut lo, comm::ReduceOp::Min)?;
-        g.all_reduce(&mut hi, comm::ReduceOp::Max)?;
-        if lo != hi {
-            bail!(
-                "ranks resumed from different steps ({} to {}) of {}",
-                lo[0],
-                hi[0],
-                dir.display()
-            );
-        }
-    }
-    match resumed {
-        Some((step, rejected)) => {
-            for r in &rejected {
-                out!(lead, "# checkpoint rejected (lost): {r}");
-            }
-            out!(lead, "# resumed from {} step {step}", dir.display());
-        }
-        None => out!(
-            lead,
-            "# no checkpoint in {}: starting at step 0",
-            dir.display()
-        ),
-    }
-    let cfg = train::CheckpointConfig {
-        dir: dir.to_path_buf(),
-        every: a.ckpt_every,
-        asynchronous: !a.ckpt_sync,
-        auto_mtbf: a.ckpt_auto_mtbf,
-    };
-    let run_id = format!("train-seed{}", trainer.config().seed);
-    let (rank, world) = (trainer.rank() as u32, trainer.world() as u32);
-    let mut ck = train::Checkpointer::new(cfg, &run_id)?.with_shard(rank, world)?;
-    let mapped = ck.prepare(trainer)?;
-    if !a.ckpt_sync && lead {
-        println!(
-            "# checkpoint host buffer mapped in {:.1} ms (asynchronous saves copy into it)",
-            mapped.as_secs_f64() * 1e3
-        );
-    }
-    Ok(ck)
-}
-
-/// A save as the slowest rank saw it: every rank saves at the same step, so the ranks agree
-/// here on the longest pause (a small all-reduce).
-fn slowest_rank(trainer: &Trainer, mut saved: train::SaveSummary) -> Result<train::SaveSummary> {
-    if let Some(g) = trainer.group() {
-        let mut v = [saved.pause.as_secs_f64(), saved.bytes as f64];
-        g.all_reduce(&mut v[..1], comm::ReduceOp::Max)?;
-        g.all_reduce(&mut v[1..], comm::ReduceOp::Sum)?;
-        saved.pause = std::time::Duration::from_secs_f64(v[0]);
-        saved.bytes = v[1] as u64;
-    }
-    Ok(saved)
 }
 
 /// The exposed-communication part of a line, for data-parallel runs.
@@ -396,16 +544,6 @@ fn comm_note(comm_s: f64, step_s: f64, world: usize) -> String {
         100.0 * comm_s / step_s.max(1e-9)
     )
 }
-
-/// Prints a line only from the lead rank.
-macro_rules! out {
-    ($lead:expr, $($arg:tt)*) => {
-        if $lead {
-            println!($($arg)*);
-        }
-    };
-}
-use out;
 
 /// Flotilla's logits for one fixed sequence, next to an HF export, so
 /// `scripts/hf_check.py` can compare Transformers' logits with ours.

@@ -16,8 +16,11 @@ pub fn flotilla(args: &[&str]) -> (bool, String, String) {
     )
 }
 
-/// A one-layer, 32-wide model trained on 2 threads in a blink (`train` and `bench model`).
+/// A one-layer, 32-wide model trained on 2 threads in a blink (`train`), in
+/// one process (`--nproc 1`; a later `--nproc N` overrides it).
 pub const MICRO: &[&str] = &[
+    "--nproc",
+    "1",
     "--config",
     "tiny",
     "--layers",

@@ -264,7 +264,43 @@ fn scratch_file(tag: &str) -> PathBuf {
 /// of them, and kills the process group of any still running after `timeout`. Output goes to
 /// scratch files (no pipe can fill up) and is returned.
 pub fn run_all(cmds: Vec<Command>, timeout: Duration) -> Vec<Outcome> {
+    run_all_watching(cmds, timeout, |_, _| true)
+}
+
+/// Sends SIGKILL to process group `pgid` (a command of [`run_all_watching`]: a whole host's
+/// launcher and workers).
+pub fn kill_group(pgid: u32) {
+    kill(&format!("-{pgid}"));
+}
+
+impl Hosts {
+    /// Cuts host `i` off the network (`ip link set eth0 down` inside it): its processes live
+    /// on but reach no other host, as when a host's link or switch port fails.
+    pub fn link_down(&self, i: usize) -> Result<(), Unavailable> {
+        sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &self.ns(i),
+            "ip",
+            "link",
+            "set",
+            "eth0",
+            "down",
+        ])
+    }
+}
+
+/// [`run_all`], and while they run, `watch` is shown everyone's output so far (stdout, in
+/// command order) and the commands' process group ids every 20 ms, until it returns `true`
+/// (it may act on the hosts meanwhile: cut one off, kill one with [`kill_group`]).
+pub fn run_all_watching(
+    cmds: Vec<Command>,
+    timeout: Duration,
+    mut watch: impl FnMut(&[String], &[u32]) -> bool,
+) -> Vec<Outcome> {
     let t0 = Instant::now();
+    let mut watched = false;
     let mut running = Vec::new();
     for mut c in cmds {
         let (o, e) = (scratch_file("out"), scratch_file("err"));
@@ -293,6 +329,14 @@ pub fn run_all(cmds: Vec<Command>, timeout: Duration) -> Vec<Outcome> {
         }
         if all_done {
             break;
+        }
+        if !watched {
+            let outs: Vec<String> = running
+                .iter()
+                .map(|(_, o, ..)| std::fs::read_to_string(o).unwrap_or_default())
+                .collect();
+            let pgids: Vec<u32> = running.iter().map(|(c, ..)| c.id()).collect();
+            watched = watch(&outs, &pgids);
         }
         if Instant::now() >= deadline {
             timed_out = true;

@@ -1,0 +1,144 @@
+//! `flotilla plan`: the analytical planner (`flotilla-plan`). Evaluates a job's layout on a
+//! cluster, or searches all layouts, and prints a table (`--explain`: every formula with its
+//! inputs; `--json`: the whole report).
+//!
+//! ```text
+//! flotilla plan examples/plan/gpt3-175b.toml --cluster examples/plan/h100-1024.toml --search
+//! flotilla plan --model llama2-70b --device h100 --nodes 64 --top 10
+//! flotilla plan examples/plan/llama2-70b.toml --nodes 64 --sweep-nodes 32,64,128,256
+//! ```
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use plan::cluster::{Cluster, ClusterFile};
+use plan::job::{Job, JobFile, ModelFile};
+use plan::report::{plan, render};
+use plan::search::SearchOptions;
+use plan::sweep::{render_sweep, sweep};
+
+/// Options of `flotilla plan`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Job TOML: [model], [training], optional [layout], [checkpoint], [data]
+    /// (see examples/plan/). Without it, give --model.
+    #[arg(value_name = "JOB.toml")]
+    job: Option<PathBuf>,
+    /// Cluster TOML (nodes, device, links, MTBF, power, price). Without it, give --nodes.
+    #[arg(long, value_name = "CLUSTER.toml")]
+    cluster: Option<PathBuf>,
+    /// Model preset (gpt3-175b, llama2-7b/13b/70b, llama3-8b/70b/405b, mixtral-8x7b,
+    /// mt-nlg-530b, gpt-1t); overrides the job file's model.
+    #[arg(long)]
+    model: Option<String>,
+    /// Device preset (a100-40, a100-80, h100, h200, b200, mi300x); overrides the cluster file.
+    #[arg(long)]
+    device: Option<String>,
+    /// Nodes; overrides the cluster file.
+    #[arg(long)]
+    nodes: Option<u64>,
+    /// Devices per node; overrides the cluster file.
+    #[arg(long)]
+    devices_per_node: Option<u64>,
+    /// Inter-node link preset (ib-hdr, ib-ndr, ib-xdr, roce-100, roce-400, ...).
+    #[arg(long)]
+    inter: Option<String>,
+    /// Global batch in sequences (default without a job file: 1024).
+    #[arg(long)]
+    global_batch: Option<u64>,
+    /// Tokens to train (for time, cost and energy).
+    #[arg(long)]
+    tokens: Option<f64>,
+    /// Search all layouts instead of evaluating the job's [layout] (implied when it has none).
+    #[arg(long)]
+    search: bool,
+    /// Layouts to list from the search.
+    #[arg(long, value_name = "K", default_value_t = 5)]
+    top: usize,
+    /// Let the search put tensor parallelism across nodes (000 Q9 advises against it).
+    #[arg(long)]
+    tp_across_nodes: bool,
+    /// Search each of these node counts and print the best layout, time, cost and whether it
+    /// meets `deadline_days` (e.g. `--sweep-nodes 16,32,64,128`).
+    #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
+    sweep_nodes: Vec<u64>,
+    /// Show every formula with its inputs and the seed section it comes from.
+    #[arg(long)]
+    explain: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `flotilla plan`.
+pub fn run(a: Args) -> Result<()> {
+    let mut jf = match (&a.job, &a.model) {
+        (Some(p), _) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            JobFile::from_toml(&text).with_context(|| format!("in {}", p.display()))?
+        }
+        (None, Some(m)) => JobFile::preset(m, 1024),
+        (None, None) => bail!("give a JOB.toml or --model PRESET"),
+    };
+    if let (Some(_), Some(m)) = (&a.job, &a.model) {
+        jf.model = ModelFile {
+            preset: Some(m.clone()),
+            ..ModelFile::default()
+        };
+    }
+    if let Some(b) = a.global_batch {
+        jf.training.global_batch = b;
+    }
+    if let Some(t) = a.tokens {
+        jf.training.tokens = t;
+    }
+    let mut cf = match (&a.cluster, a.nodes) {
+        (Some(p), _) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            ClusterFile::from_toml(&text).with_context(|| format!("in {}", p.display()))?
+        }
+        (None, Some(n)) => ClusterFile::preset(a.device.as_deref().unwrap_or("h100"), n),
+        (None, None) => bail!("give --cluster CLUSTER.toml or --nodes N"),
+    };
+    if let Some(d) = &a.device {
+        cf.device = d.clone();
+    }
+    if let Some(n) = a.nodes {
+        cf.nodes = n;
+    }
+    if let Some(n) = a.devices_per_node {
+        cf.devices_per_node = n;
+    }
+    if let Some(i) = &a.inter {
+        cf.inter = i.clone();
+    }
+    let job = Job::from_file(&jf)?;
+    let cluster = Cluster::from_file(&cf)?;
+    let opts = SearchOptions {
+        top_k: a.top.max(1),
+        tp_across_nodes: a.tp_across_nodes,
+        ..SearchOptions::default()
+    };
+    if !a.sweep_nodes.is_empty() {
+        let points = sweep(&job, &cluster, &a.sweep_nodes, &opts)?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&points)?);
+        } else {
+            print!("{}", render_sweep(&points));
+        }
+        return Ok(());
+    }
+    let report = plan(
+        &job,
+        &cluster,
+        (a.search || job.layout.is_none()).then_some(&opts),
+    )?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render(&report, a.explain));
+    }
+    Ok(())
+}
