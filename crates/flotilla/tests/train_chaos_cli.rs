@@ -9,7 +9,7 @@
 mod cli;
 
 use cli::{MICRO, loss_at};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, OnceLock};
 
@@ -126,6 +126,26 @@ fn check_recovered(out: &str, save: &Path) -> (u64, f64) {
     (resumed, secs)
 }
 
+/// A checkpointed run (every 2 steps, synchronous) that saves its model, with the chaos and
+/// detection options `extra`; returns the outcome and the saved model's directory (kept alive by
+/// the returned temporary directory).
+fn recovering_run(extra: &[&str]) -> (bool, String, String, PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let (ck, save) = (dir.path().join("ck"), dir.path().join("model"));
+    let mut all = vec![
+        "--ckpt-dir",
+        ck.to_str().unwrap(),
+        "--ckpt-every",
+        "2",
+        "--ckpt-sync",
+        "--save",
+        save.to_str().unwrap(),
+    ];
+    all.extend_from_slice(extra);
+    let (ok, out, err) = run(&all);
+    (ok, out, err, save, dir)
+}
+
 #[test]
 fn a_worker_killed_at_a_random_step_is_replaced_bit_identically() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -135,22 +155,9 @@ fn a_worker_killed_at_a_random_step_is_replaced_bit_identically() {
         .unwrap()
         .as_nanos() as u64;
     eprintln!("chaos seed {seed}");
-    let dir = tempfile::tempdir().unwrap();
-    let (ck, save) = (dir.path().join("ck"), dir.path().join("model"));
     let seed_text = seed.to_string();
-    let (ok, out, err) = run(&[
-        "--ckpt-dir",
-        ck.to_str().unwrap(),
-        "--ckpt-every",
-        "2",
-        "--ckpt-sync",
-        "--chaos",
-        "kill@random",
-        "--chaos-seed",
-        &seed_text,
-        "--save",
-        save.to_str().unwrap(),
-    ]);
+    let (ok, out, err, save, _dir) =
+        recovering_run(&["--chaos", "kill@random", "--chaos-seed", &seed_text]);
     assert!(ok, "seed {seed}: {err}\n{out}");
     let plan = out
         .lines()
@@ -179,21 +186,8 @@ fn a_worker_killed_at_a_random_step_is_replaced_bit_identically() {
 fn a_stopped_worker_is_caught_by_its_missing_heartbeat() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     straight();
-    let dir = tempfile::tempdir().unwrap();
-    let (ck, save) = (dir.path().join("ck"), dir.path().join("model"));
-    let (ok, out, err) = run(&[
-        "--ckpt-dir",
-        ck.to_str().unwrap(),
-        "--ckpt-every",
-        "2",
-        "--ckpt-sync",
-        "--chaos",
-        "hang@3:1",
-        "--heartbeat-timeout-s",
-        "4",
-        "--save",
-        save.to_str().unwrap(),
-    ]);
+    let (ok, out, err, save, _dir) =
+        recovering_run(&["--chaos", "hang@3:1", "--heartbeat-timeout-s", "4"]);
     assert!(ok, "{err}\n{out}");
     assert!(
         out.contains("generation 0 failed: rank 1 missed heartbeats for"),
@@ -208,22 +202,10 @@ fn a_stopped_worker_is_caught_by_its_missing_heartbeat() {
 fn a_stalled_worker_is_caught_by_the_watchdog_and_a_corrupt_checkpoint_is_skipped() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     straight();
-    let dir = tempfile::tempdir().unwrap();
-    let (ck, save) = (dir.path().join("ck"), dir.path().join("model"));
     // Rank 0 stalls outside a step while rank 1 waits inside the next one: rank 0 is named.
-    let (ok, out, err) = run(&[
-        "--ckpt-dir",
-        ck.to_str().unwrap(),
-        "--ckpt-every",
-        "2",
-        "--ckpt-sync",
-        "--chaos",
-        "stall@5:0,corrupt-newest",
-        "--watchdog-s",
-        "6",
-        "--save",
-        save.to_str().unwrap(),
-    ]);
+    let (ok, out, err, save, dir) =
+        recovering_run(&["--chaos", "stall@5:0,corrupt-newest", "--watchdog-s", "6"]);
+    let ck = dir.path().join("ck");
     assert!(ok, "{err}\n{out}");
     assert!(
         out.contains("generation 0 failed: rank 0 stalled: its step did not advance for"),
