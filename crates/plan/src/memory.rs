@@ -126,32 +126,26 @@ pub fn device_memory(job: &Job, cluster: &Cluster, l: &Layout) -> MemoryBreakdow
     };
     let (weights, grads, optimizer) = per(&shard);
     let scale = job.precision.bytes() / 2.0;
-    let per_layer = activation_bytes_per_layer(
-        m.seq as f64,
-        l.micro_batch as f64,
-        m.hidden as f64,
-        m.heads as f64,
-        l.tp as f64,
-        l.sequence_parallel && l.tp > 1,
-        l.recompute,
-        scale,
-    );
-    let mb = l.microbatches(job.global_batch);
-    let layers_per_stage = (m.layers / l.pp.max(1)) as f64;
-    let mut activations =
-        per_layer * layers_per_stage * in_flight(l.schedule, l.pp, mb, l.interleave);
-    if l.recompute == Recompute::Full {
-        // The layer being recomputed needs its full activations once.
-        activations += activation_bytes_per_layer(
+    let layer = |recompute| {
+        activation_bytes_per_layer(
             m.seq as f64,
             l.micro_batch as f64,
             m.hidden as f64,
             m.heads as f64,
             l.tp as f64,
             l.sequence_parallel && l.tp > 1,
-            Recompute::None,
+            recompute,
             scale,
-        );
+        )
+    };
+    let per_layer = layer(l.recompute);
+    let mb = l.microbatches(job.global_batch);
+    let layers_per_stage = (m.layers / l.pp.max(1)) as f64;
+    let mut activations =
+        per_layer * layers_per_stage * in_flight(l.schedule, l.pp, mb, l.interleave);
+    if l.recompute == Recompute::Full {
+        // The layer being recomputed needs its full activations once.
+        activations += layer(Recompute::None);
     }
     let reserve = cluster.memory_reserve;
     MemoryBreakdown {
