@@ -427,7 +427,12 @@ impl Trainer {
                 .step(&self.th, &mut self.params, &self.grads, lr, &self.decay)?,
         }
         self.step = step;
-        Ok(StepStats {
+        Ok(self.stats(step, lr, out, data_seconds, t0))
+    }
+
+    /// The stats of step `step`, begun at `t0`, whose gradients gave `out`.
+    fn stats(&self, step: u64, lr: f32, out: GradOut, data_seconds: f64, t0: Instant) -> StepStats {
+        StepStats {
             step,
             loss: out.loss,
             lr,
@@ -436,7 +441,7 @@ impl Trainer {
             seconds: t0.elapsed().as_secs_f64() - data_seconds,
             data_seconds,
             comm_seconds: out.comm_seconds,
-        })
+        }
     }
 
     /// [`Trainer::step`] of a ZeRO rank: micro-batches through the engine, then its update.
@@ -472,16 +477,12 @@ impl Trainer {
             step,
         )?;
         self.step = step;
-        Ok(StepStats {
-            step,
+        let out = GradOut {
             loss,
-            lr,
-            grad_norm: norm,
-            tokens: self.cfg.tokens_per_step() * self.world(),
-            seconds: t0.elapsed().as_secs_f64() - data_seconds,
-            data_seconds,
+            norm,
             comm_seconds: comm.as_secs_f64(),
-        })
+        };
+        Ok(self.stats(step, lr, out, data_seconds, t0))
     }
 
     /// Under ZeRO-3, all-gathers the whole model into [`Trainer::params`] (every rank must

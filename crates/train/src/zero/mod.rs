@@ -477,10 +477,7 @@ impl Zero {
                     .map(|(s, p)| StatePart {
                         at: self.plan.local(s).start,
                         params: p,
-                        grads: match self.stage {
-                            Stage::One => &grads[owned[s].clone()],
-                            _ => &self.grad_shard[self.plan.local(s)],
-                        },
+                        grads: self.grad_part(grads, s),
                     })
                     .collect();
                 opt.step_parts(th, &mut parts, lr, &self.decay)?;
