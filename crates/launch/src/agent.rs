@@ -480,6 +480,17 @@ fn watch_generation(
                 *recovery = None;
             }
         }
+        let stalled_step = failures
+            .iter()
+            .find(|f| matches!(f.kind, FailureKind::Stalled(_)))
+            .and_then(|f| f.step);
+        if let Some(step) = stalled_step {
+            for (w, watch) in workers.iter().zip(watches.iter()) {
+                if w.running() && failures.iter().all(|f| f.rank != w.rank) {
+                    failures.extend(watch.stalled_with(step, now));
+                }
+            }
+        }
         if !failures.is_empty() {
             // Let the peers of a killed rank finish failing, then name the most telling cause.
             std::thread::sleep(ATTRIBUTION_GRACE);

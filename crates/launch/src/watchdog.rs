@@ -220,6 +220,24 @@ impl WorkerWatch {
         }
         None
     }
+
+    /// A peer of a rank found stalled after `step`: stuck with it if it has not got past that
+    /// step either (in lockstep training every rank waits on the slowest). Ranks cross the
+    /// watchdog limit one poll apart, so the first one over it may be a victim waiting inside
+    /// the next step; listing the others lets [`Failure::blame_order`] name the culprit.
+    pub fn stalled_with(&self, step: u64, now: Instant) -> Option<Failure> {
+        let beat = self.last?;
+        let own = beat.step?;
+        if beat.finishing || own > step || self.first_step_at.is_none() {
+            return None;
+        }
+        Some(Failure {
+            rank: self.rank,
+            kind: FailureKind::Stalled(now.saturating_duration_since(self.step_changed)),
+            step: Some(own),
+            busy: beat.busy,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -265,6 +283,21 @@ mod tests {
         let f = w.check(&RULES, s(16)).unwrap();
         assert_eq!((f.rank, f.step), (1, Some(5)));
         assert!(matches!(f.kind, FailureKind::Stalled(_)), "{f}");
+        // A peer stuck at the same step (outside it) is listed beside the first one caught,
+        // and named before it; a peer already past that step is not.
+        let mut peer = WorkerWatch::new(0, t0);
+        peer.observe(beat(1, 4, 5), s(6));
+        let peer_f = peer.stalled_with(5, s(16)).unwrap();
+        assert_eq!((peer_f.rank, peer_f.step, peer_f.busy), (0, Some(5), false));
+        assert!(
+            peer_f.blame_order()
+                < Failure {
+                    busy: true,
+                    ..f.clone()
+                }
+                .blame_order()
+        );
+        assert_eq!(peer.stalled_with(4, s(16)), None);
         // A frozen process: the beat stops changing.
         let mut w = WorkerWatch::new(0, t0);
         w.observe(beat(1, 0, 1), s(1));
