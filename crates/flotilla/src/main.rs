@@ -28,11 +28,13 @@ mod generate_cmd;
 mod loader_args;
 mod model_args;
 mod page_cache;
+mod plan_calibrate;
 mod plan_cmd;
 mod saved;
 mod spawn;
 mod train_ckpt;
 mod train_cmd;
+mod train_plan;
 
 use clap::{CommandFactory, Parser, Subcommand};
 

@@ -6,6 +6,7 @@
 //! flotilla plan examples/plan/gpt3-175b.toml --cluster examples/plan/h100-1024.toml --search
 //! flotilla plan --model llama2-70b --device h100 --nodes 64 --top 10
 //! flotilla plan examples/plan/llama2-70b.toml --nodes 64 --sweep-nodes 32,64,128,256
+//! flotilla plan --calibrate --out this-machine.toml   # then --cluster this-machine.toml
 //! ```
 
 use std::path::PathBuf;
@@ -68,10 +69,31 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Measure this machine (GEMM FLOP/s, copy bandwidth, shared-memory and TCP alpha/beta)
+    /// and write it as a cluster file whose device is "this-machine".
+    #[arg(long)]
+    calibrate: bool,
+    /// Threads per rank for --calibrate (ranks = cores / threads).
+    #[arg(long, default_value_t = 1, requires = "calibrate")]
+    threads: usize,
+    /// Where --calibrate writes the cluster file (default: standard output).
+    #[arg(long, value_name = "CLUSTER.toml", requires = "calibrate")]
+    out: Option<PathBuf>,
 }
 
 /// Runs `flotilla plan`.
 pub fn run(a: Args) -> Result<()> {
+    if a.calibrate {
+        let text = crate::plan_calibrate::render(&crate::plan_calibrate::measure(a.threads)?)?;
+        match &a.out {
+            Some(p) => {
+                std::fs::write(p, &text).with_context(|| format!("writing {}", p.display()))?;
+                eprintln!("# wrote {}", p.display());
+            }
+            None => print!("{text}"),
+        }
+        return Ok(());
+    }
     let mut jf = match (&a.job, &a.model) {
         (Some(p), _) => {
             let text =

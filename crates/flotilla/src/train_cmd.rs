@@ -110,6 +110,10 @@ pub struct Args {
     /// No progress bar (plain lines only).
     #[arg(long)]
     no_progress: bool,
+    /// Skip the planner's forecast beside the measured step at the end (a probe of about a
+    /// second on every rank).
+    #[arg(long)]
+    no_plan: bool,
 }
 
 /// Run `flotilla train`: in one process, or as the launcher of `--nproc` data-parallel
@@ -352,8 +356,8 @@ fn train(
         )
         .context("progress template")?,
     );
-    let (mut timed_s, mut timed_tokens, mut last_loss) = (0.0, 0usize, f64::NAN);
-    let mut comm_s = 0.0;
+    let (mut timed_tokens, mut last_loss) = (0usize, f64::NAN);
+    let mut measured = train::forecast::Measured::default();
     let peak_all = peak * world as f64;
     let mut metrics = match &a.metrics {
         Some(path) if lead => Some(train::metrics_log::MetricsLog::open(
@@ -377,9 +381,11 @@ fn train(
         last_loss = s.loss;
         // The first step warms caches and the thread pool; it is not timed.
         if s.step > first + 1 || steps == first + 1 {
-            timed_s += s.seconds;
             timed_tokens += s.tokens;
-            comm_s += s.comm_seconds;
+            measured.steps += 1;
+            measured.step_s += s.seconds;
+            measured.comm_s += s.comm_seconds;
+            measured.data_s += s.data_seconds;
         }
         let tps = s.tokens as f64 / s.seconds;
         pb.set_message(format!("loss {:.4} {:.0} tok/s", s.loss, tps));
@@ -406,6 +412,8 @@ fn train(
                 if lead {
                     say(&pb, saved_line(&saved));
                 }
+                measured.ckpts += 1;
+                measured.ckpt_pause_s += saved.pause.as_secs_f64();
                 Some(saved.pause)
             }
             None => None,
@@ -435,7 +443,7 @@ fn train(
         g.barrier().context("final barrier")?;
     }
     pb.finish_and_clear();
-    let tps = timed_tokens as f64 / timed_s.max(1e-9);
+    let tps = timed_tokens as f64 / measured.step_s.max(1e-9);
     if first >= steps {
         out!(
             lead,
@@ -446,11 +454,15 @@ fn train(
             lead,
             "# done: {steps} steps, final loss {last_loss:.4}, {tps:.1} tokens/s, MFU {:.1}% (steps after the first){}",
             100.0 * mfu(tps, fpt, peak_all),
-            comm_note(comm_s, timed_s, world)
+            comm_note(measured.comm_s, measured.step_s, world)
         );
     }
     if world > 1 {
         out!(lead, "{}", state_line(&trainer));
+    }
+    if !a.no_plan && measured.steps > 0 {
+        let text = crate::train_plan::report(&trainer, &measured)?;
+        out!(lead, "{text}");
     }
     if let Some(log) = metrics.take() {
         let path = log.path().display().to_string();

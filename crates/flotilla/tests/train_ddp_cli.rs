@@ -39,6 +39,16 @@ fn two_workers_match_one_process_and_resume_together() {
         "0.05",
     ]);
     assert!(two.contains("comm") && two.contains("(2 ranks)"), "{two}");
+    // The planner's forecast beside the measurement, per component (issue 7).
+    for row in [
+        "# plan beside measured",
+        "#   compute",
+        "#   exposed comm",
+        "#   step",
+    ] {
+        assert!(two.contains(row), "{row}: {two}");
+    }
+    assert!(two.contains("# step forecast "), "{two}");
     assert_eq!(
         two.matches("step      4/4").count(),
         1,
@@ -117,6 +127,7 @@ fn zero_stages_train_like_data_parallel_and_resume_across_stages() {
         }
         let line = format!("# state per rank (ZeRO-{stage}): parameters");
         assert!(z.contains(&line), "{z}");
+        assert!(z.contains("(reduce-scatter + all-gather,"), "{z}");
     }
     // Saved under ZeRO-3, resumed under plain data parallel, ends like the straight run.
     let dir = tempfile::tempdir().unwrap();

@@ -2,7 +2,9 @@
 //! power and price. [`ClusterFile`] is the TOML form; [`Cluster`] the validated one.
 
 use crate::error::{PlanError, Result, at_least_one, non_negative, positive};
-use crate::hardware::{Device, Link, default_intra, device_preset, link_preset};
+use crate::hardware::{
+    Device, Link, THIS_MACHINE, default_intra, device_preset, link_preset, unmeasured_device,
+};
 use crate::units::{GB, RingFactor, US};
 use serde::{Deserialize, Serialize};
 
@@ -38,7 +40,8 @@ pub struct ClusterFile {
     /// Devices per node (the fast NVLink domain).
     #[serde(default = "d_dpn")]
     pub devices_per_node: u64,
-    /// Device preset: a100-40, a100-80, h100, h200, b200, mi300x.
+    /// Device preset: a100-40, a100-80, h100, h200, b200, mi300x, or "this-machine" (every
+    /// number measured, from `flotilla plan --calibrate`).
     #[serde(default = "d_device")]
     pub device: String,
     /// Overrides of the preset's numbers.
@@ -198,7 +201,12 @@ impl Cluster {
                 ),
             });
         }
-        let mut device = device_preset(&f.device)?;
+        let measured = f.device == THIS_MACHINE;
+        let mut device = if measured {
+            unmeasured_device()
+        } else {
+            device_preset(&f.device)?
+        };
         if let Some(o) = &f.device_override {
             let set = |dst: &mut f64, v: Option<f64>, k: f64| {
                 if let Some(v) = v {
@@ -212,13 +220,25 @@ impl Cluster {
             set(&mut device.hbm_bytes, o.hbm_gb, GB);
             set(&mut device.hbm_bw, o.hbm_tbs, 1e12);
             set(&mut device.power_w, o.power_w, 1.0);
-            device.name = format!("{} (overridden)", device.name);
+            if !measured {
+                device.name = format!("{} (overridden)", device.name);
+            }
         }
-        device.validate()?;
-        let intra_name = f
-            .intra
-            .clone()
-            .unwrap_or_else(|| default_intra(&f.device).into());
+        device.validate().map_err(|e| match (measured, e) {
+            (true, PlanError::Invalid { field, .. }) => PlanError::Invalid {
+                field,
+                value: "missing".into(),
+                reason: "device \"this-machine\" takes every number from [device_override]: \
+                         write the file with `flotilla plan --calibrate`"
+                    .into(),
+            },
+            (_, e) => e,
+        })?;
+        let intra_name = match (&f.intra, measured) {
+            (Some(i), _) => i.clone(),
+            (None, true) => "pcie4".into(),
+            (None, false) => default_intra(&f.device).into(),
+        };
         let mut intra = link_preset("cluster.intra", &intra_name)?;
         let mut inter = link_preset("cluster.inter", &f.inter)?;
         if let Some(a) = f.intra_alpha_us {

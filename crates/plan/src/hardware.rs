@@ -93,6 +93,25 @@ impl Device {
 /// Device preset names accepted by [`device_preset`].
 pub const DEVICE_PRESETS: &[&str] = &["a100-40", "a100-80", "h100", "h200", "b200", "mi300x"];
 
+/// The device whose numbers are all measured: `flotilla plan --calibrate` writes them into the
+/// cluster file's `device_override`; until then every field is 0 and validation names the
+/// first one missing.
+pub const THIS_MACHINE: &str = "this-machine";
+
+/// [`THIS_MACHINE`] before its numbers are filled in.
+pub fn unmeasured_device() -> Device {
+    Device {
+        name: THIS_MACHINE.into(),
+        fp32: 0.0,
+        tf32: 0.0,
+        bf16: 0.0,
+        fp8: 0.0,
+        hbm_bytes: 0.0,
+        hbm_bw: 0.0,
+        power_w: 0.0,
+    }
+}
+
 /// A device preset by name. Sources (dense figures, i.e. half the "with sparsity" numbers):
 /// - A100 SXM: NVIDIA A100 datasheet (2021): FP32 19.5, TF32 156, BF16 312 TFLOP/s; 40 GB at
 ///   1,555 GB/s, 80 GB at 2,039 GB/s; 400 W.

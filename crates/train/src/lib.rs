@@ -5,10 +5,12 @@
 //! - [`trainer`]: the single-process trainer (forward, backward, clip,
 //!   AdamW, schedule) with per-step metrics.
 //! - [`metrics`]: tokens/s and MFU against the measured GEMM peak.
+//! - [`forecast`]: the planner's prediction of a step beside the measured one.
 pub mod checkpoint;
 pub mod config;
 pub mod ddp;
 pub mod error;
+pub mod forecast;
 mod grad;
 pub mod metrics;
 pub mod metrics_log;

@@ -237,6 +237,26 @@ impl Trainer {
         self.zero.as_ref().map(|z| z.stage())
     }
 
+    /// The ranges the gradients are communicated in, each with the bytes of its collective's
+    /// buffer: the data-parallel buckets, or the ZeRO segments padded to equal parts (empty for
+    /// one process).
+    pub fn comm_segments(&self) -> Vec<(Range<usize>, usize)> {
+        match (&self.sync, &self.zero) {
+            (Some(s), _) => s
+                .buckets()
+                .iter()
+                .map(|b| (b.clone(), 4 * b.len()))
+                .collect(),
+            (_, Some(z)) => {
+                let p = z.plan();
+                (0..p.segments().len())
+                    .map(|i| (p.segments()[i].clone(), 4 * p.part_len(i) * p.world()))
+                    .collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// Steps completed.
     pub fn steps_done(&self) -> u64 {
         self.step

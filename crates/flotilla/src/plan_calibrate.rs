@@ -1,0 +1,177 @@
+//! `flotilla plan --calibrate`: "this machine" as a cluster file for the planner, from what it
+//! measures here: the GEMM kernel's FLOP/s per rank, the memory copy bandwidth, and the α and β
+//! of shared memory and of TCP over loopback between two ranks (the group's own ping-pong
+//! calibration, 004 eq. 28.10).
+
+use anyhow::{Context, Result};
+use comm::group::{GroupConfig, TransportPolicy};
+use comm::transport::LinkKind;
+use plan::cluster::{ClusterFile, DeviceOverride};
+use plan::hardware::THIS_MACHINE;
+use std::time::Instant;
+
+/// Bytes of the buffer the copy bandwidth is measured on (well past the caches).
+const COPY_BYTES: usize = 256 << 20;
+
+/// What one calibration measured.
+#[derive(Debug, Clone, Copy)]
+pub struct Calibration {
+    /// Ranks the machine is split into (cores / threads per rank).
+    pub ranks: u64,
+    /// Threads per rank.
+    pub threads: usize,
+    /// GEMM FLOP/s of one rank (2048^3 f32, median of 5).
+    pub gemm_flops: f64,
+    /// Copy bandwidth of one core, bytes/s (read + write counted once each).
+    pub copy_bw: f64,
+    /// Memory of the machine, bytes.
+    pub ram: f64,
+    /// Shared memory α (s) and β (bytes/s).
+    pub shm: (f64, f64),
+    /// TCP over loopback α (s) and β (bytes/s).
+    pub tcp: (f64, f64),
+}
+
+/// Measures this machine with `threads` per rank.
+pub fn measure(threads: usize) -> Result<Calibration> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let th = model::Threads::new(threads)?;
+    let gemm_flops = train::metrics::gemm_gflops(&th, 2048, 5) * 1e9;
+    let copy_bw = copy_bandwidth();
+    let shm = link(TransportPolicy::Auto, LinkKind::Shm)?;
+    let tcp = link(TransportPolicy::TcpOnly, LinkKind::Tcp)?;
+    Ok(Calibration {
+        ranks: (cores / threads.max(1)).max(1) as u64,
+        threads,
+        gemm_flops,
+        copy_bw,
+        ram: ram_bytes().unwrap_or(0.0),
+        shm,
+        tcp,
+    })
+}
+
+/// Best of three copies of [`COPY_BYTES`]: bytes moved (read + written) per second.
+fn copy_bandwidth() -> f64 {
+    let src = vec![1u8; COPY_BYTES];
+    let mut dst = vec![0u8; COPY_BYTES];
+    let best = (0..3)
+        .map(|_| {
+            let t = Instant::now();
+            dst.copy_from_slice(&src);
+            std::hint::black_box(&dst);
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min);
+    2.0 * COPY_BYTES as f64 / best
+}
+
+/// α and β of `kind` between two ranks (threads of this process) under `policy`.
+fn link(policy: TransportPolicy, kind: LinkKind) -> Result<(f64, f64)> {
+    let cfg = GroupConfig {
+        transport: policy,
+        ..GroupConfig::default()
+    };
+    let out = comm::local::run_threads(2, cfg, move |g| Ok(g.topology().params(kind)))
+        .with_context(|| format!("calibrating {}", kind.name()))?;
+    let p = out
+        .into_iter()
+        .next()
+        .context("no rank returned")?
+        .with_context(|| format!("calibrating {}", kind.name()))?;
+    Ok((p.alpha, p.beta))
+}
+
+/// Total memory from /proc/meminfo.
+fn ram_bytes() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: f64 = text
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb * 1024.0)
+}
+
+/// The cluster file of one node of `c.ranks` "devices" (ranks), every device number measured.
+pub fn cluster_file(c: &Calibration) -> ClusterFile {
+    let tflops = c.gemm_flops / 1e12;
+    let mut f = ClusterFile::preset(THIS_MACHINE, 1);
+    f.devices_per_node = c.ranks;
+    f.device_override = Some(DeviceOverride {
+        bf16_tflops: Some(tflops),
+        fp8_tflops: Some(0.0),
+        fp32_tflops: Some(tflops),
+        tf32_tflops: Some(tflops),
+        hbm_gb: Some(c.ram / c.ranks as f64 / 1e9),
+        hbm_tbs: Some(c.copy_bw / 1e12),
+        power_w: Some(0.0),
+    });
+    f.intra = Some("pcie4".into());
+    f.intra_alpha_us = Some(c.shm.0 * 1e6);
+    f.intra_bw_gbs = Some(c.shm.1 / 1e9);
+    f.inter_alpha_us = Some(c.tcp.0 * 1e6);
+    f.inter_bw_gbs = Some(c.tcp.1 / 1e9);
+    f.memory_reserve_gb = 0.0;
+    f.node_power_kw = None;
+    f
+}
+
+/// The TOML text, with a header saying what was measured and how.
+pub fn render(c: &Calibration) -> Result<String> {
+    let body = toml::to_string(&cluster_file(c)).context("writing the cluster TOML")?;
+    Ok(format!(
+        "# this machine, measured by `flotilla plan --calibrate` ({} rank(s) of {} thread(s)):\n\
+         # GEMM 2048^3 f32 {:.1} GFLOP/s per rank (as every precision: the CPU kernels compute in f32);\n\
+         # memory copy {:.2} GB/s per core (as HBM bandwidth); RAM {:.1} GB split over the ranks;\n\
+         # intra = shared memory between two ranks: alpha {:.2} us, beta {:.2} GB/s;\n\
+         # inter = TCP over loopback (a stand-in for a network): alpha {:.2} us, beta {:.2} GB/s.\n\
+         # Power and prices are not measured (0 W; the defaults).\n{body}",
+        c.ranks,
+        c.threads,
+        c.gemm_flops / 1e9,
+        c.copy_bw / 1e9,
+        c.ram / 1e9,
+        c.shm.0 * 1e6,
+        c.shm.1 / 1e9,
+        c.tcp.0 * 1e6,
+        c.tcp.1 / 1e9,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plan::cluster::Cluster;
+
+    #[test]
+    fn a_calibration_becomes_a_cluster_the_planner_accepts() {
+        let c = Calibration {
+            ranks: 2,
+            threads: 1,
+            gemm_flops: 150e9,
+            copy_bw: 10e9,
+            ram: 24e9,
+            shm: (3e-6, 6e9),
+            tcp: (20e-6, 2e9),
+        };
+        let text = render(&c).unwrap();
+        let f = ClusterFile::from_toml(&text).unwrap();
+        let cl = Cluster::from_file(&f).unwrap();
+        assert_eq!(cl.device.name, "this-machine");
+        assert_eq!(cl.devices(), 2);
+        assert!((cl.device.fp32 - 150e9).abs() < 1.0, "{}", cl.device.fp32);
+        assert!((cl.device.hbm_bw - 10e9).abs() < 1.0);
+        assert!((cl.intra.alpha - 3e-6).abs() < 1e-12 && (cl.intra.beta - 6e9).abs() < 1.0);
+        assert!((cl.inter.beta - 2e9).abs() < 1.0);
+        // Without the measured numbers the device is refused, naming the field and the fix.
+        let bare = ClusterFile::preset(THIS_MACHINE, 1);
+        let e = Cluster::from_file(&bare).unwrap_err().to_string();
+        assert!(
+            e.contains("device.fp32") && e.contains("--calibrate"),
+            "{e}"
+        );
+    }
+}
