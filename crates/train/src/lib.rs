@@ -5,6 +5,7 @@
 //! - [`trainer`]: the single-process trainer (forward, backward, clip,
 //!   AdamW, schedule) with per-step metrics.
 //! - [`metrics`]: tokens/s and MFU against the measured GEMM peak.
+//! - [`pipeline`]: pipeline-parallel schedules (GPipe, 1F1B, interleaved) as checked action lists.
 //! - [`forecast`]: the planner's prediction of a step beside the measured one.
 pub mod checkpoint;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod forecast;
 mod grad;
 pub mod metrics;
 pub mod metrics_log;
+pub mod pipeline;
 pub mod source;
 pub mod trainer;
 pub mod zero;
