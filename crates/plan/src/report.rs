@@ -8,7 +8,7 @@ use crate::job::Job;
 use crate::lint::{LintConfig, Warning, checkpoint_state_bytes, checkpoint_write_time, lint};
 use crate::reliability::{checkpoint_overhead, cluster_mtbf, daly_interval, young_interval};
 use crate::search::{SearchOptions, SearchResult, search};
-use crate::step::{Evaluation, evaluate};
+use crate::step::{Evaluation, Term, evaluate};
 use crate::units::{GB, fmt_bytes, fmt_time};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write;
@@ -42,6 +42,8 @@ pub struct Summary {
     pub daly_s: Option<f64>,
     /// Overhead C/τ + τ/2M + R/M at the Young interval.
     pub overhead_at_optimum: Option<f64>,
+    /// The reliability, checkpoint and memory formulas with their inputs (for `--explain`).
+    pub terms: Vec<Term>,
 }
 
 /// A full plan.
@@ -83,7 +85,10 @@ pub fn plan(job: &Job, cluster: &Cluster, search_opts: Option<&SearchOptions>) -
         overhead_at_optimum: c
             .zip(young)
             .map(|(c, y)| checkpoint_overhead(y, c, mtbf, restart)),
+        terms: Vec::new(),
     };
+    let mut summary = summary;
+    summary.terms = reliability_terms(job, cluster, &summary, restart);
     let default_opts = SearchOptions::default();
     let (evaluation, search_result) = match (&job.layout, search_opts) {
         (Some(l), None) => (Some(evaluate(job, cluster, l)?), None),
@@ -92,6 +97,9 @@ pub fn plan(job: &Job, cluster: &Cluster, search_opts: Option<&SearchOptions>) -
             (r.top.first().cloned(), Some(r))
         }
     };
+    if let Some(e) = &evaluation {
+        summary.terms.extend(memory_terms(job, e));
+    }
     let warnings = evaluation
         .as_ref()
         .map(|e| lint(job, cluster, e, &LintConfig::default()))
@@ -112,6 +120,125 @@ pub fn plan(job: &Job, cluster: &Cluster, search_opts: Option<&SearchOptions>) -
         warnings,
         data_bandwidth,
     })
+}
+
+fn term(name: &str, formula: String, value: f64, cite: &str) -> Term {
+    Term {
+        name: name.into(),
+        formula,
+        value,
+        cite: cite.into(),
+    }
+}
+
+/// Cluster MTBF, checkpoint size and, when the pause C is known, Young, Daly and the overhead.
+fn reliability_terms(job: &Job, cluster: &Cluster, s: &Summary, restart: f64) -> Vec<Term> {
+    let hours = cluster.device_mtbf_s / 3600.0;
+    let mut t = vec![
+        term(
+            "mtbf",
+            format!(
+                "M = M_device / N = {hours:.0} h / {} = {}",
+                s.devices,
+                fmt_time(s.cluster_mtbf_s)
+            ),
+            s.cluster_mtbf_s,
+            "000 F4b",
+        ),
+        term(
+            "ckpt_size",
+            format!(
+                "P x (w + k) = {:.3e} x ({} + {}) B = {}",
+                job.model.params(),
+                job.precision.bytes(),
+                job.optimizer_bytes,
+                fmt_bytes(s.checkpoint_bytes)
+            ),
+            s.checkpoint_bytes,
+            "000 S03",
+        ),
+    ];
+    if let (Some(c), Some(y), Some(d), Some(w)) = (
+        s.checkpoint_write_s,
+        s.young_s,
+        s.daly_s,
+        s.overhead_at_optimum,
+    ) {
+        let m = s.cluster_mtbf_s;
+        t.push(term(
+            "young",
+            format!(
+                "tau* = sqrt(2 C M) = sqrt(2 x {} x {}) = {}",
+                fmt_time(c),
+                fmt_time(m),
+                fmt_time(y)
+            ),
+            y,
+            "000 F4, 004 eq. 28.24",
+        ));
+        t.push(term(
+            "daly",
+            format!(
+                "sqrt(2CM) [1 + sqrt(C/2M)/3 + (C/2M)/9] - C = {}",
+                fmt_time(d)
+            ),
+            d,
+            "Daly 2006 eq. 37",
+        ));
+        t.push(term(
+            "overhead",
+            format!(
+                "C/tau + tau/2M + R/M = {} / {} + {} / (2 x {}) + {} / {} = {:.2}%",
+                fmt_time(c),
+                fmt_time(y),
+                fmt_time(y),
+                fmt_time(m),
+                fmt_time(restart),
+                fmt_time(m),
+                w * 100.0
+            ),
+            w,
+            "004 eq. 28.23, 000 F4c",
+        ));
+    }
+    t
+}
+
+/// Where the evaluated layout's memory per device comes from.
+fn memory_terms(job: &Job, e: &Evaluation) -> Vec<Term> {
+    let mm = &e.memory;
+    let l = &e.layout;
+    vec![
+        term(
+            "mem_state",
+            format!(
+                "P_local = {:.3e} (tp {}, pp {}, ep {}); ZeRO-{} over dp {}: weights {} + grads {} + optimizer {} (w = g = {} B, k = {} B)",
+                mm.params_local,
+                l.tp,
+                l.pp,
+                l.ep,
+                l.zero as u8,
+                l.dp,
+                fmt_bytes(mm.weights),
+                fmt_bytes(mm.grads),
+                fmt_bytes(mm.optimizer),
+                job.precision.bytes(),
+                job.optimizer_bytes
+            ),
+            mm.weights + mm.grads + mm.optimizer,
+            "000 ZeRO: 2+2+K, 2+2+K/N, 2+(2+K)/N, (2+2+K)/N",
+        ),
+        term(
+            "mem_act",
+            format!(
+                "per layer s b h (34 + 5 a s / h) (/ t with SP; selective drops 5 a s / h, full keeps 2 s b h), {:?} recomputation, x layers per stage x micro-batches in flight on stage 0 = {}",
+                l.recompute,
+                fmt_bytes(mm.activations)
+            ),
+            mm.activations,
+            "000 §2.21; Korthikanti et al. 2022",
+        ),
+    ]
 }
 
 fn layout_cell(e: &Evaluation) -> String {
@@ -247,7 +374,7 @@ pub fn render(r: &Report, explain: bool) -> String {
         }
         if explain {
             let _ = writeln!(o, "\nformulas:");
-            for t in &e.terms {
+            for t in e.terms.iter().chain(&s.terms) {
                 let _ = writeln!(o, "  {:<10} {}   [{}]", t.name, t.formula, t.cite);
             }
         }

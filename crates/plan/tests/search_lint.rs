@@ -178,3 +178,40 @@ fn sweep_finds_cheapest_size_meeting_deadline() {
     assert!(!pts[0].meets_deadline);
     assert!(plan::sweep::render_sweep(&pts).contains("cheapest"));
 }
+
+#[test]
+fn explain_shows_reliability_checkpoint_and_memory_formulas_with_their_inputs() {
+    let mut jf = JobFile::preset("gpt3-175b", 1536);
+    jf.checkpoint = Some(CheckpointSpec {
+        interval_s: None,
+        write_s: Some(300.0),
+        window_s: None,
+        restart_s: 600.0,
+    });
+    let job = Job::from_file(&jf).unwrap();
+    let c = cluster("h100", 128);
+    let r = plan::report::plan(&job, &c, None).unwrap();
+    let names: Vec<&str> = r.summary.terms.iter().map(|t| t.name.as_str()).collect();
+    for n in [
+        "mtbf",
+        "ckpt_size",
+        "young",
+        "daly",
+        "overhead",
+        "mem_state",
+        "mem_act",
+    ] {
+        assert!(names.contains(&n), "{n} missing from {names:?}");
+    }
+    // 000 E56: 50,000 h / 1,024 devices = 48.83 h; Young's interval sqrt(2 x 300 s x M).
+    let mtbf = &r.summary.terms[0];
+    assert!((mtbf.value / 3600.0 - 48.828).abs() < 0.01, "{mtbf:?}");
+    let young = r.summary.terms.iter().find(|t| t.name == "young").unwrap();
+    assert!((young.value - (2.0 * 300.0 * mtbf.value).sqrt()).abs() < 1e-6);
+    let text = plan::report::render(&r, true);
+    assert!(
+        text.contains("tau* = sqrt(2 C M)") && text.contains("[000 F4b]"),
+        "{text}"
+    );
+    assert!(!plan::report::render(&r, false).contains("tau* = sqrt"));
+}
