@@ -198,6 +198,30 @@ fn opt<'a, T>(s: &'a [T], r: &Option<Range<usize>>) -> Option<&'a [T]> {
     r.as_ref().map(|r| &s[r.clone()])
 }
 
+/// A linear layer's weight gradients for its weight and bias at `w`/`b` inside
+/// `g`: `dW += doutᵀ · inp` (oc, c), `db += Σ_rows dout` (oc), with `dout` (n, oc) and
+/// `inp` (n, c). Shared with the tensor-parallel block.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_weight_grads<T: Real>(
+    th: &Threads,
+    g: &mut [T],
+    w: &Range<usize>,
+    b: &Option<Range<usize>>,
+    dout: &[T],
+    inp: &[T],
+    n: usize,
+    c: usize,
+    oc: usize,
+) {
+    match b {
+        Some(b) => {
+            let [gw, gb] = grads_mut(g, [w.clone(), b.clone()]);
+            matmul_bwd_weight(th, gw, Some(gb), dout, inp, n, c, oc);
+        }
+        None => matmul_bwd_weight(th, &mut g[w.clone()], None, dout, inp, n, c, oc),
+    }
+}
+
 /// Disjoint mutable views of several ranges of one gradient slice.
 fn grads_mut<T, const M: usize>(g: &mut [T], rs: [Range<usize>; M]) -> [&mut [T]; M] {
     g.get_disjoint_mut(rs)
@@ -216,8 +240,9 @@ impl Block {
     }
 
     /// The block's norm (LayerNorm or RMSNorm) forward, with its weight and
-    /// bias at `w`/`b` inside `p`. Also used for the model's final norm.
-    pub(crate) fn norm_fwd<T: Real>(
+    /// bias at `w`/`b` inside `p`. Also used for the model's final norm and by
+    /// the tensor-parallel block (norms are replicated there).
+    pub fn norm_fwd<T: Real>(
         &self,
         th: &Threads,
         d: &Dims,
@@ -347,7 +372,7 @@ impl Block {
         );
         timed!(
             "matmul.bwd_weight",
-            self.weight_grads(th, g, &l.fcp_w, &l.fcp_b, dx, a.act, n, d.f, c)
+            linear_weight_grads(th, g, &l.fcp_w, &l.fcp_b, dx, a.act, n, d.f, c)
         );
         let _p = scope("activation.bwd");
         match self.activation {
@@ -371,7 +396,7 @@ impl Block {
         );
         timed!(
             "matmul.bwd_weight",
-            self.weight_grads(th, g, &l.fc_w, &l.fc_b, s.dfch, a.ln2, n, c, d.fin)
+            linear_weight_grads(th, g, &l.fc_w, &l.fc_b, s.dfch, a.ln2, n, c, d.fin)
         );
         timed!(
             "norm.bwd",
@@ -386,7 +411,7 @@ impl Block {
         );
         timed!(
             "matmul.bwd_weight",
-            self.weight_grads(th, g, &l.proj_w, &l.proj_b, dx, a.atty, n, hd, c)
+            linear_weight_grads(th, g, &l.proj_w, &l.proj_b, dx, a.atty, n, hd, c)
         );
         timed!(
             "attention.bwd",
@@ -415,7 +440,7 @@ impl Block {
         );
         timed!(
             "matmul.bwd_weight",
-            self.weight_grads(th, g, &l.qkv_w, &l.qkv_b, s.dqkv, a.ln1, n, c, d.qkv)
+            linear_weight_grads(th, g, &l.qkv_w, &l.qkv_b, s.dqkv, a.ln1, n, c, d.qkv)
         );
         timed!(
             "norm.bwd",
@@ -443,31 +468,9 @@ impl Block {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn weight_grads<T: Real>(
-        &self,
-        th: &Threads,
-        g: &mut [T],
-        w: &Range<usize>,
-        b: &Option<Range<usize>>,
-        dout: &[T],
-        inp: &[T],
-        n: usize,
-        c: usize,
-        oc: usize,
-    ) {
-        match b {
-            Some(b) => {
-                let [gw, gb] = grads_mut(g, [w.clone(), b.clone()]);
-                matmul_bwd_weight(th, gw, Some(gb), dout, inp, n, c, oc);
-            }
-            None => matmul_bwd_weight(th, &mut g[w.clone()], None, dout, inp, n, c, oc),
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
     /// The norm's backward: `dx += norm'(dnorm)`, weight/bias gradients
     /// accumulate into `g` at `w`/`b`. Also used for the model's final norm.
-    pub(crate) fn norm_grads<T: Real>(
+    pub fn norm_grads<T: Real>(
         &self,
         th: &Threads,
         d: &Dims,

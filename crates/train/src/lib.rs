@@ -6,6 +6,7 @@
 //!   AdamW, schedule) with per-step metrics.
 //! - [`metrics`]: tokens/s and MFU against the measured GEMM peak.
 //! - [`pipeline`]: pipeline-parallel schedules (GPipe, 1F1B, interleaved) as checked action lists.
+//! - [`tensor`]: Megatron tensor parallelism of a block (column/row-parallel linears, f/g operators).
 //! - [`forecast`]: the planner's prediction of a step beside the measured one.
 pub mod checkpoint;
 pub mod config;
@@ -17,6 +18,7 @@ pub mod metrics;
 pub mod metrics_log;
 pub mod pipeline;
 pub mod source;
+pub mod tensor;
 pub mod trainer;
 pub mod zero;
 
