@@ -34,3 +34,4 @@ pub mod layout;
 pub mod model;
 pub mod profile;
 pub mod sample;
+pub mod stage;

@@ -89,25 +89,25 @@ impl ActLayout {
 
 /// A decoder sized for one batch shape, holding its activation arena.
 pub struct Model<T: Real> {
-    cfg: ModelConfig,
+    pub(crate) cfg: ModelConfig,
     layout: Layout,
-    dims: Dims,
+    pub(crate) dims: Dims,
     block: Block,
     rope: Option<RopeTable<T>>,
     recompute: Vec<bool>,
-    acts: ActLayout,
-    arena: Vec<T>,
+    pub(crate) acts: ActLayout,
+    pub(crate) arena: Vec<T>,
     scratch: Vec<T>,
-    dresid: Vec<T>,
-    tokens: Vec<u32>,
-    targets: Vec<u32>,
+    pub(crate) dresid: Vec<T>,
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) targets: Vec<u32>,
     /// Whether the forward in progress has targets.
-    want_targets: bool,
+    pub(crate) want_targets: bool,
     /// The loss of the last forward with targets.
-    loss: Option<f64>,
+    pub(crate) loss: Option<f64>,
     /// The next unit of the forward and of the backward in progress.
-    next_fwd: Option<Unit>,
-    next_bwd: Option<Unit>,
+    pub(crate) next_fwd: Option<Unit>,
+    pub(crate) next_bwd: Option<Unit>,
 }
 
 impl<T: Real> Model<T> {
@@ -205,7 +205,7 @@ impl<T: Real> Model<T> {
         &self.arena[self.acts.logits.clone()]
     }
 
-    fn check_len(&self, what: &'static str, got: usize, expected: usize) -> Result<()> {
+    pub(crate) fn check_len(&self, what: &'static str, got: usize, expected: usize) -> Result<()> {
         if got == expected {
             Ok(())
         } else {
@@ -217,7 +217,7 @@ impl<T: Real> Model<T> {
         }
     }
 
-    fn check_tokens(&self, what: &'static str, ids: &[u32]) -> Result<()> {
+    pub(crate) fn check_tokens(&self, what: &'static str, ids: &[u32]) -> Result<()> {
         self.check_len(what, ids.len(), self.dims.n)?;
         match ids.iter().position(|&id| id as usize >= self.cfg.vocab) {
             Some(pos) => Err(ModelError::Token {

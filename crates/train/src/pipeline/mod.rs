@@ -10,12 +10,15 @@
 //! - [`schedule`]: [`Action`], [`ScheduleKind`] and [`Schedule`], which generates GPipe, 1F1B
 //!   (Algorithm 1: warm-up, one-forward-one-backward, drain) and interleaved 1F1B, and
 //!   [`Schedule::check`], which replays the lists with blocking point-to-point semantics.
+//! - [`engine`]: [`PipelineStage`], one stage of a pipeline-parallel training run executing its
+//!   list with point-to-point sends of activations and gradients.
 //! - [`simulate`]: an event-driven timeline of a schedule for given per-stage compute times,
 //!   with the measured bubble fraction (000 F41: (p-1)/(m+p-1) for GPipe and 1F1B).
 //!
 //! Dimension legend: `p` stages, `m` micro-batches, `v` virtual stages (chunks per stage),
 //! `K = p * v` model chunks.
 mod check;
+pub mod engine;
 mod generate;
 pub mod schedule;
 pub mod simulate;
@@ -26,6 +29,7 @@ use thiserror::Error;
 
 use crate::error::TrainError;
 
+pub use engine::{PipeStats, PipelineStage};
 pub use schedule::{Action, Schedule, ScheduleKind};
 pub use simulate::{Span, Timeline};
 
