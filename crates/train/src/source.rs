@@ -63,6 +63,19 @@ enum Kind {
 }
 
 impl Source {
+    /// The source of `cfg`'s data for this rank's `share`, from the start (no resume): every
+    /// engine that draws the same batches on every rank passes `Share::whole(cfg.batch)`.
+    pub fn for_config(cfg: &crate::config::TrainConfig, share: Share) -> Result<Self> {
+        Self::new(
+            &cfg.data,
+            cfg.model.vocab,
+            cfg.seq_len,
+            share,
+            cfg.seed,
+            None,
+        )
+    }
+
     /// Build the source for `spec`, with a model vocabulary of `vocab`, for this rank's `share`;
     /// a token-dataset source continues from `resume` when given (the other sources ignore it).
     pub fn new(

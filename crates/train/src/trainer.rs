@@ -160,14 +160,7 @@ impl Trainer {
             .as_ref()
             .map(GradBuckets::group)
             .or(zero.as_ref().map(|z| z.group()));
-        let source = Source::new(
-            &cfg.data,
-            cfg.model.vocab,
-            cfg.seq_len,
-            share(&cfg, group),
-            cfg.seed,
-            None,
-        )?;
+        let source = Source::for_config(&cfg, share(&cfg, group))?;
         let n = cfg.micro_tokens();
         Ok(Self {
             grads: Window::new(params.len())?,

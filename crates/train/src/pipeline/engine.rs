@@ -253,14 +253,7 @@ impl PipelineStage {
                 .collect();
             updates.push((r.clone(), AdamW::new(cfg.adamw, r.len())?, decay));
         }
-        let source = Source::new(
-            &cfg.data,
-            cfg.model.vocab,
-            cfg.seq_len,
-            Share::whole(cfg.batch),
-            cfg.seed,
-            None,
-        )?;
+        let source = Source::for_config(&cfg, Share::whole(cfg.batch))?;
         let n = cfg.micro_tokens();
         Ok(Self {
             grads: vec![0f32; layout.total],

@@ -20,15 +20,25 @@
 //!
 //! - [`shard`]: which rows/columns of each tensor a rank keeps, and back.
 //! - [`block`]: [`TpBlock`], one block's forward and backward on a shard.
+//! - [`layout`]: [`TpLayout`], where a rank keeps the whole model in its flat buffers.
+//! - [`model`]: [`TpModel`], a whole decoder on one rank (embeddings and head replicated,
+//!   blocks sharded).
+//! - [`trainer`]: [`TpTrainer`], one rank of tensor-parallel training (clip, AdamW, schedule).
 use crate::error::Result;
 use comm::dtype::{Element, ReduceOp};
 use comm::group::ProcessGroup;
 
 pub mod block;
+pub mod layout;
+pub mod model;
 pub mod shard;
+pub mod trainer;
 
 pub use block::TpBlock;
+pub use layout::TpLayout;
+pub use model::TpModel;
 pub use shard::{TpShard, check_tp, gather};
+pub use trainer::{TP_ALL_REDUCE, TpTrainer};
 
 /// The one collective tensor parallelism needs: an element-wise sum of a
 /// buffer over the tensor-parallel group, every rank getting the result.

@@ -1,0 +1,293 @@
+//! [`TpTrainer`]: one rank of tensor-parallel training of a whole model (000 §2.15, F46–F47),
+//! the update [`crate::Trainer`] makes on the same global batch up to float summation order.
+//!
+//! - Data. Every rank of the group draws the same batches (the same [`Source`] and seed as one
+//!   process, [`Share::whole`]): tensor parallelism splits the model, not the batch.
+//! - Step. As [`crate::Trainer::step`]: gradients zeroed, forward and backward of each of the
+//!   `grad_accum` micro-batches summed, scaled by `1/grad_accum`, the global norm taken and
+//!   clipped to `grad_clip`, AdamW with the schedule's learning rate and weight decay on the
+//!   tensors one process decays ([`TpLayout::decay_ranges`]).
+//! - Global norm. Each rank sums the squares of the elements it counts
+//!   ([`TpLayout::norm_ranges`]: rank 0 its whole buffer, the others only their sharded
+//!   slices, so replicated tensors count once) in f64 with [`grad_sum_sq`]; the `tp` partials
+//!   are exchanged exactly (each slot one rank's value plus zeros) and summed in rank order, so
+//!   every rank gets the same norm. Not bit-identical to one process's norm (other blocks of
+//!   summation), within float tolerance of it.
+//! - Determinism. The blocks' all-reduces use a pinned algorithm ([`TP_ALL_REDUCE`]); the
+//!   norm's exchange and the gather are exact whatever the algorithm. So repeated runs are
+//!   bit-identical.
+//! - Replicas stay identical. Replicated tensors get identical gradients on every rank
+//!   ([`super::model`]), the same clip coefficient and the same element-wise AdamW, so they
+//!   stay bit-identical without communication.
+//! - Memory. Per rank: parameters, gradients and AdamW's two moments over `layout.total`
+//!   elements (16 B each in f32): `L·S + E + Hd` with `S` the block shard and `E`, `Hd` the
+//!   whole embeddings and head (replicated; the planner's vocabulary-parallel formula divides
+//!   them by `t`).
+use std::ops::Range;
+use std::time::Instant;
+
+use comm::ReduceOp;
+use comm::algo::Algo;
+use comm::group::{OpOptions, ProcessGroup};
+use model::Threads;
+use model::init::init_params;
+use model::optim::{AdamW, check_finite, clip_coef, grad_sum_sq, scale_grads};
+
+use super::TpComm;
+use super::layout::TpLayout;
+use super::model::TpModel;
+use super::shard::TpShard;
+use crate::config::TrainConfig;
+use crate::error::{Result, TrainError};
+use crate::grad::fetch;
+use crate::source::{Share, Source};
+use crate::trainer::{StateMemory, StepStats};
+
+/// The algorithm of the blocks' all-reduces, pinned. Left to itself the group picks one per
+/// op from its α-β model, which calibration measures anew in every run, so two runs could
+/// sum the tp partials in different orders; the ring's order is fixed by the ranks alone
+/// (and every rank receives the same reduced bytes), so repeated runs are bit-identical.
+pub const TP_ALL_REDUCE: Algo = Algo::Ring;
+
+/// The tensor-parallel group as a [`TpComm`] that also times its all-reduces.
+struct Timed<'a> {
+    group: &'a ProcessGroup,
+    seconds: f64,
+}
+
+impl TpComm<f32> for Timed<'_> {
+    fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<()> {
+        let t = Instant::now();
+        let opts = OpOptions {
+            algo: Some(TP_ALL_REDUCE),
+            timeout: None,
+        };
+        let r = self.group.all_reduce_with(buf, ReduceOp::Sum, &opts);
+        self.seconds += t.elapsed().as_secs_f64();
+        Ok(r?)
+    }
+}
+
+/// One rank of a tensor-parallel run over `group` (its size is the degree `tp`).
+pub struct TpTrainer {
+    cfg: TrainConfig,
+    group: ProcessGroup,
+    th: Threads,
+    model: TpModel,
+    /// This rank's flat parameters (length `layout.total`, see [`TpLayout`]).
+    params: Vec<f32>,
+    /// Their gradients (same length).
+    grads: Vec<f32>,
+    opt: AdamW,
+    decay: Vec<Range<usize>>,
+    norm_ranges: Vec<Range<usize>>,
+    source: Source,
+    inputs: Vec<u32>,
+    targets: Vec<u32>,
+    step: u64,
+}
+
+fn refuse(field: &'static str, value: &str, reason: &str) -> TrainError {
+    TrainError::Config {
+        field,
+        value: value.into(),
+        reason: reason.into(),
+    }
+}
+
+impl TpTrainer {
+    /// Rank `group.rank()` of a `group.size()`-way tensor-parallel run of `cfg`. Every rank
+    /// initialises the whole model from `cfg.seed` (as [`crate::Trainer::new`] does, whole
+    /// and transiently) and keeps its part.
+    ///
+    /// Errors, each naming the field: `tp` when the group size does not divide heads, kv_heads
+    /// or ffn ([`super::check_tp`]); `bf16` and `recompute` (not built for tensor
+    /// parallelism); any [`TrainConfig::validate`] error.
+    pub fn new(cfg: TrainConfig, group: ProcessGroup) -> Result<Self> {
+        cfg.validate()?;
+        if cfg.bf16 {
+            return Err(refuse(
+                "bf16",
+                "true",
+                "tensor-parallel ranks keep f32 state; bf16 with TP is not built yet",
+            ));
+        }
+        if cfg.recompute {
+            return Err(refuse(
+                "recompute",
+                "true",
+                "tensor-parallel blocks keep their activations; recompute with TP is not built yet",
+            ));
+        }
+        let (tp, rank) = (group.size(), group.rank());
+        let th = Threads::new(cfg.threads)?;
+        let model = TpModel::new(&cfg.model, tp, rank, cfg.batch, cfg.seq_len)?;
+        let layout = model.layout();
+        let mut whole = vec![0f32; layout.whole.total];
+        init_params(&cfg.model, &layout.whole, cfg.seed, &mut whole);
+        let mut params = vec![0f32; layout.total];
+        layout.shard_params(&whole, &mut params)?;
+        drop(whole);
+        let decay = layout.decay_ranges(cfg.decay_all)?;
+        let norm_ranges = layout.norm_ranges();
+        let opt = AdamW::new(cfg.adamw, params.len())?;
+        let source = Source::for_config(&cfg, Share::whole(cfg.batch))?;
+        let n = cfg.micro_tokens();
+        Ok(Self {
+            grads: vec![0f32; params.len()],
+            params,
+            opt,
+            decay,
+            norm_ranges,
+            source,
+            inputs: vec![0; n],
+            targets: vec![0; n],
+            step: 0,
+            model,
+            th,
+            group,
+            cfg,
+        })
+    }
+
+    /// The config.
+    pub fn config(&self) -> &TrainConfig {
+        &self.cfg
+    }
+
+    /// The tensor-parallel degree (the group's size).
+    pub fn tp(&self) -> usize {
+        self.group.size()
+    }
+
+    /// This rank's index in the group.
+    pub fn rank(&self) -> usize {
+        self.group.rank()
+    }
+
+    /// Where this rank keeps what in its flat buffers.
+    pub fn layout(&self) -> &TpLayout {
+        self.model.layout()
+    }
+
+    /// Steps completed.
+    pub fn steps_done(&self) -> u64 {
+        self.step
+    }
+
+    /// This rank's flat parameters (length `layout().total`): the replicated embeddings and
+    /// head and its block shards.
+    pub fn params_shard(&self) -> &[f32] {
+        &self.params
+    }
+
+    /// This rank's gradients of the last step, after scaling and clipping (length
+    /// `layout().total`).
+    pub fn grads_shard(&self) -> &[f32] {
+        &self.grads
+    }
+
+    /// The optimizer over this rank's flat state.
+    pub fn optimizer(&self) -> &AdamW {
+        &self.opt
+    }
+
+    /// The whole model's parameters in its [`model::layout::Layout`] order (length
+    /// `layout().whole.total`), assembled from every rank's buffer with an all-gather: block
+    /// shards from their ranks, replicated tensors from rank 0. A collective (every rank must
+    /// call it); exact copies.
+    pub fn gather_params(&self) -> Result<Vec<f32>> {
+        let layout = self.model.layout();
+        let (tp, len) = (self.tp(), layout.total);
+        let mut all = vec![0f32; tp * len];
+        self.group.all_gather(&self.params, &mut all)?;
+        let mut whole = vec![0f32; layout.whole.total];
+        let s = &layout.shard;
+        let d = &s.dims;
+        for (r, part) in all.chunks_exact(len).enumerate() {
+            let mut other = layout.clone();
+            other.shard = TpShard::new(&self.cfg.model, &s.whole, tp, r, d.b, d.t)?;
+            other.unshard_params(part, &mut whole)?;
+        }
+        Ok(whole)
+    }
+
+    /// Resident bytes of this rank's training state: its flat parameters, gradients and
+    /// AdamW's two moments (`layout().total` f32 elements each; activations excluded).
+    pub fn state_memory(&self) -> StateMemory {
+        let (m, v) = self.opt.moments();
+        StateMemory {
+            params: 4 * self.params.len(),
+            grads: 4 * self.grads.len(),
+            optimizer: 4 * (m.len() + v.len()),
+            comm_buffers: 0,
+        }
+    }
+
+    /// The squared global gradient norm over the whole model, every element counted once;
+    /// the same value on every rank.
+    fn global_sum_sq(&self) -> Result<f64> {
+        let mine = self.norm_ranges.iter().fold(0.0, |a, r| {
+            a + grad_sum_sq(&self.th, &self.grads[r.clone()])
+        });
+        let mut slots = vec![0f64; self.tp()];
+        slots[self.rank()] = mine;
+        self.group.all_reduce(&mut slots, ReduceOp::Sum)?;
+        Ok(slots.iter().sum())
+    }
+
+    /// One optimizer step on the next `grad_accum` micro-batches (the same on every rank);
+    /// every rank must call it. A non-finite loss or gradient norm is an error naming the
+    /// step, with the parameters left as they were. `comm_seconds` is the time spent in the
+    /// blocks' all-reduces (all exposed: nothing overlaps them yet).
+    pub fn step(&mut self) -> Result<StepStats> {
+        let step = self.step + 1;
+        let t0 = Instant::now();
+        let count = self.cfg.grad_accum.max(1);
+        self.grads.fill(0.0);
+        let mut comm = Timed {
+            group: &self.group,
+            seconds: 0.0,
+        };
+        let (mut loss_sum, mut data_seconds) = (0.0f64, 0.0f64);
+        for _ in 0..count {
+            data_seconds += fetch(&mut self.source, &mut self.inputs, &mut self.targets)?;
+            let loss = self.model.forward(
+                &self.th,
+                &self.params,
+                &self.inputs,
+                &self.targets,
+                &mut comm,
+            )?;
+            check_finite("loss", step, loss)?;
+            loss_sum += loss;
+            self.model
+                .backward(&self.th, &self.params, &mut self.grads, &mut comm)?;
+        }
+        let comm_seconds = comm.seconds;
+        let loss = loss_sum / count as f64;
+        if count > 1 {
+            let scale = 1.0 / count as f32;
+            self.grads.iter_mut().for_each(|g| *g *= scale);
+        }
+        let norm = self.global_sum_sq()?.sqrt();
+        check_finite("gradient norm", step, norm)?;
+        if let Some(c) = self.cfg.grad_clip.and_then(|max| clip_coef(norm, max)) {
+            scale_grads(&self.th, &mut self.grads, c);
+        }
+        let lr = self.cfg.schedule.lr_at(self.cfg.lr, self.step);
+        self.opt
+            .step(&self.th, &mut self.params, &self.grads, lr, &self.decay)?;
+        self.step = step;
+        Ok(StepStats {
+            step,
+            loss,
+            lr,
+            grad_norm: norm,
+            tokens: self.cfg.tokens_per_step(),
+            seconds: t0.elapsed().as_secs_f64() - data_seconds,
+            data_seconds,
+            comm_seconds,
+        })
+    }
+}
