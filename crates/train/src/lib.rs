@@ -7,11 +7,13 @@
 //! - [`metrics`]: tokens/s and MFU against the measured GEMM peak.
 //! - [`pipeline`]: pipeline-parallel schedules (GPipe, 1F1B, interleaved) as checked action lists.
 //! - [`tensor`]: Megatron tensor parallelism of a block (column/row-parallel linears, f/g operators).
+//! - [`expert`]: expert parallelism (MoE router, capacity, all-to-all dispatch/combine).
 //! - [`forecast`]: the planner's prediction of a step beside the measured one.
 pub mod checkpoint;
 pub mod config;
 pub mod ddp;
 pub mod error;
+pub mod expert;
 pub mod forecast;
 mod grad;
 pub mod metrics;
