@@ -24,7 +24,11 @@
 //!   with the schedule's learning rate: the update [`crate::Trainer`] makes with
 //!   `grad_accum = m` on the same batches (Algorithm 1 step 8: one optimizer step after all
 //!   `m` backwards). Every stage draws the same batches from its own copy of the data source:
-//!   the first stage reads the tokens, the last the targets.
+//!   the first stage reads the tokens, the last the targets. The update is in `pipeline::update`.
+//! - Data parallelism (DP x PP, 000 §2.20; "3D 训练循环"): with a data-parallel group
+//!   ([`PipelineStage::with_data_parallel`], [`PipelineStage::on_mesh`]) each replica of the
+//!   pipeline draws its own `cfg.batch` rows of every global batch, and the gradients are summed
+//!   over the replicas before the norm; the step is a data-parallel `Trainer`'s.
 use std::collections::HashMap;
 use std::ops::Range;
 use std::time::Instant;
@@ -32,16 +36,17 @@ use std::time::Instant;
 use comm::ReduceOp;
 use comm::group::ProcessGroup;
 use model::Threads;
-use model::init::init_params;
 use model::layout::{Layout, Unit};
 use model::model::Model;
-use model::optim::clip::NORM_BLOCK;
-use model::optim::{AdamW, check_finite, clip_coef, grad_sum_sq, scale_grads};
+use model::optim::check_finite;
 
-use super::{Action, Schedule, ScheduleKind};
+use super::build::{Chunk, config_err};
+use super::update::Update;
+use super::{Action, Schedule};
 use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
-use crate::source::{Share, Source};
+use crate::source::Source;
+use crate::zero::Stage;
 
 /// What one pipeline step did, as seen by one stage.
 #[derive(Clone, Copy, Debug)]
@@ -72,210 +77,44 @@ impl PipeStats {
     }
 }
 
-/// One local chunk: model chunk `index`, its units in forward order and its parameter range.
-#[derive(Clone, Debug)]
-struct Chunk {
-    units: Vec<Unit>,
-    range: Range<usize>,
-}
-
-/// The model chunks' units for `layers` blocks cut into `k` chunks of equal block counts.
-fn chunk_units(layers: usize, k: usize, index: usize) -> Vec<Unit> {
-    let (a, b) = (index * layers / k, (index + 1) * layers / k);
-    let mut units = Vec::with_capacity(b - a + 2);
-    if index == 0 {
-        units.push(Unit::Embed);
-    }
-    units.extend((a..b).map(Unit::Block));
-    if index + 1 == k {
-        units.push(Unit::Head);
-    }
-    units
-}
-
-/// Peak number of micro-batches with a forward begun (local chunk 0) and the backward not yet
-/// finished (local chunk 0) in `list`: the [`Model`]s a stage needs (at least 1). Counts
-/// micro-batches, not (micro-batch, chunk) pairs as [`Schedule::max_in_flight`] does, since one
-/// model holds all of a micro-batch's chunks on the stage.
-fn microbatches_in_flight(list: &[Action]) -> usize {
-    let (mut now, mut peak) = (0usize, 1usize);
-    for a in list {
-        match *a {
-            Action::Forward { chunk: 0, .. } => {
-                now += 1;
-                peak = peak.max(now);
-            }
-            Action::Backward { chunk: 0, .. } => now = now.saturating_sub(1),
-            _ => {}
-        }
-    }
-    peak
-}
-
 /// One stage of a pipeline-parallel run over a group of `p` ranks (rank `s` = stage `s`).
 pub struct PipelineStage {
-    cfg: TrainConfig,
-    group: ProcessGroup,
-    schedule: Schedule,
-    th: Threads,
-    layout: Layout,
+    pub(super) cfg: TrainConfig,
+    /// The pipeline: group rank `s` runs stage `s`.
+    pub(super) group: ProcessGroup,
+    /// The data-parallel group of this stage's replicas (same stage, other pipelines).
+    pub(super) dp: Option<ProcessGroup>,
+    pub(super) schedule: Schedule,
+    pub(super) th: Threads,
+    pub(super) layout: Layout,
     /// The whole flat parameter buffer; only the update ranges are kept current.
-    params: Vec<f32>,
+    pub(super) params: Vec<f32>,
     /// The whole flat gradient buffer; only this stage's ranges are written.
-    grads: Vec<f32>,
+    pub(super) grads: Vec<f32>,
     /// Local chunks, `0..v`.
-    chunks: Vec<Chunk>,
-    /// Ranges this stage updates, each with its optimizer and decay ranges (relative).
-    updates: Vec<(Range<usize>, AdamW, Vec<Range<usize>>)>,
+    pub(super) chunks: Vec<Chunk>,
+    /// Ranges this stage updates, each with its (possibly ZeRO-1 sharded) optimizer.
+    pub(super) updates: Vec<Update>,
+    /// Whether the optimizer state is sharded over the data-parallel group (ZeRO-1).
+    pub(super) zero: bool,
     /// Ranges whose gradient norm this stage counts (each element on exactly one stage).
-    norm_ranges: Vec<Range<usize>>,
+    pub(super) norm_ranges: Vec<Range<usize>>,
     /// Where model chunks start in the flat buffer (all stages' chunks, the first excluded).
-    cuts: Vec<usize>,
+    pub(super) cuts: Vec<usize>,
     /// `wte`'s range, when tied embeddings span the first and last stages.
-    tied: Option<Range<usize>>,
+    pub(super) tied: Option<Range<usize>>,
     /// One model per micro-batch in flight.
-    slots: Vec<Model<f32>>,
-    source: Source,
+    pub(super) slots: Vec<Model<f32>>,
+    /// This replica's share of the data stream (the same batches on every stage).
+    pub(super) source: Source,
     /// Per micro-batch inputs and targets (m, N).
-    inputs: Vec<Vec<u32>>,
-    targets: Vec<Vec<u32>>,
-    step: u64,
-}
-
-fn config_err(field: &'static str, value: impl ToString, reason: String) -> TrainError {
-    TrainError::Config {
-        field,
-        value: value.to_string(),
-        reason,
-    }
-}
-
-fn intersect(a: &Range<usize>, b: &Range<usize>) -> Option<Range<usize>> {
-    let r = a.start.max(b.start)..a.end.min(b.end);
-    (r.start < r.end).then_some(r)
+    pub(super) inputs: Vec<Vec<u32>>,
+    pub(super) targets: Vec<Vec<u32>>,
+    /// Steps completed.
+    pub(super) step: u64,
 }
 
 impl PipelineStage {
-    /// Stage `group.rank()` of a `stages`-stage pipeline running `kind` over
-    /// `m = cfg.grad_accum` micro-batches of `cfg.batch` sequences per step. Every stage
-    /// initialises the whole model from `cfg.seed` (so the chunks start as one process's) and
-    /// builds the same data source.
-    ///
-    /// Errors, each naming the field: `pipeline_stages` when the group has another size or
-    /// there are more chunks (`stages * v`) than blocks; `microbatches` when the schedule
-    /// refuses `m` (interleaved needs `m % stages == 0`); `bf16` (not built for pipelines);
-    /// any [`TrainConfig::validate`] error.
-    pub fn new(
-        cfg: TrainConfig,
-        group: ProcessGroup,
-        stages: usize,
-        kind: ScheduleKind,
-    ) -> Result<Self> {
-        cfg.validate()?;
-        if group.size() != stages {
-            return Err(config_err(
-                "pipeline_stages",
-                stages,
-                format!(
-                    "the pipeline group has {} ranks; it needs one per stage",
-                    group.size()
-                ),
-            ));
-        }
-        if cfg.bf16 {
-            return Err(config_err(
-                "bf16",
-                "true",
-                "pipeline stages keep f32 state; bf16 with pipelines is not built yet".into(),
-            ));
-        }
-        let v = kind.virtual_stages();
-        let layers = cfg.model.layers;
-        let k = stages.saturating_mul(v.max(1));
-        if k > layers {
-            return Err(config_err(
-                "pipeline_stages",
-                stages,
-                format!(
-                    "{stages} stages x {v} chunks = {k} chunks, but the model has only {layers} \
-                     blocks (every chunk needs at least one)"
-                ),
-            ));
-        }
-        let m = cfg.grad_accum;
-        let schedule = Schedule::new(kind, stages, m)?;
-        let s = group.rank();
-        let th = Threads::new(cfg.threads)?;
-        let slots_needed = microbatches_in_flight(schedule.actions(s).unwrap_or(&[]));
-        let mut slots = Vec::with_capacity(slots_needed);
-        for _ in 0..slots_needed {
-            slots.push(Model::<f32>::new(
-                &cfg.model,
-                cfg.batch,
-                cfg.seq_len,
-                cfg.recompute,
-            )?);
-        }
-        let layout = slots[0].layout().clone();
-        let mut params = vec![0f32; layout.total];
-        init_params(&cfg.model, &layout, cfg.seed, &mut params);
-        let chunks: Vec<Chunk> = (0..v)
-            .map(|c| {
-                let units = chunk_units(layers, k, c * stages + s);
-                let first = layout.unit_range(units[0]).start;
-                let last = layout
-                    .unit_range(*units.last().expect("a chunk has a block"))
-                    .end;
-                Chunk {
-                    units,
-                    range: first..last,
-                }
-            })
-            .collect();
-        let cuts = (1..k)
-            .map(|i| layout.unit_range(chunk_units(layers, k, i)[0]).start)
-            .collect();
-        let tied = (cfg.model.tied_embeddings && stages > 1).then(|| layout.wte.clone());
-        let norm_ranges: Vec<Range<usize>> = chunks.iter().map(|c| c.range.clone()).collect();
-        let mut update_ranges = norm_ranges.clone();
-        if let Some(wte) = &tied
-            && s + 1 == stages
-        {
-            update_ranges.push(wte.clone());
-        }
-        let decay_all = layout.decay_ranges(cfg.decay_all);
-        let mut updates = Vec::with_capacity(update_ranges.len());
-        for r in update_ranges {
-            let decay = decay_all
-                .iter()
-                .filter_map(|d| intersect(d, &r))
-                .map(|d| d.start - r.start..d.end - r.start)
-                .collect();
-            updates.push((r.clone(), AdamW::new(cfg.adamw, r.len())?, decay));
-        }
-        let source = Source::for_config(&cfg, Share::whole(cfg.batch))?;
-        let n = cfg.micro_tokens();
-        Ok(Self {
-            grads: vec![0f32; layout.total],
-            params,
-            layout,
-            chunks,
-            updates,
-            norm_ranges,
-            cuts,
-            tied,
-            slots,
-            source,
-            inputs: vec![vec![0; n]; m],
-            targets: vec![vec![0; n]; m],
-            step: 0,
-            schedule,
-            th,
-            group,
-            cfg,
-        })
-    }
-
     /// The schedule this stage runs its part of.
     pub fn schedule(&self) -> &Schedule {
         &self.schedule
@@ -284,6 +123,28 @@ impl PipelineStage {
     /// The parameter layout (whole model).
     pub fn layout(&self) -> &Layout {
         &self.layout
+    }
+
+    /// Data-parallel replicas of the pipeline (1 without a data-parallel group).
+    pub fn replicas(&self) -> usize {
+        self.dp.as_ref().map_or(1, ProcessGroup::size)
+    }
+
+    /// This stage's replica (its rank in the data-parallel group; 0 without one).
+    pub fn replica(&self) -> usize {
+        self.dp.as_ref().map_or(0, ProcessGroup::rank)
+    }
+
+    /// The ZeRO stage over the data-parallel group (`None`: every replica holds the whole
+    /// optimizer state of its ranges).
+    pub fn zero_stage(&self) -> Option<Stage> {
+        self.zero.then_some(Stage::One)
+    }
+
+    /// AdamW moment elements this stage keeps per moment (its ranges' lengths, divided over
+    /// the replicas under ZeRO-1).
+    pub fn optimizer_len(&self) -> usize {
+        self.updates.iter().map(|u| u.shard.len()).sum()
     }
 
     /// This stage's index (its rank in the pipeline group).
@@ -471,6 +332,12 @@ impl PipelineStage {
         let mut loss = [0f64];
         if self.stage() == last_stage {
             loss[0] = losses.iter().fold(0.0, |a, &l| a + l) / m as f64;
+            // The mean over the replicas, as `GradBuckets::mean` (every member of this dp
+            // group is a last stage).
+            if let Some(dp) = self.dp.as_ref().filter(|d| d.size() > 1) {
+                dp.all_reduce(&mut loss, ReduceOp::Sum)?;
+                loss[0] /= dp.size() as f64;
+            }
         }
         self.group.broadcast(&mut loss, last_stage)?;
         let loss = loss[0];
@@ -487,88 +354,5 @@ impl PipelineStage {
             compute_seconds: compute,
             wait_seconds: wait,
         })
-    }
-
-    /// The squared global gradient norm, bit-identical to [`grad_sum_sq`] over one process's
-    /// whole buffer: the same [`NORM_BLOCK`] blocks are summed in the same order. A block
-    /// inside one stage's ranges is summed by that stage; a block a chunk boundary cuts is
-    /// assembled by an all-reduce of its pieces (each element from one stage, the rest zeros,
-    /// so exactly) and summed by stage 0; the block sums are all-reduced the same way.
-    fn global_sum_sq(&self) -> Result<f64> {
-        let total = self.grads.len();
-        let blocks = total.div_ceil(NORM_BLOCK);
-        let block = |b: usize| b * NORM_BLOCK..((b + 1) * NORM_BLOCK).min(total);
-        let mut shared: Vec<usize> = self
-            .cuts
-            .iter()
-            .filter(|&&c| !c.is_multiple_of(NORM_BLOCK))
-            .map(|&c| c / NORM_BLOCK)
-            .collect();
-        shared.dedup();
-        let mut partial = vec![0f64; blocks];
-        if !shared.is_empty() {
-            let mut buf = vec![0f32; shared.len() * NORM_BLOCK];
-            for (j, &b) in shared.iter().enumerate() {
-                let br = block(b);
-                for r in &self.norm_ranges {
-                    if let Some(x) = intersect(r, &br) {
-                        let at = j * NORM_BLOCK + x.start - br.start;
-                        buf[at..at + x.len()].copy_from_slice(&self.grads[x]);
-                    }
-                }
-            }
-            self.group.all_reduce(&mut buf, ReduceOp::Sum)?;
-            if self.stage() == 0 {
-                for (j, &b) in shared.iter().enumerate() {
-                    let at = j * NORM_BLOCK;
-                    partial[b] = grad_sum_sq(&self.th, &buf[at..at + block(b).len()]);
-                }
-            }
-        }
-        for r in &self.norm_ranges {
-            let first = r.start / NORM_BLOCK;
-            let mine = &mut partial[first..r.end.div_ceil(NORM_BLOCK)];
-            for (b, p) in (first..).zip(mine) {
-                if shared.binary_search(&b).is_err() {
-                    *p = grad_sum_sq(&self.th, &self.grads[block(b)]);
-                }
-            }
-        }
-        self.group.all_reduce(&mut partial, ReduceOp::Sum)?;
-        Ok(partial.iter().sum::<f64>())
-    }
-
-    /// Tied-embedding reduction, 1/m scaling, global-norm clipping and AdamW on this stage's
-    /// ranges; returns the norm before clipping and the learning rate.
-    fn update(&mut self, step: u64, m: usize) -> Result<(f64, f32)> {
-        if let Some(wte) = &self.tied {
-            // Middle stages contribute zeros, so the sum is the first and last stages' exactly.
-            self.group
-                .all_reduce(&mut self.grads[wte.clone()], ReduceOp::Sum)?;
-        }
-        let scale = 1.0 / m as f32;
-        if m > 1 {
-            for (r, _, _) in &self.updates {
-                scale_grads(&self.th, &mut self.grads[r.clone()], scale);
-            }
-        }
-        let norm = self.global_sum_sq()?.sqrt();
-        check_finite("gradient norm", step, norm)?;
-        if let Some(c) = self.cfg.grad_clip.and_then(|max| clip_coef(norm, max)) {
-            for (r, _, _) in &self.updates {
-                scale_grads(&self.th, &mut self.grads[r.clone()], c);
-            }
-        }
-        let lr = self.cfg.schedule.lr_at(self.cfg.lr, self.step);
-        for (r, opt, decay) in &mut self.updates {
-            opt.step(
-                &self.th,
-                &mut self.params[r.clone()],
-                &self.grads[r.clone()],
-                lr,
-                &decay[..],
-            )?;
-        }
-        Ok((norm, lr))
     }
 }

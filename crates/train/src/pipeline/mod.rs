@@ -11,12 +11,15 @@
 //!   (Algorithm 1: warm-up, one-forward-one-backward, drain) and interleaved 1F1B, and
 //!   [`Schedule::check`], which replays the lists with blocking point-to-point semantics.
 //! - [`engine`]: [`PipelineStage`], one stage of a pipeline-parallel training run executing its
-//!   list with point-to-point sends of activations and gradients.
+//!   list with point-to-point sends of activations and gradients, alone or as one of several
+//!   data-parallel replicas (DP x PP, optionally ZeRO-1); its construction and layout checks
+//!   are in `build`, its optimizer half (reductions, norm, AdamW) in `update`.
 //! - [`simulate`]: an event-driven timeline of a schedule for given per-stage compute times,
 //!   with the measured bubble fraction (000 F41: (p-1)/(m+p-1) for GPipe and 1F1B).
 //!
 //! Dimension legend: `p` stages, `m` micro-batches, `v` virtual stages (chunks per stage),
 //! `K = p * v` model chunks.
+mod build;
 mod check;
 pub mod engine;
 mod generate;
@@ -24,6 +27,7 @@ pub mod schedule;
 pub mod simulate;
 #[cfg(test)]
 mod tests;
+mod update;
 
 use thiserror::Error;
 

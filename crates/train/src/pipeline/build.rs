@@ -1,0 +1,324 @@
+//! Building a pipeline stage ([`super::engine`]): the partition of the blocks into chunks,
+//! the checks of the layout (each error naming its field), the optimizer ranges and, with
+//! data parallelism (000 §2.20 hybrid parallelism; "3D 训练循环"), the replica's data share and
+//! the agreement of the replicas.
+use std::ops::Range;
+
+use comm::group::ProcessGroup;
+use comm::mesh::DeviceMesh;
+use model::Threads;
+use model::init::init_params;
+use model::layout::Unit;
+use model::model::Model;
+
+use super::engine::PipelineStage;
+use super::update::Update;
+use super::{Action, Schedule, ScheduleKind};
+use crate::config::TrainConfig;
+use crate::error::{Result, TrainError};
+use crate::source::{Share, Source};
+use crate::zero::Stage;
+
+/// One local chunk: model chunk `index`, its units in forward order and its parameter range.
+#[derive(Clone, Debug)]
+pub(super) struct Chunk {
+    pub(super) units: Vec<Unit>,
+    pub(super) range: Range<usize>,
+}
+
+/// The model chunks' units for `layers` blocks cut into `k` chunks of equal block counts.
+fn chunk_units(layers: usize, k: usize, index: usize) -> Vec<Unit> {
+    let (a, b) = (index * layers / k, (index + 1) * layers / k);
+    let mut units = Vec::with_capacity(b - a + 2);
+    if index == 0 {
+        units.push(Unit::Embed);
+    }
+    units.extend((a..b).map(Unit::Block));
+    if index + 1 == k {
+        units.push(Unit::Head);
+    }
+    units
+}
+
+/// Peak number of micro-batches with a forward begun (local chunk 0) and the backward not yet
+/// finished (local chunk 0) in `list`: the [`Model`]s a stage needs (at least 1). Counts
+/// micro-batches, not (micro-batch, chunk) pairs as [`Schedule::max_in_flight`] does, since one
+/// model holds all of a micro-batch's chunks on the stage.
+fn microbatches_in_flight(list: &[Action]) -> usize {
+    let (mut now, mut peak) = (0usize, 1usize);
+    for a in list {
+        match *a {
+            Action::Forward { chunk: 0, .. } => {
+                now += 1;
+                peak = peak.max(now);
+            }
+            Action::Backward { chunk: 0, .. } => now = now.saturating_sub(1),
+            _ => {}
+        }
+    }
+    peak
+}
+
+pub(super) fn config_err(field: &'static str, value: impl ToString, reason: String) -> TrainError {
+    TrainError::Config {
+        field,
+        value: value.to_string(),
+        reason,
+    }
+}
+
+pub(super) fn intersect(a: &Range<usize>, b: &Range<usize>) -> Option<Range<usize>> {
+    let r = a.start.max(b.start)..a.end.min(b.end);
+    (r.start < r.end).then_some(r)
+}
+
+/// Checks (collectively over `dp`) that every replica runs the same stage of the same pipeline
+/// on the same micro-batches, sharded alike, so that their gradient reductions pair up; an error naming
+/// `data_parallel` on every member otherwise (they all see the same gathered values).
+fn agree_across_replicas(
+    dp: &ProcessGroup,
+    cfg: &TrainConfig,
+    stage: usize,
+    stages: usize,
+    kind: ScheduleKind,
+    zero: bool,
+) -> Result<()> {
+    let kind_id = match kind {
+        ScheduleKind::GPipe => 0,
+        ScheduleKind::OneFOneB => 1,
+        ScheduleKind::Interleaved { virtual_stages } => 1 + virtual_stages,
+    };
+    let mine = [
+        stage,
+        stages,
+        kind_id,
+        cfg.grad_accum,
+        cfg.batch,
+        cfg.model.layers,
+        usize::from(zero),
+    ]
+    .map(|x| i64::try_from(x).unwrap_or(i64::MAX));
+    let mut all = vec![0i64; mine.len() * dp.size()];
+    dp.all_gather(&mine, &mut all)?;
+    match all.chunks(mine.len()).position(|c| c != mine) {
+        None => Ok(()),
+        Some(r) => Err(config_err(
+            "data_parallel",
+            dp.size(),
+            format!(
+                "replica {r} runs (stage, stages, schedule, microbatches, batch, layers, zero) = \
+                 {:?}, replica {} runs {mine:?}: every replica must run the same stage of the \
+                 same pipeline",
+                &all[r * mine.len()..(r + 1) * mine.len()],
+                dp.rank()
+            ),
+        )),
+    }
+}
+
+impl PipelineStage {
+    /// Stage `group.rank()` of a `stages`-stage pipeline running `kind` over
+    /// `m = cfg.grad_accum` micro-batches of `cfg.batch` sequences per step. Every stage
+    /// initialises the whole model from `cfg.seed` (so the chunks start as one process's) and
+    /// builds the same data source.
+    ///
+    /// Errors, each naming the field: `pipeline_stages` when the group has another size or
+    /// there are more chunks (`stages * v`) than blocks; `microbatches` when the schedule
+    /// refuses `m` (interleaved needs `m % stages == 0`); `bf16` (not built for pipelines);
+    /// any [`TrainConfig::validate`] error.
+    pub fn new(
+        cfg: TrainConfig,
+        group: ProcessGroup,
+        stages: usize,
+        kind: ScheduleKind,
+    ) -> Result<Self> {
+        Self::build(cfg, group, stages, None, kind, false)
+    }
+
+    /// Stage `pp.rank()` of one of `dp.size()` data-parallel replicas of a `pp.size()`-stage
+    /// pipeline (DP x PP, 000 §2.20 hybrid parallelism; "3D 训练循环"): replica `dp.rank()`
+    /// trains on its `cfg.batch` rows of every micro-batch's global batch of
+    /// `cfg.batch x dp.size()` rows (the rows a data-parallel [`crate::Trainer`] rank of that
+    /// index takes), runs the schedule within its pipeline, then sums its ranges' gradients
+    /// over `dp` and scales them by `(1/m) / d` (`pipeline::update`). The loss reported is the
+    /// mean over the replicas. Ends where a data-parallel `Trainer` on `d` ranks with
+    /// `grad_accum = m` ends. `pp` must hold one rank per stage; every member of `dp` must run
+    /// the same stage with the same schedule, `m`, batch and depth (checked collectively over
+    /// `dp`: an error naming `data_parallel` otherwise). Other errors as [`PipelineStage::new`].
+    pub fn with_data_parallel(
+        cfg: TrainConfig,
+        pp: ProcessGroup,
+        dp: ProcessGroup,
+        kind: ScheduleKind,
+    ) -> Result<Self> {
+        let stages = pp.size();
+        Self::build(cfg, pp, stages, Some(dp), kind, false)
+    }
+
+    /// [`PipelineStage::with_data_parallel`] with ZeRO `stage` over `dp` inside each pipeline
+    /// stage (000 §2.20: ZeRO composes with PP along the DP axis). Stage 1 is built: each
+    /// replica keeps AdamW moments for `1/d` of every range it updates (a contiguous shard),
+    /// steps only that shard after the all-reduce and norm, and the shards are all-gathered
+    /// back; AdamW is elementwise, so the parameters are bit-identical to the unsharded run.
+    /// Errors naming `zero_stage` for stages 2 and 3 (not built with pipelines yet), else as
+    /// `with_data_parallel`.
+    pub fn with_zero(
+        cfg: TrainConfig,
+        pp: ProcessGroup,
+        dp: ProcessGroup,
+        kind: ScheduleKind,
+        stage: Stage,
+    ) -> Result<Self> {
+        if stage != Stage::One {
+            return Err(config_err(
+                "zero_stage",
+                stage.number(),
+                "pipelines shard only the optimizer state (ZeRO-1) so far".into(),
+            ));
+        }
+        let stages = pp.size();
+        Self::build(cfg, pp, stages, Some(dp), kind, true)
+    }
+
+    /// [`PipelineStage::with_data_parallel`] over a device mesh's pipeline and data-parallel
+    /// groups. Errors naming `tensor_parallel` or `expert_parallel` when the mesh has `tp > 1`
+    /// or `ep > 1` (not composed with pipelines yet), else as `with_data_parallel`.
+    pub fn on_mesh(cfg: TrainConfig, mesh: &DeviceMesh, kind: ScheduleKind) -> Result<Self> {
+        let shape = mesh.shape();
+        for (field, n) in [("tensor_parallel", shape.tp), ("expert_parallel", shape.ep)] {
+            if n > 1 {
+                return Err(config_err(
+                    field,
+                    n,
+                    format!("mesh {shape}: only dp x pp meshes run pipelines so far"),
+                ));
+            }
+        }
+        Self::with_data_parallel(cfg, mesh.pp().clone(), mesh.dp().clone(), kind)
+    }
+
+    fn build(
+        cfg: TrainConfig,
+        group: ProcessGroup,
+        stages: usize,
+        dp: Option<ProcessGroup>,
+        kind: ScheduleKind,
+        zero: bool,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        if group.size() != stages {
+            return Err(config_err(
+                "pipeline_stages",
+                stages,
+                format!(
+                    "the pipeline group has {} ranks; it needs one per stage",
+                    group.size()
+                ),
+            ));
+        }
+        if cfg.bf16 {
+            return Err(config_err(
+                "bf16",
+                "true",
+                "pipeline stages keep f32 state; bf16 with pipelines is not built yet".into(),
+            ));
+        }
+        let v = kind.virtual_stages();
+        let layers = cfg.model.layers;
+        let k = stages.saturating_mul(v.max(1));
+        if k > layers {
+            return Err(config_err(
+                "pipeline_stages",
+                stages,
+                format!(
+                    "{stages} stages x {v} chunks = {k} chunks, but the model has only {layers} \
+                     blocks (every chunk needs at least one)"
+                ),
+            ));
+        }
+        let m = cfg.grad_accum;
+        let schedule = Schedule::new(kind, stages, m)?;
+        let s = group.rank();
+        if let Some(dp) = dp.as_ref().filter(|d| d.size() > 1) {
+            agree_across_replicas(dp, &cfg, s, stages, kind, zero)?;
+        }
+        let th = Threads::new(cfg.threads)?;
+        let slots_needed = microbatches_in_flight(schedule.actions(s).unwrap_or(&[]));
+        let mut slots = Vec::with_capacity(slots_needed);
+        for _ in 0..slots_needed {
+            slots.push(Model::<f32>::new(
+                &cfg.model,
+                cfg.batch,
+                cfg.seq_len,
+                cfg.recompute,
+            )?);
+        }
+        let layout = slots[0].layout().clone();
+        let mut params = vec![0f32; layout.total];
+        init_params(&cfg.model, &layout, cfg.seed, &mut params);
+        let chunks: Vec<Chunk> = (0..v)
+            .map(|c| {
+                let units = chunk_units(layers, k, c * stages + s);
+                let first = layout.unit_range(units[0]).start;
+                let last = layout
+                    .unit_range(*units.last().expect("a chunk has a block"))
+                    .end;
+                Chunk {
+                    units,
+                    range: first..last,
+                }
+            })
+            .collect();
+        let cuts = (1..k)
+            .map(|i| layout.unit_range(chunk_units(layers, k, i)[0]).start)
+            .collect();
+        let tied = (cfg.model.tied_embeddings && stages > 1).then(|| layout.wte.clone());
+        let norm_ranges: Vec<Range<usize>> = chunks.iter().map(|c| c.range.clone()).collect();
+        let mut update_ranges = norm_ranges.clone();
+        if let Some(wte) = &tied
+            && s + 1 == stages
+        {
+            update_ranges.push(wte.clone());
+        }
+        let decay_all = layout.decay_ranges(cfg.decay_all);
+        let (d, j) = match (&dp, zero) {
+            (Some(g), true) => (g.size(), g.rank()),
+            _ => (1, 0),
+        };
+        let mut updates = Vec::with_capacity(update_ranges.len());
+        for r in update_ranges {
+            updates.push(Update::new(cfg.adamw, r, &decay_all, d, j)?);
+        }
+        let share = match &dp {
+            Some(d) => Share {
+                batch: cfg.batch,
+                world: d.size(),
+                rank: d.rank(),
+            },
+            None => Share::whole(cfg.batch),
+        };
+        let source = Source::for_config(&cfg, share)?;
+        let n = cfg.micro_tokens();
+        Ok(Self {
+            grads: vec![0f32; layout.total],
+            params,
+            layout,
+            chunks,
+            updates,
+            zero,
+            norm_ranges,
+            cuts,
+            tied,
+            slots,
+            source,
+            inputs: vec![vec![0; n]; m],
+            targets: vec![vec![0; n]; m],
+            step: 0,
+            schedule,
+            th,
+            group,
+            dp,
+            cfg,
+        })
+    }
+}
