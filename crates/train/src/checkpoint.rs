@@ -174,54 +174,84 @@ impl Trainer {
     /// Loads `ckpt` into this trainer: parameters, optimizer moments and step, and the data
     /// source's position. Refused, naming what differs, if it was saved under another config.
     pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
-        let resume = |reason: String| TrainError::Resume {
-            step: ckpt.step(),
-            reason,
-        };
-        let want = config_hash(self.config());
-        if ckpt.manifest().config_hash != want {
-            return Err(resume(format!(
-                "saved under training config {}, this run's is {want} (model, batch, data, \
-                 optimizer and schedule must match; only --steps and --threads may change)",
-                ckpt.manifest().config_hash
-            )));
-        }
-        let state = ckpt.state();
-        let field = |name: &str| {
-            state[name]
-                .as_u64()
-                .ok_or_else(|| resume(format!("state has no integer {name:?}")))
-        };
-        let (step, opt_step, drawn) = (
-            field("step")?,
-            field("optimizer_step")?,
-            field("batches_drawn")?,
-        );
-        // The global row cursor (older checkpoints: whole global batches of their world).
-        let saved_world = state["world"].as_u64().unwrap_or(1);
-        let rows = state["rows_drawn"]
-            .as_u64()
-            .unwrap_or(drawn * saved_world * self.config().batch as u64);
-        let n = self.params().len();
-        let (mut master, mut m, mut v) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
-        for e in &self.model().layout().entries {
-            for (prefix, buf) in [
-                (MODEL_PREFIX, &mut master),
-                (EXP_AVG_PREFIX, &mut m),
-                (EXP_AVG_SQ_PREFIX, &mut v),
-            ] {
-                let name = format!("{prefix}{}", e.name);
-                let bytes = ckpt.read_tensor(&name)?;
-                f32_from_bytes(&bytes, &mut buf[e.range()], &name)?;
-            }
-        }
-        let loader = match &state["loader"] {
-            serde_json::Value::String(s) => Some(data::LoaderState::from_json(s)?),
-            _ => None,
-        };
-        self.load_state(master, m, v, opt_step, step)?;
-        self.reset_source(loader.as_ref(), rows)
+        let run = saved_run(ckpt, self.config())?;
+        let [master, m, v] = read_whole_state(ckpt, self.model().layout())?;
+        self.load_state(master, m, v, run.optimizer_step, run.step)?;
+        self.reset_source(run.loader.as_ref(), run.rows)
     }
+}
+
+/// Where a checkpoint left its run, from its state.
+pub(crate) struct SavedRun {
+    /// Steps completed.
+    pub step: u64,
+    /// AdamW's step count.
+    pub optimizer_step: u64,
+    /// Rows drawn from the data stream (the global cursor of the built-in corpora).
+    pub rows: u64,
+    /// The token-dataset loader's state, when the run read one.
+    pub loader: Option<data::LoaderState>,
+}
+
+/// Checks that `ckpt` was saved under `cfg`'s training config (its hash) and reads where the
+/// run was. Shared by every engine that resumes from the Trainer's format.
+pub(crate) fn saved_run(ckpt: &Checkpoint, cfg: &TrainConfig) -> Result<SavedRun> {
+    let resume = |reason: String| TrainError::Resume {
+        step: ckpt.step(),
+        reason,
+    };
+    let want = config_hash(cfg);
+    if ckpt.manifest().config_hash != want {
+        return Err(resume(format!(
+            "saved under training config {}, this run's is {want} (model, batch, data, \
+             optimizer and schedule must match; only --steps, --threads, --grad-accum and \
+             the parallel layout may change)",
+            ckpt.manifest().config_hash
+        )));
+    }
+    let state = ckpt.state();
+    let field = |name: &str| {
+        state[name]
+            .as_u64()
+            .ok_or_else(|| resume(format!("state has no integer {name:?}")))
+    };
+    let (step, optimizer_step, drawn) = (
+        field("step")?,
+        field("optimizer_step")?,
+        field("batches_drawn")?,
+    );
+    // The global row cursor (older checkpoints: whole global batches of their world).
+    let saved_world = state["world"].as_u64().unwrap_or(1);
+    let rows = state["rows_drawn"]
+        .as_u64()
+        .unwrap_or(drawn * saved_world * cfg.batch as u64);
+    let loader = match &state["loader"] {
+        serde_json::Value::String(s) => Some(data::LoaderState::from_json(s)?),
+        _ => None,
+    };
+    Ok(SavedRun {
+        step,
+        optimizer_step,
+        rows,
+        loader,
+    })
+}
+
+/// The whole flat state of `layout` in `ckpt`: parameters, AdamW's first and second moments.
+pub(crate) fn read_whole_state(ckpt: &Checkpoint, layout: &Layout) -> Result<[Vec<f32>; 3]> {
+    let n = layout.total;
+    let mut out = [vec![0f32; n], vec![0f32; n], vec![0f32; n]];
+    for (prefix, buf) in [MODEL_PREFIX, EXP_AVG_PREFIX, EXP_AVG_SQ_PREFIX]
+        .into_iter()
+        .zip(out.iter_mut())
+    {
+        for e in &layout.entries {
+            let name = format!("{prefix}{}", e.name);
+            let bytes = ckpt.read_tensor(&name)?;
+            f32_from_bytes(&bytes, &mut buf[e.range()], &name)?;
+        }
+    }
+    Ok(out)
 }
 
 /// Drives a run's checkpoints: decides when a step is due (every `every` steps, or the
@@ -494,7 +524,11 @@ impl Checkpointer {
 
 /// This rank's [`ckpt::rank_rows`] of each of `views`' tensors, with their bytes, naming the
 /// tensor by its index in `views` (tensors of which it owns no rows are left out).
-fn rows_pieces<'a>(views: &[(TensorMeta, &'a [u8])], rank: u32, world: u32) -> Vec<StatePiece<'a>> {
+pub(crate) fn rows_pieces<'a>(
+    views: &[(TensorMeta, &'a [u8])],
+    rank: u32,
+    world: u32,
+) -> Vec<StatePiece<'a>> {
     views
         .iter()
         .enumerate()
@@ -514,7 +548,7 @@ fn rows_pieces<'a>(views: &[(TensorMeta, &'a [u8])], rank: u32, world: u32) -> V
 }
 
 /// `pieces` as the writer takes them, each with its tensor from `metas`.
-fn piece_refs<'a>(
+pub(crate) fn piece_refs<'a>(
     metas: &'a [TensorMeta],
     pieces: &'a [StatePiece<'a>],
 ) -> Vec<(&'a TensorMeta, &'a Slice, &'a [u8])> {

@@ -5,15 +5,16 @@
 //! decay), with clipping active on every step; repeated runs are bit-identical; replicated
 //! tensors stay bit-identical across ranks; a degree not dividing the heads is refused by
 //! name; each rank's state bytes against the planner's per-device formula.
+#[path = "support/common.rs"]
+mod common;
 use comm::group::GroupConfig;
 use comm::local::run_threads;
 use model::config::ModelConfig;
-use model::optim::Schedule;
 use plan::job::{Job, JobFile};
 use plan::layout::{Layout as PlanLayout, ZeroStage};
 use plan::memory::{params_per_device, state_bytes_per_param};
 use train::tensor::TpTrainer;
-use train::{DataSpec, StateMemory, TrainConfig, Trainer};
+use train::{StateMemory, TrainConfig, Trainer};
 
 const STEPS: u64 = 3;
 const TOL: f64 = 1e-4;
@@ -24,19 +25,7 @@ const CLIP: f64 = 0.05;
 /// A 2-layer GPT-2 (4 heads, C = 64, F = 256, V = 64) on the Markov corpus, batch 2 of 16,
 /// one warmup step then a cosine decay.
 fn gpt2() -> TrainConfig {
-    let mut c = TrainConfig::new(ModelConfig::gpt2(2, 4, 64, 16, 64), STEPS);
-    c.schedule = Schedule::Cosine {
-        warmup: 1,
-        total: STEPS,
-        min_lr_ratio: 0.1,
-    };
-    c.batch = 2;
-    c.lr = 3e-3;
-    c.threads = 1;
-    c.seed = 5;
-    c.grad_clip = Some(CLIP);
-    c.data = DataSpec::Markov { branching: 4 };
-    c
+    common::gpt2_cosine(STEPS, CLIP)
 }
 
 /// A 2-layer Llama (8 query heads over 4 kv heads, C = 64, SwiGLU F = 128, rotary, untied),

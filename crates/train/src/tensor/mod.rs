@@ -24,11 +24,13 @@
 //! - [`model`]: [`TpModel`], a whole decoder on one rank (embeddings and head replicated,
 //!   blocks sharded).
 //! - [`trainer`]: [`TpTrainer`], one rank of tensor-parallel training (clip, AdamW, schedule).
+//! - [`checkpoint`]: its saves and resumes, in the [`crate::Trainer`]'s checkpoint format.
 use crate::error::Result;
 use comm::dtype::{Element, ReduceOp};
 use comm::group::ProcessGroup;
 
 pub mod block;
+pub mod checkpoint;
 pub mod layout;
 pub mod model;
 pub mod shard;

@@ -85,6 +85,23 @@ pub struct TpTrainer {
     inputs: Vec<u32>,
     targets: Vec<u32>,
     step: u64,
+    /// Micro-batches drawn since the source was (re)built.
+    drawn: u64,
+    /// Rows of the stream consumed before the source was last rebuilt that do not make a whole
+    /// micro-batch (a resume from a run with another batch).
+    rows_base: u64,
+}
+
+/// Refuses a buffer of `got` elements where `want` are needed.
+fn check_len_eq(what: &'static str, got: usize, want: usize) -> Result<()> {
+    if got == want {
+        return Ok(());
+    }
+    Err(refuse(
+        what,
+        &got.to_string(),
+        &format!("this rank's flat layout holds {want} elements"),
+    ))
 }
 
 fn refuse(field: &'static str, value: &str, reason: &str) -> TrainError {
@@ -143,6 +160,8 @@ impl TpTrainer {
             inputs: vec![0; n],
             targets: vec![0; n],
             step: 0,
+            drawn: 0,
+            rows_base: 0,
             model,
             th,
             group,
@@ -197,10 +216,18 @@ impl TpTrainer {
     /// shards from their ranks, replicated tensors from rank 0. A collective (every rank must
     /// call it); exact copies.
     pub fn gather_params(&self) -> Result<Vec<f32>> {
+        self.gather_whole(&self.params)
+    }
+
+    /// `local`, a buffer in this rank's flat layout (parameters, or one of AdamW's moments,
+    /// which share it), assembled into the whole model's [`model::layout::Layout`] order as
+    /// [`TpTrainer::gather_params`] does. A collective.
+    pub(crate) fn gather_whole(&self, local: &[f32]) -> Result<Vec<f32>> {
         let layout = self.model.layout();
         let (tp, len) = (self.tp(), layout.total);
+        check_len_eq("local state", local.len(), len)?;
         let mut all = vec![0f32; tp * len];
-        self.group.all_gather(&self.params, &mut all)?;
+        self.group.all_gather(local, &mut all)?;
         let mut whole = vec![0f32; layout.whole.total];
         let s = &layout.shard;
         let d = &s.dims;
@@ -210,6 +237,63 @@ impl TpTrainer {
             other.unshard_params(part, &mut whole)?;
         }
         Ok(whole)
+    }
+
+    /// Micro-batches drawn from the data source since it was last (re)built.
+    pub fn batches_drawn(&self) -> u64 {
+        self.drawn
+    }
+
+    /// Rows of the data stream consumed so far (the global row cursor: every rank of the group
+    /// draws the same rows, so this is what one process would have drawn).
+    pub fn rows_drawn(&self) -> u64 {
+        self.rows_base + self.drawn * self.cfg.batch as u64
+    }
+
+    /// The tensor-parallel group.
+    pub(crate) fn group(&self) -> &ProcessGroup {
+        &self.group
+    }
+
+    /// The data source's loader state (token datasets only).
+    pub(crate) fn loader_state(&mut self) -> Option<data::LoaderState> {
+        self.source.loader_state()
+    }
+
+    /// Replaces this rank's parameters, AdamW moments (all in its flat layout) and the step
+    /// counters, as a checkpoint recorded them.
+    pub(crate) fn load_state(
+        &mut self,
+        params: Vec<f32>,
+        m: Vec<f32>,
+        v: Vec<f32>,
+        optimizer_step: u64,
+        step: u64,
+    ) -> Result<()> {
+        check_len_eq("parameters", params.len(), self.params.len())?;
+        self.opt = AdamW::from_state(self.cfg.adamw, m, v, optimizer_step)?;
+        self.params = params;
+        self.step = step;
+        Ok(())
+    }
+
+    /// Rebuilds the data source at a checkpoint's position: from the loader's state for token
+    /// datasets, else by skipping the `rows` rows already consumed (by any number of ranks).
+    pub(crate) fn reset_source(
+        &mut self,
+        loader: Option<&data::LoaderState>,
+        rows: u64,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let share = Share::whole(c.batch);
+        self.source = Source::new(&c.data, c.model.vocab, c.seq_len, share, c.seed, loader)?;
+        if loader.is_none() {
+            self.source.skip_rows(rows, c.seq_len)?;
+        }
+        let per = c.batch as u64;
+        self.drawn = rows / per;
+        self.rows_base = rows % per;
+        Ok(())
     }
 
     /// Resident bytes of this rank's training state: its flat parameters, gradients and
@@ -252,6 +336,7 @@ impl TpTrainer {
         let (mut loss_sum, mut data_seconds) = (0.0f64, 0.0f64);
         for _ in 0..count {
             data_seconds += fetch(&mut self.source, &mut self.inputs, &mut self.targets)?;
+            self.drawn += 1;
             let loss = self.model.forward(
                 &self.th,
                 &self.params,

@@ -20,6 +20,25 @@ pub fn tiny(batch: usize, steps: u64) -> TrainConfig {
     c
 }
 
+/// A 2-layer GPT-2 (4 heads, C = 64, F = 256, V = 64) on the Markov corpus, batch 2 of 16
+/// tokens, one warmup step then a cosine decay over `steps`, clipping at `clip`: heads divide
+/// by 4, for the tensor-parallel tests.
+pub fn gpt2_cosine(steps: u64, clip: f64) -> TrainConfig {
+    let mut c = TrainConfig::new(ModelConfig::gpt2(2, 4, 64, 16, 64), steps);
+    c.schedule = model::optim::schedule::Schedule::Cosine {
+        warmup: 1,
+        total: steps,
+        min_lr_ratio: 0.1,
+    };
+    c.batch = 2;
+    c.lr = 3e-3;
+    c.threads = 1;
+    c.seed = 5;
+    c.grad_clip = Some(clip);
+    c.data = DataSpec::Markov { branching: 4 };
+    c
+}
+
 /// One rank's trainer at ZeRO `stage` (0: plain data parallel) with buckets of `bucket` bytes.
 pub fn trainer(cfg: TrainConfig, g: ProcessGroup, stage: u8, bucket: usize) -> Trainer {
     match Stage::from_number(stage).unwrap() {
