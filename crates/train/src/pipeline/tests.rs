@@ -102,61 +102,54 @@ fn pipeline_rejects_bad_inputs() {
 /// stage 1 receives mb 1's activation as soon as stage 0 has it (before its backward of mb 0).
 fn one_f_one_b_2x2() -> Vec<Vec<Action>> {
     vec![
-        vec![
-            Forward { mb: 0, chunk: 0 },
-            SendActivation {
-                mb: 0,
-                chunk: 0,
-                to: 1,
-            },
-            Forward { mb: 1, chunk: 0 },
-            SendActivation {
-                mb: 1,
-                chunk: 0,
-                to: 1,
-            },
-            RecvGrad {
-                mb: 0,
-                chunk: 0,
-                from: 1,
-            },
-            Backward { mb: 0, chunk: 0 },
-            RecvGrad {
-                mb: 1,
-                chunk: 0,
-                from: 1,
-            },
-            Backward { mb: 1, chunk: 0 },
-            OptimizerStep,
-        ],
-        vec![
-            RecvActivation {
-                mb: 0,
-                chunk: 0,
-                from: 0,
-            },
-            Forward { mb: 0, chunk: 0 },
-            RecvActivation {
-                mb: 1,
-                chunk: 0,
-                from: 0,
-            },
-            Backward { mb: 0, chunk: 0 },
-            SendGrad {
-                mb: 0,
-                chunk: 0,
-                to: 0,
-            },
-            Forward { mb: 1, chunk: 0 },
-            Backward { mb: 1, chunk: 0 },
-            SendGrad {
-                mb: 1,
-                chunk: 0,
-                to: 0,
-            },
-            OptimizerStep,
-        ],
+        parse("F0 sA0>1 F1 sA1>1 rG0<1 B0 rG1<1 B1 step"),
+        parse("rA0<0 F0 rA1<0 B0 sG0>0 F1 B1 sG1>0 step"),
     ]
+}
+
+/// Actions from their labels ([`Action::label`], one chunk per stage): `F0` forward of
+/// micro-batch 0, `B0` backward, `sA0>1` / `rA0<0` send / receive its activation to / from a
+/// stage, `sG0>0` / `rG0<1` the same for its gradient, `step` the optimizer step.
+fn parse(line: &str) -> Vec<Action> {
+    line.split_whitespace()
+        .map(|w| {
+            if w == "step" {
+                return OptimizerStep;
+            }
+            let num = |s: &str| s.parse::<usize>().unwrap_or_else(|_| panic!("label {w}"));
+            let (kind, rest) = w.split_at(if w.starts_with(['s', 'r']) { 2 } else { 1 });
+            let (mb, peer) = match rest.split_once(['>', '<']) {
+                Some((m, p)) => (num(m), num(p)),
+                None => (num(rest), 0),
+            };
+            let chunk = 0;
+            match kind {
+                "F" => Forward { mb, chunk },
+                "B" => Backward { mb, chunk },
+                "sA" => SendActivation {
+                    mb,
+                    chunk,
+                    to: peer,
+                },
+                "rA" => RecvActivation {
+                    mb,
+                    chunk,
+                    from: peer,
+                },
+                "sG" => SendGrad {
+                    mb,
+                    chunk,
+                    to: peer,
+                },
+                "rG" => RecvGrad {
+                    mb,
+                    chunk,
+                    from: peer,
+                },
+                _ => panic!("unknown label {w}"),
+            }
+        })
+        .collect()
 }
 
 #[test]
@@ -244,11 +237,7 @@ fn pipeline_catches_forward_before_receive_and_early_step() {
     lists[0].swap(7, 8);
     expect_action_error(lists, 0, 7, "optimizer step before the backward of mb 1");
     let mut lists = one_f_one_b_2x2();
-    lists[0][1] = SendActivation {
-        mb: 0,
-        chunk: 0,
-        to: 0,
-    };
+    lists[0][1] = parse("sA0>0")[0];
     expect_action_error(lists, 0, 1, "model chunk 1 lives on stage 1");
 }
 
@@ -256,33 +245,7 @@ fn pipeline_catches_forward_before_receive_and_early_step() {
 fn pipeline_catches_mismatched_send() {
     let mut lists = one_f_one_b_2x2();
     // Stage 0 sends mb 1's activation before mb 0's; stage 1 receives mb 0's first.
-    lists[0] = vec![
-        Forward { mb: 0, chunk: 0 },
-        Forward { mb: 1, chunk: 0 },
-        SendActivation {
-            mb: 1,
-            chunk: 0,
-            to: 1,
-        },
-        SendActivation {
-            mb: 0,
-            chunk: 0,
-            to: 1,
-        },
-        RecvGrad {
-            mb: 0,
-            chunk: 0,
-            from: 1,
-        },
-        Backward { mb: 0, chunk: 0 },
-        RecvGrad {
-            mb: 1,
-            chunk: 0,
-            from: 1,
-        },
-        Backward { mb: 1, chunk: 0 },
-        OptimizerStep,
-    ];
+    lists[0] = parse("F0 F1 sA1>1 sA0>1 rG0<1 B0 rG1<1 B1 step");
     let e = Schedule::from_actions(ScheduleKind::OneFOneB, 2, lists).err();
     match &e {
         Some(ScheduleError::Mismatch {
@@ -312,60 +275,8 @@ fn pipeline_catches_rendezvous_deadlock() {
     // sends stage 0 blocks sending mb 1's activation while stage 1 blocks sending mb 0's
     // gradient (why the generator orders messages globally).
     let lists = vec![
-        vec![
-            Forward { mb: 0, chunk: 0 },
-            SendActivation {
-                mb: 0,
-                chunk: 0,
-                to: 1,
-            },
-            Forward { mb: 1, chunk: 0 },
-            SendActivation {
-                mb: 1,
-                chunk: 0,
-                to: 1,
-            },
-            RecvGrad {
-                mb: 0,
-                chunk: 0,
-                from: 1,
-            },
-            Backward { mb: 0, chunk: 0 },
-            RecvGrad {
-                mb: 1,
-                chunk: 0,
-                from: 1,
-            },
-            Backward { mb: 1, chunk: 0 },
-            OptimizerStep,
-        ],
-        vec![
-            RecvActivation {
-                mb: 0,
-                chunk: 0,
-                from: 0,
-            },
-            Forward { mb: 0, chunk: 0 },
-            Backward { mb: 0, chunk: 0 },
-            SendGrad {
-                mb: 0,
-                chunk: 0,
-                to: 0,
-            },
-            RecvActivation {
-                mb: 1,
-                chunk: 0,
-                from: 0,
-            },
-            Forward { mb: 1, chunk: 0 },
-            Backward { mb: 1, chunk: 0 },
-            SendGrad {
-                mb: 1,
-                chunk: 0,
-                to: 0,
-            },
-            OptimizerStep,
-        ],
+        parse("F0 sA0>1 F1 sA1>1 rG0<1 B0 rG1<1 B1 step"),
+        parse("rA0<0 F0 B0 sG0>0 rA1<0 F1 B1 sG1>0 step"),
     ];
     match Schedule::from_actions(ScheduleKind::OneFOneB, 2, lists) {
         Err(ScheduleError::Deadlock { detail }) => {
