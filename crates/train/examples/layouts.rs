@@ -1,0 +1,155 @@
+//! Tokens/s of each parallel layout on this machine beside the planner's prediction (issue 8):
+//! one process, DP 2, PP 2 (1F1B) and TP 2, the ranks as threads of one process, all on the same
+//! global batch of 16 rows. The planner (`plan::step::evaluate`) is given this machine: the
+//! GEMM kernel's measured FLOP/s as the peak, the shared-memory link the group measured, and
+//! the efficiency that makes it match the one-process run; the three parallel layouts are then
+//! its predictions.
+//!
+//! ```text
+//! cargo run --release -p flotilla-train --example layouts [-- STEPS]
+//! ```
+
+use comm::group::GroupConfig;
+use comm::local::run_threads;
+use model::Threads;
+use model::config::ModelConfig;
+use plan::cluster::{Cluster, ClusterFile, DeviceOverride};
+use plan::hardware::THIS_MACHINE;
+use plan::job::{Job, JobFile};
+use plan::layout::Layout;
+use train::pipeline::{PipelineStage, ScheduleKind};
+use train::tensor::TpTrainer;
+use train::{DataSpec, TrainConfig, Trainer};
+
+/// Rows of every global batch.
+const GLOBAL_ROWS: usize = 16;
+/// Rows per micro-batch.
+const MICRO: usize = 4;
+
+fn config(steps: u64, accum: usize) -> TrainConfig {
+    let mut c = TrainConfig::new(ModelConfig::gpt2(4, 4, 256, 128, 4096), steps);
+    c.batch = MICRO;
+    c.grad_accum = accum;
+    c.threads = 1;
+    c.seed = 1;
+    c.data = DataSpec::Markov { branching: 4 };
+    c
+}
+
+/// Mean of the step seconds after the first.
+fn mean_after_first(secs: &[f64]) -> f64 {
+    let timed = &secs[1.min(secs.len())..];
+    timed.iter().sum::<f64>() / timed.len().max(1) as f64
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let steps: u64 = std::env::args()
+        .nth(1)
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(4);
+    let tokens = (GLOBAL_ROWS * 128) as f64;
+    let peak = train::metrics::gemm_gflops(&Threads::new(1)?, 1024, 5) * 1e9;
+
+    let mut one = Trainer::new(config(steps, GLOBAL_ROWS / MICRO))?;
+    let secs: Vec<f64> = (0..steps)
+        .map(|_| one.step().map(|s| s.seconds))
+        .collect::<Result<_, _>>()?;
+    let single = mean_after_first(&secs);
+
+    // Each layout on 2 ranks; rank 0's step seconds and the group's shared-memory link.
+    let two = |layout: &'static str| -> Result<(f64, (f64, f64)), Box<dyn std::error::Error>> {
+        let out = run_threads(2, GroupConfig::default(), move |g| {
+            let link = g.topology().params(comm::transport::LinkKind::Shm);
+            let secs: Result<Vec<f64>, train::TrainError> = match layout {
+                "dp2" => {
+                    let cfg = config(steps, GLOBAL_ROWS / MICRO / 2);
+                    let mut t = Trainer::data_parallel(cfg, g, 1 << 20)
+                        .map_err(|e| comm::CommError::InvalidArgument(e.to_string()))?;
+                    (0..steps).map(|_| t.step().map(|s| s.seconds)).collect()
+                }
+                "pp2" => {
+                    let cfg = config(steps, GLOBAL_ROWS / MICRO);
+                    let mut t = PipelineStage::new(cfg, g, 2, ScheduleKind::OneFOneB)
+                        .map_err(|e| comm::CommError::InvalidArgument(e.to_string()))?;
+                    (0..steps).map(|_| t.step().map(|s| s.seconds)).collect()
+                }
+                _ => {
+                    let cfg = config(steps, GLOBAL_ROWS / MICRO);
+                    let mut t = TpTrainer::new(cfg, g)
+                        .map_err(|e| comm::CommError::InvalidArgument(e.to_string()))?;
+                    (0..steps).map(|_| t.step().map(|s| s.seconds)).collect()
+                }
+            };
+            let secs = secs.map_err(|e| comm::CommError::InvalidArgument(e.to_string()))?;
+            Ok((mean_after_first(&secs), (link.alpha, link.beta)))
+        })?;
+        let first = out.into_iter().next().ok_or("no rank")??;
+        Ok(first)
+    };
+    let (dp2, link) = two("dp2")?;
+    let (pp2, _) = two("pp2")?;
+    let (tp2, _) = two("tp2")?;
+
+    // The planner on this machine, its efficiency fitted to the one-process run.
+    let job_toml = format!(
+        "[model]\nlayers = 4\nhidden = 256\nheads = 4\nffn = 1024\nvocab = 4096\nseq = 128\n\
+         tied_embeddings = true\n[training]\nglobal_batch = {GLOBAL_ROWS}\nprecision = \"fp32\"\n"
+    );
+    let mut cf = ClusterFile::preset(THIS_MACHINE, 1);
+    cf.device_override = Some(DeviceOverride {
+        bf16_tflops: Some(peak / 1e12),
+        fp8_tflops: Some(0.0),
+        fp32_tflops: Some(peak / 1e12),
+        tf32_tflops: Some(peak / 1e12),
+        hbm_gb: Some(8.0),
+        hbm_tbs: Some(0.01),
+        power_w: Some(0.0),
+    });
+    cf.intra = Some("pcie4".into());
+    cf.intra_alpha_us = Some(link.0 * 1e6);
+    cf.intra_bw_gbs = Some(link.1 / 1e9);
+    cf.memory_reserve_gb = 0.0;
+    let layout = |tp: u64, pp: u64, dp: u64| Layout {
+        micro_batch: MICRO as u64,
+        sequence_parallel: false,
+        ..Layout::new(tp, pp, dp)
+    };
+    let predict = |efficiency: f64, l: &Layout| -> Result<f64, Box<dyn std::error::Error>> {
+        let mut jf = JobFile::from_toml(&job_toml)?;
+        jf.training.efficiency = efficiency;
+        let job = Job::from_file(&jf)?;
+        let mut cf = cf.clone();
+        cf.devices_per_node = l.devices();
+        let cluster = Cluster::from_file(&cf)?;
+        Ok(plan::step::evaluate(&job, &cluster, l)?.tokens_per_s)
+    };
+    // tokens/s is proportional to the efficiency while compute dominates: one rescale fits it,
+    // a second corrects what the memory and communication terms bend.
+    let mut eff = 0.5;
+    for _ in 0..2 {
+        eff *= (tokens / single) / predict(eff, &layout(1, 1, 1))?;
+    }
+    println!(
+        "# {} steps (the first untimed), global batch {GLOBAL_ROWS} x 128 tokens, GEMM peak {:.1} GFLOP/s, shm alpha {:.2} us beta {:.2} GB/s, fitted efficiency {eff:.3}",
+        steps,
+        peak / 1e9,
+        link.0 * 1e6,
+        link.1 / 1e9
+    );
+    println!("layout  measured tokens/s  planner tokens/s  off");
+    for (name, secs, l) in [
+        ("one", single, layout(1, 1, 1)),
+        ("dp2", dp2, layout(1, 1, 2)),
+        ("pp2", pp2, layout(1, 2, 1)),
+        ("tp2", tp2, layout(2, 1, 1)),
+    ] {
+        let measured = tokens / secs;
+        let planned = predict(eff, &l)?;
+        println!(
+            "{name:<6}  {measured:>17.0}  {planned:>16.0}  {:+.1}%",
+            100.0 * (planned - measured) / measured
+        );
+    }
+    Ok(())
+}
