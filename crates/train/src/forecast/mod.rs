@@ -200,24 +200,28 @@ pub fn forecast(trainer: &Trainer, probe: &UnitTimes) -> Forecast {
             stage_in(&mut t, copy(bytes));
         }
     }
-    let fwd: f64 = units.iter().map(|&u| probe.forward(u)).sum::<f64>() * count as f64;
-    let bwd: f64 = units.iter().map(|&u| probe.backward(u)).sum::<f64>() * count as f64;
     let blocks = cfg.model.layers;
+    // One pass over the units: embeddings, `blocks` blocks, head (backward: the other way).
+    let pass = |name: &str, t: &[f64; 3], reverse: bool| {
+        let total = (t[0] + blocks as f64 * t[1] + t[2]) * count as f64;
+        let (first, last) = if reverse {
+            (("head", t[2]), ("embed", t[0]))
+        } else {
+            (("embed", t[0]), ("head", t[2]))
+        };
+        format!(
+            "{name} {count} x ({} {} + {blocks} x block {} + {} {}) = {}",
+            first.0,
+            ms(first.1),
+            ms(t[1]),
+            last.0,
+            ms(last.1),
+            ms(total)
+        )
+    };
     let explain = vec![
-        format!(
-            "forward {count} x (embed {} + {blocks} x block {} + head {}) = {}",
-            ms(probe.fwd[0]),
-            ms(probe.fwd[1]),
-            ms(probe.fwd[2]),
-            ms(fwd)
-        ),
-        format!(
-            "backward {count} x (head {} + {blocks} x block {} + embed {}) = {}",
-            ms(probe.bwd[2]),
-            ms(probe.bwd[1]),
-            ms(probe.bwd[0]),
-            ms(bwd)
-        ),
+        pass("forward", &probe.fwd, false),
+        pass("backward", &probe.bwd, true),
         format!(
             "update {local} params x {:.2} ns = {}; staging copies and page faults {} \
              (copy {:.1} GB/s, fresh pages {:.1} GB/s)",
