@@ -1,6 +1,8 @@
 //! Expert parallelism (issue 8): the MoE layer's gradients against finite
 //! differences, capacity and dropping, and EP = 2 / 4 against EP = 1
 //! (forward, backward, a few optimizer steps, bit-identical repeats).
+#[path = "support/common.rs"]
+mod common;
 use comm::group::GroupConfig;
 use comm::local::run_threads;
 use model::Threads;
@@ -227,16 +229,7 @@ const F: usize = 32;
 const N: usize = 32;
 const TOL: f64 = 1e-5;
 
-/// The largest difference between `a` and `b`, relative to `b`'s largest magnitude.
-fn rel(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0f64, |m, &x| m.max(f64::from(x).abs()));
-    let diff = a
-        .iter()
-        .zip(b)
-        .fold(0f64, |m, (&x, &y)| m.max(f64::from(x - y).abs()));
-    if scale == 0.0 { diff } else { diff / scale }
-}
+use common::max_rel_diff as rel;
 
 struct Run {
     /// (N, C) outputs of every step, tokens in global order.

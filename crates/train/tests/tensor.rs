@@ -2,6 +2,8 @@
 //! give the unsharded block's output, input gradient and parameter gradients within float
 //! summation-order tolerance; repeated runs are bit-identical; each forward+backward makes
 //! exactly four all-reduces of an (N, C) activation.
+#[path = "support/common.rs"]
+mod common;
 use comm::group::GroupConfig;
 use comm::local::run_threads;
 use model::block::{Block, BlockActs, BlockScratch, Dims};
@@ -129,16 +131,7 @@ fn run_tp(cfg: &ModelConfig, tp: usize) -> Vec<RankOut> {
     .collect()
 }
 
-/// The largest difference between `a` and `b`, relative to `b`'s largest magnitude.
-fn rel(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0f64, |m, &x| m.max(f64::from(x).abs()));
-    let diff = a
-        .iter()
-        .zip(b)
-        .fold(0f64, |m, (&x, &y)| m.max(f64::from(x - y).abs()));
-    if scale == 0.0 { diff } else { diff / scale }
-}
+use common::max_rel_diff as rel;
 
 const TOL: f64 = 1e-5;
 

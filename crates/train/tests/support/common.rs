@@ -68,13 +68,16 @@ pub fn run(world: usize, cfg: TrainConfig, stage: u8, bucket: usize) -> Vec<Rank
     .collect()
 }
 
-/// The largest difference between `a` and `b`, relative to `b`'s largest magnitude.
+/// The largest difference between `a` and `b`, relative to `b`'s largest magnitude (absolute
+/// when `b` is all zeros).
 pub fn max_rel_diff(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
     let scale = b.iter().fold(0f64, |m, &x| m.max(f64::from(x).abs()));
-    a.iter()
+    let diff = a
+        .iter()
         .zip(b)
-        .fold(0f64, |m, (&x, &y)| m.max(f64::from(x - y).abs()))
-        / scale
+        .fold(0f64, |m, (&x, &y)| m.max(f64::from(x - y).abs()));
+    if scale == 0.0 { diff } else { diff / scale }
 }
 
 /// Two ranks train `cfg` to `steps` at ZeRO `stage` (0: plain data parallel), checkpointing
