@@ -28,8 +28,6 @@ fn the_probe_times_every_unit_of_a_one_block_model() {
         assert!(v.is_finite() && *v >= 0.0, "value {i} of {p:?}");
     }
     assert!(p.fwd.iter().chain(&p.bwd).all(|&t| t > 0.0), "{p:?}");
-    // The backward of a block does about twice the forward's work.
-    assert!(p.bwd[1] > p.fwd[1], "{p:?}");
     assert_eq!(UnitTimes::from_slice(&p.to_vec()), Some(p));
     assert_eq!(UnitTimes::from_slice(&[0.0; 3]), None);
 }
