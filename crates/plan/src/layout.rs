@@ -83,6 +83,11 @@ pub struct Layout {
     /// Megatron sequence parallelism (shards LayerNorm/dropout activations over TP).
     #[serde(default = "yes")]
     pub sequence_parallel: bool,
+    /// Megatron's vocabulary-parallel embedding and head (each TP rank holds V/t rows of the
+    /// embedding matrices). `false`: the embeddings and head are replicated whole on every TP
+    /// rank, as Flotilla's tensor-parallel engine does today (`train::tensor`).
+    #[serde(default = "yes")]
+    pub vocab_parallel: bool,
 }
 
 fn one() -> u64 {
@@ -106,6 +111,7 @@ impl Layout {
             zero: ZeroStage::None,
             recompute: Recompute::None,
             sequence_parallel: true,
+            vocab_parallel: true,
         }
     }
 

@@ -83,13 +83,16 @@ impl MemoryBreakdown {
 }
 
 /// Parameters on the most loaded pipeline stage of one device: (layers/p dense params + the larger
-/// embedding matrix when p > 1, both when p = 1) / t, plus expert params / (t·ep).
+/// embedding matrix when p > 1, both when p = 1) / t, plus expert params / (t·ep). Without a
+/// vocabulary-parallel embedding ([`Layout::vocab_parallel`] false) the embedding matrices are
+/// whole on every TP rank: layers/p · dense / t + embedding.
 pub fn params_per_device(job: &Job, l: &Layout) -> (f64, f64) {
     let m = &job.model;
     let layers_per_stage = (m.layers / l.pp.max(1)) as f64;
     let emb = m.vocab as f64 * m.hidden as f64;
     let emb_stage = if l.pp <= 1 { m.embedding_params() } else { emb };
-    let dense = (layers_per_stage * m.dense_params_per_layer() + emb_stage) / l.tp as f64;
+    let emb_split = if l.vocab_parallel { l.tp as f64 } else { 1.0 };
+    let dense = layers_per_stage * m.dense_params_per_layer() / l.tp as f64 + emb_stage / emb_split;
     let expert = layers_per_stage * m.expert_params_per_layer() / (l.tp * l.ep.max(1)) as f64;
     (dense, expert)
 }

@@ -142,6 +142,7 @@ pub fn search(job: &Job, cluster: &Cluster, opts: &SearchOptions) -> Result<Sear
                                     zero,
                                     recompute,
                                     sequence_parallel: true,
+                                    vocab_parallel: true,
                                 };
                                 let e = evaluate_valid(job, cluster, &l, false)?;
                                 evaluated += 1;

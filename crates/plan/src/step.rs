@@ -132,7 +132,15 @@ pub(crate) fn evaluate_valid(
     };
     let model_flops_tok = m.flops_per_token();
     let hw_flops_tok = model_flops_tok + extra;
-    let f_dev = hw_flops_tok * b * s / (l.tp * l.pp) as f64;
+    // A replicated head (no vocabulary parallelism) is computed whole by every TP rank: its
+    // 6·V·h per token is divided by p only.
+    let head_tok = 6.0 * (m.vocab * m.hidden) as f64;
+    let replicated_head = if l.vocab_parallel || l.tp <= 1 {
+        0.0
+    } else {
+        head_tok * (1.0 - 1.0 / l.tp as f64)
+    };
+    let f_dev = (hw_flops_tok / l.tp as f64 + replicated_head) * b * s / l.pp as f64;
     let q_dev = 3.0 * memory.params_local * job.precision.bytes();
     let t_flop = f_dev / (peak * job.efficiency);
     let t_mem = q_dev / cluster.device.hbm_bw;

@@ -194,3 +194,59 @@ fn seed000_l2519_moe_dispatch_volume() {
     close(one, 67.1e6, 1e-3);
     close(2.0 * one, 134.2e6, 1e-3);
 }
+
+/// Vocabulary-parallel against replicated embeddings (Megatron's default vs Flotilla's TP
+/// engine today). Llama 2 7B (untied, V = 32,000, h = 4,096, 32 layers), TP 4, PP 1: vocabulary
+/// parallel holds (32 · dense + 2·V·h)/4 parameters per device; replicated,
+/// 32 · dense/4 + 2·V·h, i.e. 3/4 · 2·V·h = 196.6M more.
+#[test]
+fn replicated_embedding_counts_the_embedding_whole() {
+    use plan::job::{Job, JobFile};
+    use plan::layout::Layout;
+    let job = Job::from_file(&JobFile::preset("llama2-7b", 64)).unwrap();
+    let m = &job.model;
+    let vp = Layout::new(4, 1, 1);
+    let rep = Layout {
+        vocab_parallel: false,
+        ..Layout::new(4, 1, 1)
+    };
+    let (dense_vp, _) = params_per_device(&job, &vp);
+    let (dense_rep, _) = params_per_device(&job, &rep);
+    let emb = 2.0 * 32_000.0 * 4_096.0;
+    close(m.embedding_params(), emb, 1e-12);
+    close(
+        dense_vp,
+        (32.0 * m.dense_params_per_layer() + emb) / 4.0,
+        1e-12,
+    );
+    close(
+        dense_rep,
+        32.0 * m.dense_params_per_layer() / 4.0 + emb,
+        1e-12,
+    );
+    close(dense_rep - dense_vp, 0.75 * emb, 1e-9);
+    // Without tensor parallelism the two are the same.
+    let one = Layout {
+        vocab_parallel: false,
+        ..Layout::new(1, 1, 1)
+    };
+    close(
+        params_per_device(&job, &one).0,
+        params_per_device(&job, &Layout::new(1, 1, 1)).0,
+        1e-12,
+    );
+    // Step time: a replicated head adds its 6·V·h per token times (1 - 1/t) to each device's
+    // compute (V·h counted once for the head: 32,000 x 4,096 x 6 x (1 - 1/4) = 589.8 MFLOP).
+    let cluster =
+        plan::cluster::Cluster::from_file(&plan::cluster::ClusterFile::preset("h100", 1)).unwrap();
+    let with_dp = |l: Layout| Layout { dp: 2, ..l };
+    let e_vp = plan::step::evaluate(&job, &cluster, &with_dp(vp)).unwrap();
+    let e_rep = plan::step::evaluate(&job, &cluster, &with_dp(rep)).unwrap();
+    let flops_tok = m.flops_per_token() / 4.0;
+    let ratio = e_rep.step.compute / e_vp.step.compute;
+    close(
+        ratio,
+        (flops_tok + 0.75 * 6.0 * 32_000.0 * 4_096.0) / flops_tok,
+        1e-9,
+    );
+}
