@@ -239,19 +239,82 @@ pub(crate) fn saved_run(ckpt: &Checkpoint, cfg: &TrainConfig) -> Result<SavedRun
 
 /// The whole flat state of `layout` in `ckpt`: parameters, AdamW's first and second moments.
 pub(crate) fn read_whole_state(ckpt: &Checkpoint, layout: &Layout) -> Result<[Vec<f32>; 3]> {
-    let n = layout.total;
+    read_state_range(ckpt, layout, 0..layout.total)
+}
+
+/// The state of `layout`'s flat elements `range` in `ckpt` (parameters, AdamW's first and
+/// second moments, each `range.len()` long, indexed from `range.start`): every entry inside it
+/// is read whole, an entry it cuts is read whole and its overlap kept. Engines that hold part
+/// of the model (a pipeline stage's ranges) read only their entries.
+pub(crate) fn read_state_range(
+    ckpt: &Checkpoint,
+    layout: &Layout,
+    range: std::ops::Range<usize>,
+) -> Result<[Vec<f32>; 3]> {
+    let n = range.len();
     let mut out = [vec![0f32; n], vec![0f32; n], vec![0f32; n]];
     for (prefix, buf) in [MODEL_PREFIX, EXP_AVG_PREFIX, EXP_AVG_SQ_PREFIX]
         .into_iter()
         .zip(out.iter_mut())
     {
         for e in &layout.entries {
+            let er = e.range();
+            let (a, b) = (er.start.max(range.start), er.end.min(range.end));
+            let inside = er.start >= range.start && er.end <= range.end;
+            if !inside && a >= b {
+                continue;
+            }
             let name = format!("{prefix}{}", e.name);
             let bytes = ckpt.read_tensor(&name)?;
-            f32_from_bytes(&bytes, &mut buf[e.range()], &name)?;
+            let dst = &mut buf[a - range.start..b - range.start];
+            if inside {
+                f32_from_bytes(&bytes, dst, &name)?;
+            } else {
+                let mut whole = vec![0f32; er.len()];
+                f32_from_bytes(&bytes, &mut whole, &name)?;
+                dst.copy_from_slice(&whole[a - er.start..b - er.start]);
+            }
         }
     }
     Ok(out)
+}
+
+/// Checks that `ckpt` holds exactly the state tensors of `layout` ([`state_metas`]) in their
+/// shapes and dtypes; refused naming the first tensor that is missing or differs (another
+/// model), or the counts when the checkpoint holds more.
+pub(crate) fn check_state_tensors(ckpt: &Checkpoint, layout: &Layout) -> Result<()> {
+    let resume = |reason: String| TrainError::Resume {
+        step: ckpt.step(),
+        reason,
+    };
+    let want = state_metas(layout);
+    let have = &ckpt.manifest().tensors;
+    for t in &want {
+        match have.iter().find(|h| h.name == t.name) {
+            None => {
+                return Err(resume(format!(
+                    "the checkpoint has no tensor {:?}: saved from another model",
+                    t.name
+                )));
+            }
+            Some(h) if h.shape != t.shape || h.dtype != t.dtype => {
+                return Err(resume(format!(
+                    "tensor {:?} is {:?} {:?} in the checkpoint, {:?} {:?} in this model: \
+                     saved from another model",
+                    t.name, h.dtype, h.shape, t.dtype, t.shape
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    if have.len() != want.len() {
+        return Err(resume(format!(
+            "the checkpoint holds {} tensors, this model's state {}: saved from another model",
+            have.len(),
+            want.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Drives a run's checkpoints: decides when a step is due (every `every` steps, or the

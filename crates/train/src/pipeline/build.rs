@@ -17,7 +17,7 @@ use super::{Action, Schedule, ScheduleKind};
 use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
 use crate::source::{Share, Source};
-use crate::zero::Stage;
+use crate::zero::{Stage, Window};
 
 /// One local chunk: model chunk `index`, its units in forward order and its parameter range.
 #[derive(Clone, Debug)]
@@ -72,6 +72,34 @@ pub(super) fn intersect(a: &Range<usize>, b: &Range<usize>) -> Option<Range<usiz
     (r.start < r.end).then_some(r)
 }
 
+/// The rows replica `dp.rank()` of `dp.size()` takes of every global micro-batch (the rows a
+/// data-parallel [`crate::Trainer`] rank of that index takes), or whole batches without `dp`.
+pub(super) fn replica_share(cfg: &TrainConfig, dp: Option<&ProcessGroup>) -> Share {
+    match dp {
+        Some(d) => Share {
+            batch: cfg.batch,
+            world: d.size(),
+            rank: d.rank(),
+        },
+        None => Share::whole(cfg.batch),
+    }
+}
+
+/// Hands back to the kernel every page of `buf` that lies outside `owned` (the gaps between the
+/// owned ranges, sorted here): they read as zeros and cost no memory until written again. A page
+/// shared by an owned range and a gap stays (only the gap's elements on it are zeroed).
+fn release_unowned(buf: &mut Window, owned: &[Range<usize>]) {
+    let mut owned = owned.to_vec();
+    owned.sort_by_key(|r| r.start);
+    let mut at = 0;
+    for r in owned.iter().chain(std::iter::once(&(buf.len()..buf.len()))) {
+        if r.start > at {
+            buf.release(at..r.start);
+        }
+        at = at.max(r.end);
+    }
+}
+
 /// Checks (collectively over `dp`) that every replica runs the same stage of the same pipeline
 /// on the same micro-batches, sharded alike, so that their gradient reductions pair up; an error naming
 /// `data_parallel` on every member otherwise (they all see the same gathered values).
@@ -119,8 +147,9 @@ fn agree_across_replicas(
 impl PipelineStage {
     /// Stage `group.rank()` of a `stages`-stage pipeline running `kind` over
     /// `m = cfg.grad_accum` micro-batches of `cfg.batch` sequences per step. Every stage
-    /// initialises the whole model from `cfg.seed` (so the chunks start as one process's) and
-    /// builds the same data source.
+    /// initialises the whole model from `cfg.seed` (so the chunks start as one process's), then
+    /// hands back the pages of every range it does not own (see [`PipelineStage::state_memory`]),
+    /// and builds the same data source.
     ///
     /// Errors, each naming the field: `pipeline_stages` when the group has another size or
     /// there are more chunks (`stages * v`) than blocks; `microbatches` when the schedule
@@ -254,7 +283,7 @@ impl PipelineStage {
             )?);
         }
         let layout = slots[0].layout().clone();
-        let mut params = vec![0f32; layout.total];
+        let mut params = Window::new(layout.total)?;
         init_params(&cfg.model, &layout, cfg.seed, &mut params);
         let chunks: Vec<Chunk> = (0..v)
             .map(|c| {
@@ -285,22 +314,17 @@ impl PipelineStage {
             (Some(g), true) => (g.size(), g.rank()),
             _ => (1, 0),
         };
+        // Only the ranges this stage updates stay resident; nothing writes the others again
+        // (gradients are zeroed and reduced on these ranges only, see `update`).
+        release_unowned(&mut params, &update_ranges);
         let mut updates = Vec::with_capacity(update_ranges.len());
         for r in update_ranges {
             updates.push(Update::new(cfg.adamw, r, &decay_all, d, j)?);
         }
-        let share = match &dp {
-            Some(d) => Share {
-                batch: cfg.batch,
-                world: d.size(),
-                rank: d.rank(),
-            },
-            None => Share::whole(cfg.batch),
-        };
-        let source = Source::for_config(&cfg, share)?;
+        let source = Source::for_config(&cfg, replica_share(&cfg, dp.as_ref()))?;
         let n = cfg.micro_tokens();
         Ok(Self {
-            grads: vec![0f32; layout.total],
+            grads: Window::new(layout.total)?,
             params,
             layout,
             chunks,
@@ -314,6 +338,8 @@ impl PipelineStage {
             inputs: vec![vec![0; n]; m],
             targets: vec![vec![0; n]; m],
             step: 0,
+            drawn: 0,
+            rows_base: 0,
             schedule,
             th,
             group,

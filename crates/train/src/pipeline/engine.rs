@@ -5,12 +5,15 @@
 //!   `k` holds blocks `k L / K .. (k + 1) L / K`, so every chunk has at least one block; `K > L`
 //!   is refused); the embeddings go with chunk 0 and the final norm and head with chunk `K - 1`.
 //!   Stage `s` holds chunks `c p + s` for `c` in `0..v` (Algorithm 1 step 1).
-//! - State: every stage keeps the whole flat parameter and gradient buffers (so the model's
-//!   unit kernels index them as in one process) but writes and updates only its own chunks'
-//!   ranges; AdamW moments exist only for those ranges (one optimizer per chunk). With tied
-//!   embeddings the last stage also holds a copy of `wte`, which its head reads: the first and
-//!   last stages all-reduce `wte`'s gradient (Megatron's embedding group) and both apply the
-//!   identical update. The untouched ranges of the full buffers are the cost of this slice.
+//! - State: the parameters and gradients are whole-model flat buffers ([`Window`]s: anonymous
+//!   mappings), so the model's unit kernels index them as in one process, but a stage holds
+//!   only its own chunks' ranges resident: after initialising the whole model from the seed it
+//!   hands every other page back to the kernel, and nothing writes those ranges again (the
+//!   gradients are zeroed, reduced and scaled on the owned ranges only). AdamW moments exist
+//!   only for those ranges (one optimizer per chunk). With tied embeddings the last stage also
+//!   holds a copy of `wte`, which its head reads: the first and last stages all-reduce `wte`'s
+//!   gradient (Megatron's embedding group; middle stages lend a transient zero buffer) and both
+//!   apply the identical update. [`PipelineStage::state_memory`] measures what stays resident.
 //! - Activations: one [`Model`] per micro-batch in flight on the stage (the schedule's
 //!   [`Schedule::max_in_flight`]), reused as micro-batches retire; each is sized for the whole
 //!   model (only its chunks' regions are written).
@@ -46,7 +49,8 @@ use super::{Action, Schedule};
 use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
 use crate::source::Source;
-use crate::zero::Stage;
+use crate::trainer::StateMemory;
+use crate::zero::{Stage, Window};
 
 /// What one pipeline step did, as seen by one stage.
 #[derive(Clone, Copy, Debug)]
@@ -87,10 +91,11 @@ pub struct PipelineStage {
     pub(super) schedule: Schedule,
     pub(super) th: Threads,
     pub(super) layout: Layout,
-    /// The whole flat parameter buffer; only the update ranges are kept current.
-    pub(super) params: Vec<f32>,
-    /// The whole flat gradient buffer; only this stage's ranges are written.
-    pub(super) grads: Vec<f32>,
+    /// The whole flat parameter buffer; only the update ranges are resident and current (the
+    /// rest was handed back after initialisation and reads as zeros).
+    pub(super) params: Window,
+    /// The whole flat gradient buffer; only the update ranges are ever written.
+    pub(super) grads: Window,
     /// Local chunks, `0..v`.
     pub(super) chunks: Vec<Chunk>,
     /// Ranges this stage updates, each with its (possibly ZeRO-1 sharded) optimizer.
@@ -112,6 +117,11 @@ pub struct PipelineStage {
     pub(super) targets: Vec<Vec<u32>>,
     /// Steps completed.
     pub(super) step: u64,
+    /// Micro-batches drawn from `source` since it was (re)built (`m` per step).
+    pub(super) drawn: u64,
+    /// Rows of the global stream consumed before `source` was last rebuilt that are not a
+    /// whole number of this run's global micro-batches (a resume from another layout).
+    pub(super) rows_base: u64,
 }
 
 impl PipelineStage {
@@ -168,13 +178,46 @@ impl PipelineStage {
     }
 
     /// This stage's flat parameter buffer (whole-model length; current only on
-    /// [`PipelineStage::owned_ranges`], and on `wte` for the last stage when tied).
+    /// [`PipelineStage::owned_ranges`], and on `wte` for the last stage when tied; zeros
+    /// elsewhere).
     pub fn params(&self) -> &[f32] {
         &self.params
     }
 
+    /// Micro-batches drawn from the data source since it was last (re)built (`m` per step).
+    pub fn batches_drawn(&self) -> u64 {
+        self.drawn
+    }
+
+    /// Rows of the data stream consumed so far by all replicas together (the global row
+    /// cursor, as [`crate::Trainer::rows_drawn`]): `m x cfg.batch x replicas` per step.
+    pub fn rows_drawn(&self) -> u64 {
+        self.rows_base + self.drawn * self.global_rows()
+    }
+
+    /// Rows of one global micro-batch: every replica's `cfg.batch`.
+    pub(super) fn global_rows(&self) -> u64 {
+        (self.cfg.batch * self.replicas()) as u64
+    }
+
+    /// Resident bytes of this stage's training state, measured as [`crate::Trainer`] measures
+    /// it: `params` and `grads` count the resident pages of the whole-model buffers (`mincore`:
+    /// the owned ranges, plus at most a partial page at each end of a range), `optimizer` the
+    /// AdamW moments this stage holds (both moments of its ranges, or of its ZeRO-1 shards).
+    /// `comm_buffers` is 0: the activation messages are pooled within a step and freed after it.
+    /// Activations (one [`Model`] arena per micro-batch in flight) are not state and not counted.
+    pub fn state_memory(&self) -> StateMemory {
+        StateMemory {
+            params: self.params.resident_bytes(),
+            grads: self.grads.resident_bytes(),
+            optimizer: 2 * 4 * self.optimizer_len(),
+            comm_buffers: 0,
+        }
+    }
+
     /// The whole model's current parameters, assembled from every stage's owned ranges (a
-    /// collective: every stage must call it). Exact: each element is summed with zeros.
+    /// collective: every stage must call it). Exact: each element is summed with zeros. The
+    /// result is a transient whole-model copy on every stage.
     pub fn gather_params(&self) -> Result<Vec<f32>> {
         let mut out = vec![0f32; self.params.len()];
         for r in &self.norm_ranges {
@@ -204,8 +247,10 @@ impl PipelineStage {
             self.source
                 .next_batch(&mut self.inputs[mb], &mut self.targets[mb])?;
         }
-        for r in self.norm_ranges.iter().chain(self.tied.iter()) {
-            self.grads[r.clone()].fill(0.0);
+        self.drawn += m as u64;
+        // The owned ranges only (a middle stage's tied `wte` is not one of them).
+        for u in &self.updates {
+            self.grads[u.range.clone()].fill(0.0);
         }
         let nc = self.cfg.micro_tokens() * self.cfg.model.d_model;
         let mut losses = vec![f64::NAN; m];

@@ -13,7 +13,9 @@
 //! - [`engine`]: [`PipelineStage`], one stage of a pipeline-parallel training run executing its
 //!   list with point-to-point sends of activations and gradients, alone or as one of several
 //!   data-parallel replicas (DP x PP, optionally ZeRO-1); its construction and layout checks
-//!   are in `build`, its optimizer half (reductions, norm, AdamW) in `update`.
+//!   are in `build`, its optimizer half (reductions, norm, AdamW) in `update`, its
+//!   checkpoints in the [`crate::Trainer`]'s format (save, restore from any layout) in
+//!   `checkpoint`.
 //! - [`simulate`]: an event-driven timeline of a schedule for given per-stage compute times,
 //!   with the measured bubble fraction (000 F41: (p-1)/(m+p-1) for GPipe and 1F1B).
 //!
@@ -21,6 +23,7 @@
 //! `K = p * v` model chunks.
 mod build;
 mod check;
+mod checkpoint;
 pub mod engine;
 mod generate;
 pub mod schedule;

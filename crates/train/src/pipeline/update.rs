@@ -35,9 +35,17 @@ pub(super) struct Update {
     pub(super) decay: Vec<Range<usize>>,
 }
 
+/// Part `j` of `range` cut into `d` contiguous parts: `start + j L / d .. start + (j + 1) L / d`
+/// for `L = range.len()` (the ZeRO-1 shard of replica `j`, and the part it writes to a
+/// checkpoint, `pipeline::checkpoint`).
+pub(super) fn replica_part(range: &Range<usize>, d: usize, j: usize) -> Range<usize> {
+    let cut = |i: usize| range.start + i * range.len() / d.max(1);
+    cut(j)..cut(j + 1)
+}
+
 impl Update {
-    /// `range` cut into `d` contiguous shards (shard `i` is `i L / d .. (i + 1) L / d`), of
-    /// which replica `j` steps its own; `decay_all` are the model's decayed ranges.
+    /// `range` cut into `d` contiguous shards ([`replica_part`]), of which replica `j` steps
+    /// its own; `decay_all` are the model's decayed ranges.
     pub(super) fn new(
         cfg: AdamWConfig,
         range: Range<usize>,
@@ -45,12 +53,10 @@ impl Update {
         d: usize,
         j: usize,
     ) -> Result<Update> {
-        let len = range.len();
-        let cut = |i: usize| range.start + i * len / d;
-        let shard = cut(j)..cut(j + 1);
+        let shard = replica_part(&range, d, j);
         let counts = match d {
             1 => Vec::new(),
-            _ => (0..d).map(|i| cut(i + 1) - cut(i)).collect(),
+            _ => (0..d).map(|i| replica_part(&range, d, i).len()).collect(),
         };
         let decay = decay_all
             .iter()
@@ -124,8 +130,16 @@ impl PipelineStage {
     pub(super) fn update(&mut self, step: u64, m: usize) -> Result<(f64, f32)> {
         if let Some(wte) = &self.tied {
             // Middle stages contribute zeros, so the sum is the first and last stages' exactly.
-            self.group
-                .all_reduce(&mut self.grads[wte.clone()], ReduceOp::Sum)?;
+            // They hold no `wte` (its pages were handed back), so they lend a transient buffer
+            // rather than write the released range.
+            let (s, last) = (self.stage(), self.schedule.stages() - 1);
+            if s == 0 || s == last {
+                self.group
+                    .all_reduce(&mut self.grads[wte.clone()], ReduceOp::Sum)?;
+            } else {
+                self.group
+                    .all_reduce(&mut vec![0f32; wte.len()], ReduceOp::Sum)?;
+            }
         }
         // Every replica's stage `s` holds the same ranges, so the calls match across the group.
         let d = match &self.dp {

@@ -1,0 +1,276 @@
+//! Checkpoints of a pipeline-parallel run (alone, DP x PP, or with ZeRO-1 inside a stage) in
+//! the [`crate::Trainer`]'s format (issue 8: a checkpoint moves between layouts), so one
+//! process, a data-parallel group (with or without ZeRO), a tensor-parallel group and a
+//! pipeline resume from each other's saves.
+//!
+//! - Format. Exactly [`crate::checkpoint`]'s: one float32 tensor per entry of the whole
+//!   model's layout under `model.`, `optim.exp_avg.` and `optim.exp_avg_sq.`, in global
+//!   shapes; state `step`, `optimizer_step`, `batches_drawn` (micro-batches drawn, `m` per
+//!   step), `rows_drawn` (the global row cursor), `loader`, `seed`, `world` (the replicas, the
+//!   data-parallel ranks drawing rows) and `model_config`; the same [`config_hash`] (the
+//!   training config has no pipeline field, and the hash ignores `grad_accum`, which is `m`
+//!   here: a pipeline with `m` micro-batches and a data-parallel `Trainer` without
+//!   accumulation hash alike). Layout `{"dp": d, "tp": 1, "pp": p, "split": "stage-flat",
+//!   "zero": 0 | 1}` records the saving layout; readers do not need it.
+//! - Save ([`PipelineStage::save_checkpoint`], a collective over all `p x d` ranks). The
+//!   stages' chunk ranges partition the flat buffer and each holds whole layout entries, so
+//!   stage `s` writes the tensors of its entries; a tied last stage's copy of `wte` is left to
+//!   stage 0, which owns it. Within a stage, replica `j` of `d` writes part `j` of every chunk
+//!   range (`j L / d .. (j + 1) L / d`, the cut ZeRO-1 shards by) of the parameters and both
+//!   moments, as the row-major boxes that cover it exactly
+//!   ([`crate::zero::state::flat_boxes`], as a ZeRO rank writes its flat parts). Under ZeRO-1
+//!   that part is exactly the moments the replica holds, so sharded moments are written
+//!   without any gather; unsharded replicas split the writing the same way. Every rank is one
+//!   writer, with global writer index `replica + d x stage` (the rank order of a dp x pp
+//!   [`comm::mesh::DeviceMesh`] whose stages are in order); writer 0 (stage 0 of replica 0)
+//!   collects the piece lists ([`ckpt::handoff`]) and commits, as the tensor-parallel and
+//!   data-parallel saves do. A failure on any rank fails all, with nothing committed.
+//! - Load ([`PipelineStage::restore`], a collective). Each stage reads the whole tensors of the
+//!   entries in its ranges (the reader assembles them from whatever pieces a DP, ZeRO, TP or PP
+//!   save wrote), keeps its ranges of the parameters and its (possibly ZeRO-1 sharded) part of
+//!   the moments, and restores the step, AdamW's step count and the global row cursor, so the
+//!   next global batch is the one the saving run would draw next. A checkpoint of another
+//!   model or training config is refused naming what differs; the stage changes only once
+//!   every rank has read everything.
+use std::ops::Range;
+use std::path::Path;
+
+use ckpt::{Checkpoint, CheckpointMeta, RankWriter, Verify, f32_bytes};
+use comm::ReduceOp;
+use model::optim::AdamW;
+use serde_json::json;
+
+use super::build::{intersect, replica_share};
+use super::engine::PipelineStage;
+use super::update::replica_part;
+use crate::checkpoint::{
+    SAVE_TIMEOUT, check_state_tensors, config_hash, piece_refs, read_state_range, saved_run,
+    state_metas,
+};
+use crate::error::{Result, TrainError};
+use crate::source::Source;
+use crate::zero::state::{StatePiece, flat_boxes};
+
+/// Everything a restore replaces, read and checked before anything is changed.
+struct Loaded {
+    /// Per update range, in the stage's order: its parameters.
+    params: Vec<Vec<f32>>,
+    /// Per update range: AdamW over its shard, with the saved moments and step count.
+    opts: Vec<AdamW>,
+    step: u64,
+    source: Source,
+    rows: u64,
+}
+
+impl PipelineStage {
+    /// This rank's writer index and the number of writers in a checkpoint:
+    /// `(replica + d x stage, p x d)`.
+    pub fn writer(&self) -> (u32, u32) {
+        let d = self.replicas();
+        let index = self.replica() + d * self.stage();
+        (index as u32, (d * self.schedule.stages()) as u32)
+    }
+
+    /// Everything of a checkpoint of the current step but the tensors, as
+    /// [`crate::Trainer::checkpoint_meta`] writes it (see the module doc for the state and the
+    /// layout); `world_size` is the number of writers ([`PipelineStage::writer`]).
+    pub fn checkpoint_meta(&mut self, run_id: &str) -> CheckpointMeta {
+        let loader = self.source.loader_state().map(|s| s.to_json());
+        let optimizer_step = self.updates.first().map_or(0, |u| u.opt.step_count());
+        let state = json!({
+            "step": self.step,
+            "optimizer_step": optimizer_step,
+            "batches_drawn": self.drawn,
+            "rows_drawn": self.rows_drawn(),
+            "loader": loader,
+            "seed": self.cfg.seed,
+            "world": self.replicas(),
+            "model_config": model::interop::config_to_metadata(&self.cfg.model),
+        });
+        let layout = json!({
+            "dp": self.replicas(),
+            "tp": 1,
+            "pp": self.schedule.stages(),
+            "split": "stage-flat",
+            "zero": u8::from(self.zero),
+        });
+        CheckpointMeta {
+            run_id: run_id.to_string(),
+            world_size: self.writer().1,
+            layout,
+            config_hash: config_hash(&self.cfg),
+            tensors: state_metas(&self.layout),
+            state,
+        }
+    }
+
+    /// The pieces this rank writes (see the module doc): replica `j`'s part of every chunk
+    /// range, for the parameters and both moments, each naming its tensor by index into
+    /// [`state_metas`].
+    fn checkpoint_pieces(&self) -> Vec<StatePiece<'_>> {
+        let entries = &self.layout.entries;
+        let (d, j) = (self.replicas(), self.replica());
+        let mut out = Vec::new();
+        // The first `chunks` updates are the chunk ranges (`build`); a tied last stage's extra
+        // `wte` update is stage 0's to write.
+        for u in &self.updates[..self.chunks.len()] {
+            let part = replica_part(&u.range, d, j);
+            let (m, v) = u.opt.moments();
+            // Where element `x` of the flat buffer lies in each source: the parameters are
+            // whole-model, the moments cover `u.shard` (which holds `part`, sharded or not).
+            let sources: [(&[f32], usize); 3] =
+                [(&self.params, 0), (m, u.shard.start), (v, u.shard.start)];
+            for (which, (src, base)) in sources.into_iter().enumerate() {
+                for (i, e) in entries.iter().enumerate() {
+                    let Some(x) = intersect(&e.range(), &part) else {
+                        continue;
+                    };
+                    for (slice, sub) in flat_boxes(&e.shape, x.start - e.offset..x.end - e.offset) {
+                        let at = e.offset + sub.start - base;
+                        let bytes = f32_bytes(&src[at..at + sub.len()]);
+                        out.push((which * entries.len() + i, slice, bytes));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Saves the current step under `dir` (created if missing) in the [`crate::Trainer`]'s
+    /// format: a collective that every rank of every replica must call. Each rank writes its
+    /// pieces (module doc) in parallel; once every file is durable (or some rank failed, so
+    /// writer 0 never waits for a writer that gave up) the others publish their piece lists and
+    /// writer 0 collects them and commits. Every rank returns the same outcome: a failed write
+    /// on any rank is an error on all and nothing is committed. Returns the step saved.
+    pub fn save_checkpoint(&mut self, dir: &Path, run_id: &str) -> Result<u64> {
+        let step = self.step;
+        let (writer, writers) = self.writer();
+        let meta = self.checkpoint_meta(run_id);
+        let written = std::fs::create_dir_all(dir)
+            .map_err(|e| TrainError::Config {
+                field: "checkpoint dir",
+                value: dir.display().to_string(),
+                reason: e.to_string(),
+            })
+            .and_then(|()| {
+                let pieces = self.checkpoint_pieces();
+                let refs = piece_refs(&meta.tensors, &pieces);
+                Ok(RankWriter::write_all(dir, step, writer, &refs)?)
+            });
+        self.agree_saved(step, written.is_ok(), "write their pieces of")?;
+        let written = written?;
+        let committed = if writer == 0 {
+            ckpt::handoff::collect_pieces(dir, step, writers, written, SAVE_TIMEOUT)
+                .and_then(|all| ckpt::commit(dir, step, all, meta).map(drop))
+        } else {
+            ckpt::handoff::publish_pieces(dir, step, writer, &written)
+        };
+        // Also the barrier that keeps every rank from going on before the step is committed.
+        self.agree_saved(step, committed.is_ok(), "hand over or commit")?;
+        committed?;
+        Ok(step)
+    }
+
+    /// An error on every rank whose `ok` is true when any rank's is false (that rank returns
+    /// its own error).
+    fn agree_saved(&self, step: u64, ok: bool, what: &str) -> Result<()> {
+        let failed = self.failures(ok)?;
+        if ok && failed > 0 {
+            return Err(TrainError::Config {
+                field: "checkpoint save",
+                value: format!("step {step}"),
+                reason: format!(
+                    "{failed} of the {} writers failed to {what} it",
+                    self.writer().1
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The number of ranks, over the whole dp x pp world, whose `ok` is false (a collective:
+    /// summed over the pipeline, then over the replicas of this stage, which covers every rank
+    /// once).
+    fn failures(&self, ok: bool) -> Result<u32> {
+        let mut failed = [f32::from(u8::from(!ok))];
+        self.group.all_reduce(&mut failed, ReduceOp::Sum)?;
+        if let Some(dp) = self.dp.as_ref().filter(|d| d.size() > 1) {
+            dp.all_reduce(&mut failed, ReduceOp::Sum)?;
+        }
+        Ok(failed[0] as u32)
+    }
+
+    /// Loads `ckpt`, saved by any layout in the [`crate::Trainer`]'s format (one process,
+    /// data-parallel, ZeRO, tensor- or pipeline-parallel), into this stage: a collective that
+    /// every rank must call. Refused, naming what differs, when a tensor is missing or has
+    /// another shape (another model) or the training config differs (as
+    /// [`crate::Trainer::restore`]); when any rank cannot load it, every rank fails. The stage
+    /// is only changed once every rank has read everything.
+    pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
+        let loaded = self.read(ckpt);
+        let failed = self.failures(loaded.is_ok())?;
+        let loaded = loaded?;
+        if failed > 0 {
+            return Err(TrainError::Resume {
+                step: ckpt.step(),
+                reason: format!(
+                    "{failed} of the {} pipeline ranks could not load it",
+                    self.writer().1
+                ),
+            });
+        }
+        for ((u, params), opt) in self.updates.iter_mut().zip(loaded.params).zip(loaded.opts) {
+            self.params[u.range.clone()].copy_from_slice(&params);
+            u.opt = opt;
+        }
+        self.step = loaded.step;
+        self.source = loaded.source;
+        let per = self.global_rows();
+        self.drawn = loaded.rows / per;
+        self.rows_base = loaded.rows % per;
+        Ok(())
+    }
+
+    /// Reads and checks what [`PipelineStage::restore`] replaces.
+    fn read(&self, ckpt: &Checkpoint) -> Result<Loaded> {
+        check_state_tensors(ckpt, &self.layout)?;
+        let run = saved_run(ckpt, &self.cfg)?;
+        let (mut params, mut opts) = (Vec::new(), Vec::new());
+        for u in &self.updates {
+            let [p, m, v] = read_state_range(ckpt, &self.layout, u.range.clone())?;
+            let mine: Range<usize> = u.shard.start - u.range.start..u.shard.end - u.range.start;
+            let (m, v) = (m[mine.clone()].to_vec(), v[mine].to_vec());
+            opts.push(AdamW::from_state(self.cfg.adamw, m, v, run.optimizer_step)?);
+            params.push(p);
+        }
+        // The data source at the saved global row cursor (token datasets: the loader's state).
+        let c = &self.cfg;
+        let share = replica_share(c, self.dp.as_ref());
+        let loader = run.loader.as_ref();
+        let mut source = Source::new(&c.data, c.model.vocab, c.seq_len, share, c.seed, loader)?;
+        if loader.is_none() {
+            source.skip_rows(run.rows, c.seq_len)?;
+        }
+        Ok(Loaded {
+            params,
+            opts,
+            step: run.step,
+            source,
+            rows: run.rows,
+        })
+    }
+
+    /// Restores this stage from the newest committed step under `dir` (verifying the manifest;
+    /// each tensor's bytes are verified as read). Returns the step resumed from, or `None` when
+    /// `dir` holds no committed step. A collective: every rank calls it and reads the same step.
+    pub fn resume(&mut self, dir: &Path) -> Result<Option<u64>> {
+        if !dir.exists() {
+            return Ok(None);
+        }
+        let Some(&step) = ckpt::list_committed(dir)?.last() else {
+            return Ok(None);
+        };
+        self.restore(&Checkpoint::open(dir, step, Verify::ManifestOnly)?)?;
+        Ok(Some(step))
+    }
+}
