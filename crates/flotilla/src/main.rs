@@ -34,6 +34,7 @@ mod saved;
 mod spawn;
 mod train_ckpt;
 mod train_cmd;
+mod train_mesh;
 mod train_plan;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -116,6 +117,20 @@ fn main() {
     };
     if let Err(e) = result {
         eprintln!("flotilla: error: {e:#}");
-        std::process::exit(1);
+        // A refused configuration is not worth a restart (the agent reads this exit code).
+        let refused = e.downcast_ref::<train_mesh::Refused>().is_some();
+        std::process::exit(if refused { launch::EXIT_REFUSED } else { 1 });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// clap's own consistency checks over every subcommand (unique names, valid defaults):
+    /// a clash otherwise shows only when that subcommand is first parsed.
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
     }
 }

@@ -51,6 +51,26 @@ pub fn measure(threads: usize) -> Result<Calibration> {
     })
 }
 
+/// A calibration from what a run already measured (its GEMM peak per rank and its group's
+/// links), with the copy bandwidth and memory of this machine measured now (a few ms).
+pub fn for_run(
+    ranks: u64,
+    threads: usize,
+    gemm_flops: f64,
+    shm: (f64, f64),
+    tcp: (f64, f64),
+) -> Calibration {
+    Calibration {
+        ranks,
+        threads,
+        gemm_flops,
+        copy_bw: copy_bandwidth(),
+        ram: ram_bytes().unwrap_or(0.0),
+        shm,
+        tcp,
+    }
+}
+
 /// Best of three copies of [`COPY_BYTES`]: bytes moved (read + written) per second.
 fn copy_bandwidth() -> f64 {
     let src = vec![1u8; COPY_BYTES];

@@ -18,6 +18,8 @@ pub struct Args {
     model: ModelArgs,
     #[command(flatten)]
     train: TrainArgs,
+    #[command(flatten)]
+    mesh: crate::train_mesh::MeshArgs,
     /// Data-parallel worker processes on this node: each trains on its --batch rows of every
     /// global batch of nproc x nnodes x batch rows, gradients all-reduced in buckets during the
     /// backward. Default: NPROC_PER_NODE, or Slurm's tasks (or GPUs) per node, else 2. Workers
@@ -145,6 +147,19 @@ pub fn run(a: Args) -> Result<()> {
     match Worker::from_env()? {
         None => {
             let plan = NodePlan::resolve(a.nproc, a.nnodes, a.node_rank, a.rdzv.as_deref())?;
+            if a.mesh.splits_model() {
+                // Degrees are checked before any worker starts (placement needs the workers).
+                a.mesh.shape(plan.nproc * plan.nnodes)?;
+                if plan.nproc * plan.nnodes == 1 {
+                    bail!("--tp/--pp split the model over workers: run with --nproc 2 or more");
+                }
+                if a.zero != 0 {
+                    bail!(
+                        "--zero {} with --tp/--pp: ZeRO is not wired into the mesh engines of the CLI yet",
+                        a.zero
+                    );
+                }
+            }
             if plan.nproc * plan.nnodes > 1 || chaos.is_some() {
                 launch(&a, &cfg, &plan, chaos.unwrap_or_default(), embedded)
             } else {
@@ -172,6 +187,13 @@ pub fn run(a: Args) -> Result<()> {
             let group =
                 ProcessGroup::new(&w.rdv, "world", w.rank, w.world, GroupConfig::from_env()?)
                     .with_context(|| format!("joining the training group as rank {}", w.rank))?;
+            if a.mesh.splits_model() {
+                let peak = match a.peak_gflops {
+                    Some(p) => p,
+                    None => gemm_gflops(&model::Threads::new(cfg.threads)?, 2048, 5),
+                };
+                return crate::train_mesh::train(&a.mesh, cfg, group, sup, peak, a.log_every);
+            }
             train(a, cfg, Some(group), sup)
         }
     }

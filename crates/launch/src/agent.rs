@@ -233,6 +233,12 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
         if cfg.node_rank != 0 {
             gang.failure_seen(g);
         }
+        if cfg.node_rank == 0 && crate::watchdog::is_refusal(&what) {
+            let e = LaunchError::Refused(what);
+            let linger = cfg.kill_grace + Duration::from_secs(5);
+            gang.abort(g, &members, &e.to_string(), linger)?;
+            return Err(e);
+        }
         if cfg.node_rank == 0 {
             restarts = gang.count_restart()?;
             if restarts > cfg.max_restarts {

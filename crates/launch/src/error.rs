@@ -84,6 +84,9 @@ pub enum LaunchError {
     },
 
     // === Outcomes ===
+    /// A worker refused its configuration: the job ends without a restart.
+    #[error("{0} (not restarted: the same configuration would be refused again)")]
+    Refused(String),
     /// A failure after `--max-restarts` restarts.
     #[error("{last} (restarts exhausted: {restarts} of --max-restarts {max} used)")]
     RestartsExhausted {

@@ -38,4 +38,4 @@ pub use env::{NodeEnv, WorkerEnv};
 pub use error::{LaunchError, Result};
 pub use heartbeat::Heartbeat;
 pub use process::WorkerCommand;
-pub use watchdog::WatchRules;
+pub use watchdog::{EXIT_REFUSED, WatchRules};

@@ -45,16 +45,31 @@ pub enum FailureKind {
     Startup(Duration),
 }
 
+/// The exit code of a worker that refused its configuration (sysexits' `EX_CONFIG`): a layout
+/// that cannot be placed, degrees that do not divide, a checkpoint of another model. Restarting
+/// would refuse again, so the agent ends the job instead of spending its restarts.
+pub const EXIT_REFUSED: i32 = 78;
+
+/// The words a refusal's description carries (failures travel between agents as text).
+const REFUSED_NOTE: &str = "refused its configuration";
+
+/// Whether a failure description (as [`Failure`] displays it) is a refused configuration.
+pub fn is_refusal(what: &str) -> bool {
+    what.contains(REFUSED_NOTE)
+}
+
 impl FailureKind {
     /// Which failure best explains a group's collapse: a worker killed by a signal or silent
-    /// causes its peers' communication errors, not the other way round.
+    /// causes its peers' communication errors, not the other way round; a worker that refused
+    /// its configuration explains its peers' exits.
     pub fn priority(&self) -> u8 {
         match self {
             FailureKind::Signal(_) => 0,
             FailureKind::Heartbeat(_) => 1,
             FailureKind::Stalled(_) => 2,
             FailureKind::Startup(_) => 3,
-            FailureKind::Exit(_) => 4,
+            FailureKind::Exit(EXIT_REFUSED) => 4,
+            FailureKind::Exit(_) => 5,
         }
     }
 }
@@ -106,6 +121,10 @@ impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "rank {} ", self.rank)?;
         match &self.kind {
+            FailureKind::Exit(EXIT_REFUSED) => write!(
+                f,
+                "exited with code {EXIT_REFUSED}: it {REFUSED_NOTE} (its error is printed above)"
+            )?,
             FailureKind::Exit(c) => write!(f, "exited with code {c}")?,
             FailureKind::Signal(s) => write!(f, "was killed by signal {s} ({})", signal_name(*s))?,
             FailureKind::Heartbeat(d) => write!(
