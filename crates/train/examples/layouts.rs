@@ -110,9 +110,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     cf.intra_alpha_us = Some(link.0 * 1e6);
     cf.intra_bw_gbs = Some(link.1 / 1e9);
     cf.memory_reserve_gb = 0.0;
+    // The engines as built: no sequence parallelism, the embeddings and head replicated on
+    // every TP rank (so each computes the whole head).
     let layout = |tp: u64, pp: u64, dp: u64| Layout {
         micro_batch: MICRO as u64,
         sequence_parallel: false,
+        vocab_parallel: false,
         ..Layout::new(tp, pp, dp)
     };
     let predict = |efficiency: f64, l: &Layout| -> Result<f64, Box<dyn std::error::Error>> {
