@@ -159,6 +159,11 @@ pub fn run(a: Args) -> Result<()> {
                         a.zero
                     );
                 }
+                if a.ckpt_auto_mtbf.is_some() {
+                    bail!(
+                        "--ckpt-auto-mtbf with --tp/--pp: mesh runs save synchronously on --ckpt-every"
+                    );
+                }
             }
             if plan.nproc * plan.nnodes > 1 || chaos.is_some() {
                 launch(&a, &cfg, &plan, chaos.unwrap_or_default(), embedded)
@@ -192,7 +197,19 @@ pub fn run(a: Args) -> Result<()> {
                     Some(p) => p,
                     None => gemm_gflops(&model::Threads::new(cfg.threads)?, 2048, 5),
                 };
-                return crate::train_mesh::train(&a.mesh, cfg, group, sup, peak, a.log_every);
+                let ckpt = a.ckpt_dir.clone().map(|dir| crate::train_mesh::Checkpoints {
+                    dir,
+                    every: a.ckpt_every,
+                });
+                return crate::train_mesh::train(
+                    &a.mesh,
+                    cfg,
+                    group,
+                    sup,
+                    peak,
+                    a.log_every,
+                    ckpt,
+                );
             }
             train(a, cfg, Some(group), sup)
         }

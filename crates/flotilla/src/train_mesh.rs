@@ -12,6 +12,9 @@
 //! A refused configuration exits with [`launch::EXIT_REFUSED`], which the agent does not
 //! restart (the same configuration would be refused again).
 
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
 use anyhow::{Context, Result, bail};
 use comm::group::ProcessGroup;
 use comm::mesh::{DeviceMesh, MeshShape};
@@ -103,6 +106,15 @@ impl std::fmt::Display for Refused {
 
 impl std::error::Error for Refused {}
 
+/// Where and how often a mesh run saves (synchronously; every rank writes its pieces, rank 0
+/// commits), in the format every layout reads.
+pub struct Checkpoints {
+    /// The checkpoint directory (resumed from when it holds a committed step).
+    pub dir: PathBuf,
+    /// Save every this many steps (0: only at the end).
+    pub every: u64,
+}
+
 /// The engine of one mesh rank.
 enum Engine {
     Tensor(Box<TpTrainer>),
@@ -148,12 +160,41 @@ impl Engine {
         })
     }
 
+    /// Resumes from the newest committed step under `dir`, if any (a collective).
+    fn resume(&mut self, dir: &Path) -> Result<Option<u64>> {
+        Ok(match self {
+            Engine::Tensor(t) => t.resume(dir)?,
+            Engine::Pipeline(p) => p.resume(dir)?,
+        })
+    }
+
+    /// Saves the current step in the Trainer's format (a collective); returns the step.
+    fn save(&mut self, dir: &Path, run_id: &str) -> Result<u64> {
+        Ok(match self {
+            Engine::Tensor(t) => t.save_checkpoint(dir, run_id)?,
+            Engine::Pipeline(p) => p.save_checkpoint(dir, run_id)?,
+        })
+    }
+
     fn state_memory(&self) -> StateMemory {
         match self {
             Engine::Tensor(t) => t.state_memory(),
             Engine::Pipeline(p) => p.state_memory(),
         }
     }
+}
+
+/// Saves and says so on rank 0.
+fn save_line(lead: bool, engine: &mut Engine, c: &Checkpoints, run_id: &str) -> Result<()> {
+    let t = Instant::now();
+    let step = engine.save(&c.dir, run_id).context("saving a checkpoint")?;
+    out!(
+        lead,
+        "# checkpoint: step {step} committed in {} ({:.1} ms, synchronous)",
+        c.dir.display(),
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    Ok(())
 }
 
 /// Rows of one global batch: `dp` replicas x `batch` rows x `grad_accum` micro-batches.
@@ -227,6 +268,7 @@ pub fn train(
     sup: Supervision,
     peak_gflops: f64,
     log_every: u64,
+    ckpt: Option<Checkpoints>,
 ) -> Result<()> {
     let lead = group.rank() == 0;
     let nodes = group.topology().hosts.max(1);
@@ -275,14 +317,25 @@ pub fn train(
             |e| Refused(anyhow::Error::new(e).context("building the tensor-parallel rank")),
         )?))
     };
-    sup.resumed(0);
+    let run_id = format!("train-seed{}", cfg.seed);
+    let first = match &ckpt {
+        Some(c) => match engine.resume(&c.dir).context("resuming the mesh run")? {
+            Some(step) => {
+                out!(lead, "# resumed from {} step {step}", c.dir.display());
+                step
+            }
+            None => 0,
+        },
+        None => 0,
+    };
+    sup.resumed(first);
     let tokens = global_tokens(&cfg, shape.dp);
     let (mut timed_s, mut timed_steps, mut wait_s, mut last_loss) = (0.0, 0u64, 0.0, f64::NAN);
-    for _ in 0..cfg.steps {
+    for _ in first..cfg.steps {
         sup.starting();
         let s = engine.step()?;
         last_loss = s.loss;
-        if s.step > 1 || cfg.steps == 1 {
+        if s.step > first + 1 || cfg.steps == first + 1 {
             timed_s += s.seconds;
             timed_steps += 1;
             wait_s += s.wait_seconds;
@@ -299,9 +352,17 @@ pub fn train(
                 tokens as f64 / s.seconds
             );
         }
+        if let Some(c) = ckpt.as_ref().filter(|c| c.every > 0 && s.step % c.every == 0) {
+            save_line(lead, &mut engine, c, &run_id)?;
+        }
         sup.completed(s.step)?;
     }
     sup.finishing();
+    if let Some(c) = ckpt.as_ref().filter(|c| c.every == 0 || cfg.steps % c.every != 0) {
+        if first < cfg.steps {
+            save_line(lead, &mut engine, c, &run_id)?;
+        }
+    }
     // Every rank's state, for the per-rank memory line (rank 0 prints the largest).
     let mem = engine.state_memory();
     let idle = if timed_s > 0.0 { wait_s / timed_s } else { 0.0 };
