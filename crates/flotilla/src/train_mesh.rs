@@ -55,7 +55,11 @@ impl MeshArgs {
     /// The mesh of a `world`-rank job, validated with the equation in the error.
     pub fn shape(&self, world: usize) -> Result<MeshShape> {
         if self.tp == 0 || self.pp == 0 {
-            bail!("--tp {} --pp {}: degrees must be at least 1", self.tp, self.pp);
+            bail!(
+                "--tp {} --pp {}: degrees must be at least 1",
+                self.tp,
+                self.pp
+            );
         }
         if self.tp > 1 && self.pp > 1 {
             bail!(
@@ -134,28 +138,22 @@ struct Step {
 
 impl Engine {
     fn step(&mut self) -> Result<Step> {
+        let step = |step, loss, lr, grad_norm, seconds, wait_seconds| Step {
+            step,
+            loss,
+            lr,
+            grad_norm,
+            seconds,
+            wait_seconds,
+        };
         Ok(match self {
             Engine::Tensor(t) => {
                 let s = t.step()?;
-                Step {
-                    step: s.step,
-                    loss: s.loss,
-                    lr: s.lr,
-                    grad_norm: s.grad_norm,
-                    seconds: s.seconds,
-                    wait_seconds: 0.0,
-                }
+                step(s.step, s.loss, s.lr, s.grad_norm, s.seconds, 0.0)
             }
             Engine::Pipeline(p) => {
                 let s = p.step()?;
-                Step {
-                    step: s.step,
-                    loss: s.loss,
-                    lr: s.lr,
-                    grad_norm: s.grad_norm,
-                    seconds: s.seconds,
-                    wait_seconds: s.wait_seconds,
-                }
+                step(s.step, s.loss, s.lr, s.grad_norm, s.seconds, s.wait_seconds)
             }
         })
     }
@@ -304,13 +302,19 @@ pub fn train(
         out!(lead, "# warning (placement, forced): {w}");
     }
     for w in &lint {
-        out!(lead, "# planner warning [{}]: {} ({})", w.code, w.message, w.cite);
+        out!(
+            lead,
+            "# planner warning [{}]: {} ({})",
+            w.code,
+            w.message,
+            w.cite
+        );
     }
     let mut engine = if shape.pp > 1 {
         Engine::Pipeline(Box::new(
-            PipelineStage::on_mesh(cfg.clone(), &mesh, mesh_args.pipeline_schedule).map_err(|e| {
-                Refused(anyhow::Error::new(e).context("building the pipeline stage"))
-            })?,
+            PipelineStage::on_mesh(cfg.clone(), &mesh, mesh_args.pipeline_schedule).map_err(
+                |e| Refused(anyhow::Error::new(e).context("building the pipeline stage")),
+            )?,
         ))
     } else {
         Engine::Tensor(Box::new(TpTrainer::on_mesh(cfg.clone(), &mesh).map_err(
@@ -352,13 +356,19 @@ pub fn train(
                 tokens as f64 / s.seconds
             );
         }
-        if let Some(c) = ckpt.as_ref().filter(|c| c.every > 0 && s.step % c.every == 0) {
+        if let Some(c) = ckpt
+            .as_ref()
+            .filter(|c| c.every > 0 && s.step % c.every == 0)
+        {
             save_line(lead, &mut engine, c, &run_id)?;
         }
         sup.completed(s.step)?;
     }
     sup.finishing();
-    if let Some(c) = ckpt.as_ref().filter(|c| c.every == 0 || cfg.steps % c.every != 0) {
+    if let Some(c) = ckpt
+        .as_ref()
+        .filter(|c| c.every == 0 || cfg.steps % c.every != 0)
+    {
         if first < cfg.steps {
             save_line(lead, &mut engine, c, &run_id)?;
         }
@@ -425,7 +435,10 @@ mod tests {
         let s = args(1, 2).shape(8).unwrap();
         assert_eq!((s.dp, s.pp, s.tp), (4, 2, 1));
         let e = args(3, 1).shape(4).unwrap_err().to_string();
-        assert!(e.contains("--tp 3 x --pp 1 = 3 does not divide the world of 4"), "{e}");
+        assert!(
+            e.contains("--tp 3 x --pp 1 = 3 does not divide the world of 4"),
+            "{e}"
+        );
         let e = args(2, 2).shape(8).unwrap_err().to_string();
         assert!(e.contains("inside pipeline stages is not built yet"), "{e}");
         assert!(args(0, 1).shape(4).is_err());

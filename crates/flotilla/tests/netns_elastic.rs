@@ -12,7 +12,7 @@ mod cli;
 #[path = "support/netns.rs"]
 mod netns;
 
-use cli::{MICRO, loss_at};
+use cli::{loss_at, micro_on_node};
 use netns::{Hosts, kill_group, run_all_watching};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -58,27 +58,10 @@ fn number_after(text: &str, tag: &str) -> u64 {
 /// MICRO on one worker per host, one thread, every step logged, checkpoints every 2 steps in
 /// `ckpt` (a directory every namespace sees: they share the file system).
 fn train_args(node: usize, rdzv: &str, ckpt: &str) -> Vec<String> {
-    let mut args = vec!["train".to_string()];
-    let mut micro = MICRO.iter();
-    while let Some(&arg) = micro.next() {
-        if arg == "--threads" || arg == "--nproc" {
-            micro.next();
-        } else {
-            args.push(arg.into());
-        }
-    }
-    let node = node.to_string();
+    let mut args = micro_on_node(node, rdzv);
     let steps = STEPS.to_string();
     let job_timeout = JOB_TIMEOUT_S.to_string();
     let rest = [
-        "--threads",
-        "1",
-        "--nproc",
-        "1",
-        "--node-rank",
-        &node,
-        "--rdzv",
-        rdzv,
         "--steps",
         &steps,
         "--log-every",
@@ -127,22 +110,12 @@ fn lose_host_2(hosts: &Hosts, loss: Loss) {
     let rdzv = format!("{}:{PORT}", hosts.ip(0));
     let cmds = (0..hosts.len())
         .map(|i| {
-            let mut c = hosts.command(i, BIN);
+            // Collectives with a silent host fail only after 30 s; the lease (5 s, the
+            // heartbeat timeout) is what must notice a cut link first.
+            let mut c = hosts.job_command(i, BIN, "netns-elastic-secret-0123456789abcdef", 30);
             c.args(train_args(i, &rdzv, ckpt.to_str().unwrap()))
                 // The elastic range, torchrun-style; --nnodes MIN:MAX says the same.
-                .env("NNODES", "2:3")
-                .env("FLOTILLA_SECRET", "netns-elastic-secret-0123456789abcdef")
-                // Collectives with a silent host fail only after this; the lease (5 s, the
-                // heartbeat timeout) is what must notice a cut link first.
-                .env("FLOTILLA_TIMEOUT_S", "30")
-                .env_remove("NODE_RANK")
-                .env_remove("NPROC_PER_NODE")
-                .env_remove("MASTER_ADDR")
-                .env_remove("MASTER_PORT")
-                .env_remove("FLOTILLA_ALGO")
-                .env_remove("FLOTILLA_ADDR")
-                .env_remove("FLOTILLA_HOST_ID")
-                .env_remove("FLOTILLA_TRANSPORT");
+                .env("NNODES", "2:3");
             c
         })
         .collect();

@@ -12,7 +12,7 @@ mod cli;
 #[path = "support/netns.rs"]
 mod netns;
 
-use cli::MICRO;
+use cli::micro_on_node;
 use netns::{Hosts, Outcome, run_all};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -32,29 +32,12 @@ const TEST_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// MICRO with one worker per host, TP 2 across the two hosts.
 fn train_args(node: usize, rdzv: &str, extra: &[&str]) -> Vec<String> {
-    let mut args = vec!["train".to_string()];
-    let mut micro = MICRO.iter();
-    while let Some(&arg) = micro.next() {
-        if arg == "--threads" || arg == "--nproc" {
-            micro.next();
-        } else {
-            args.push(arg.into());
-        }
-    }
-    let node = node.to_string();
+    let mut args = micro_on_node(node, rdzv);
     let steps = STEPS.to_string();
     let job_timeout = JOB_TIMEOUT_S.to_string();
     let rest = [
-        "--threads",
-        "1",
-        "--nproc",
-        "1",
         "--nnodes",
         "2",
-        "--node-rank",
-        &node,
-        "--rdzv",
-        rdzv,
         "--steps",
         &steps,
         "--log-every",
@@ -78,18 +61,8 @@ fn run_job(hosts: &Hosts, extra: &[&str]) -> (Vec<Outcome>, String) {
     let rdzv = format!("{}:{PORT}", hosts.ip(0));
     let cmds = (0..hosts.len())
         .map(|i| {
-            let mut c = hosts.command(i, BIN);
-            c.args(train_args(i, &rdzv, extra))
-                .env("FLOTILLA_SECRET", "netns-mesh-secret-0123456789abcdef")
-                .env("FLOTILLA_TIMEOUT_S", "30")
-                .env_remove("NODE_RANK")
-                .env_remove("NPROC_PER_NODE")
-                .env_remove("MASTER_ADDR")
-                .env_remove("MASTER_PORT")
-                .env_remove("FLOTILLA_ALGO")
-                .env_remove("FLOTILLA_ADDR")
-                .env_remove("FLOTILLA_HOST_ID")
-                .env_remove("FLOTILLA_TRANSPORT");
+            let mut c = hosts.job_command(i, BIN, "netns-mesh-secret-0123456789abcdef", 30);
+            c.args(train_args(i, &rdzv, extra));
             c
         })
         .collect();
@@ -136,7 +109,10 @@ fn a_tp_group_across_two_hosts_is_refused_and_not_restarted() {
             "no {needle:?}\n{report}"
         );
     }
-    assert!(!all.contains("restart 1/"), "a refusal was restarted\n{report}");
+    assert!(
+        !all.contains("restart 1/"),
+        "a refusal was restarted\n{report}"
+    );
     assert!(!all.contains("step      1/"), "it trained\n{report}");
 }
 

@@ -53,3 +53,31 @@ pub fn loss_at(out: &str, step: u64, total: u64) -> String {
         .unwrap_or_default()
         .to_string()
 }
+
+/// `train` with [`MICRO`] as one worker of one thread on node `node` of a job whose store is
+/// at `rdzv` (a host of its own, e.g. a network namespace); the caller adds the rest.
+pub fn micro_on_node(node: usize, rdzv: &str) -> Vec<String> {
+    let mut args = vec!["train".to_string()];
+    let mut micro = MICRO.iter();
+    while let Some(&arg) = micro.next() {
+        if arg == "--threads" || arg == "--nproc" {
+            micro.next();
+        } else {
+            args.push(arg.into());
+        }
+    }
+    let node = node.to_string();
+    for a in [
+        "--threads",
+        "1",
+        "--nproc",
+        "1",
+        "--node-rank",
+        &node,
+        "--rdzv",
+        rdzv,
+    ] {
+        args.push(a.into());
+    }
+    args
+}

@@ -191,6 +191,34 @@ impl Hosts {
         c
     }
 
+    /// [`Hosts::command`] for a `flotilla` job's process on host `i`: the job's `secret`, the
+    /// collectives' timeout `timeout_s`, and none of the launcher variables of the test's own
+    /// environment (node rank, store address, transport and algorithm overrides).
+    pub fn job_command(
+        &self,
+        i: usize,
+        program: impl AsRef<std::ffi::OsStr>,
+        secret: &str,
+        timeout_s: u64,
+    ) -> Command {
+        let mut c = self.command(i, program);
+        c.env("FLOTILLA_SECRET", secret)
+            .env("FLOTILLA_TIMEOUT_S", timeout_s.to_string());
+        for var in [
+            "NODE_RANK",
+            "NPROC_PER_NODE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "FLOTILLA_ALGO",
+            "FLOTILLA_ADDR",
+            "FLOTILLA_HOST_ID",
+            "FLOTILLA_TRANSPORT",
+        ] {
+            c.env_remove(var);
+        }
+        c
+    }
+
     /// Pids of processes still running in host `i`.
     pub fn pids(&self, i: usize) -> Vec<u32> {
         pids_in(&self.ns(i))
