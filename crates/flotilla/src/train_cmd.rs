@@ -197,19 +197,14 @@ pub fn run(a: Args) -> Result<()> {
                     Some(p) => p,
                     None => gemm_gflops(&model::Threads::new(cfg.threads)?, 2048, 5),
                 };
-                let ckpt = a.ckpt_dir.clone().map(|dir| crate::train_mesh::Checkpoints {
-                    dir,
-                    every: a.ckpt_every,
-                });
-                return crate::train_mesh::train(
-                    &a.mesh,
-                    cfg,
-                    group,
-                    sup,
-                    peak,
-                    a.log_every,
-                    ckpt,
-                );
+                let ckpt = a
+                    .ckpt_dir
+                    .clone()
+                    .map(|dir| crate::train_mesh::Checkpoints {
+                        dir,
+                        every: a.ckpt_every,
+                    });
+                return crate::train_mesh::train(&a.mesh, cfg, group, sup, peak, a.log_every, ckpt);
             }
             train(a, cfg, Some(group), sup)
         }

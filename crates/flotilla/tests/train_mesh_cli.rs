@@ -124,7 +124,11 @@ fn a_dp4_checkpoint_moves_to_dp2_x_tp2_and_pp2_x_dp2_and_back() {
         let dir = tempfile::tempdir().unwrap();
         let out = run(layout, HALF, dir.path());
         for (i, (g, w)) in losses(&out, 1, HALF, HALF).iter().zip(&head).enumerate() {
-            assert!((g - w).abs() <= 2e-4, "{layout:?} step {}: {g} vs {w}\n{out}", i + 1);
+            assert!(
+                (g - w).abs() <= 2e-4,
+                "{layout:?} step {}: {g} vs {w}\n{out}",
+                i + 1
+            );
         }
     }
     moves(DP4, DP2_TP2, &tail);
