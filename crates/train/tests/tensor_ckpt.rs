@@ -1,10 +1,19 @@
-//! Checkpoints move between the tensor-parallel trainer and the plain and data-parallel
-//! [`Trainer`] (issue 8: a checkpoint saved under one layout loads under another and training
-//! continues with the same loss). Each test trains 3 steps under one layout, saves, resumes
-//! under another for 3 more, and compares the per-step losses and final parameters with a
-//! straight 6-step run of one process within float summation-order tolerance: one process ->
-//! TP2, ZeRO-2 on 2 ranks -> TP2, TP2 -> one process and 2 data-parallel ranks, TP4 -> TP2. A
-//! checkpoint of another model is refused by name.
+//! Checkpoints move between the tensor-parallel trainer (alone or as DP x TP replicas on a
+//! mesh) and the plain and data-parallel [`Trainer`] (issue 8: a checkpoint saved under one
+//! layout loads under another and training continues with the same loss). Each test trains 3
+//! steps under one layout, saves, resumes under another for 3 more, and compares the per-step
+//! losses and gradient norms and the final parameters with a straight 6-step run within float
+//! summation-order tolerance (1e-4 relative).
+//!
+//! - Against one process (global batch 4 rows: 2 micro-batches of 2, or 2 ranks of 2): one
+//!   process -> TP2, ZeRO-2 on 2 ranks -> TP2, TP2 -> one process and 2 data-parallel ranks,
+//!   TP4 -> TP2.
+//! - Against a straight data-parallel `Trainer` on 4 ranks (DP4, `b = 2` rows per rank: a
+//!   global batch of 4b = 8 rows): DP4 -> DP2 x TP2 and DP2 x TP2 -> DP4, where each DP2 x TP2
+//!   replica takes `b` rows with `grad_accum = 2` (2 replicas x 2 micro-batches x 2 rows = 8,
+//!   the same rows per step). Not `2b` rows per replica: the training config's hash covers
+//!   the batch (not `grad_accum`), so that run would be refused as another config.
+//! - A checkpoint of another model is refused by name.
 #[path = "support/common.rs"]
 mod common;
 use std::path::{Path, PathBuf};
@@ -12,14 +21,18 @@ use std::path::{Path, PathBuf};
 use ckpt::{Checkpoint, Verify};
 use comm::group::{GroupConfig, ProcessGroup};
 use comm::local::run_threads;
+use comm::mesh::{DeviceMesh, MeshShape};
+use common::max_rel_diff;
 use model::config::ModelConfig;
 use train::tensor::TpTrainer;
-use train::zero::Stage;
 use train::{CheckpointConfig, Checkpointer, TrainConfig, TrainError, Trainer};
 
 const STEPS: u64 = 6;
 const HALF: u64 = 3;
 const TOL: f64 = 1e-4;
+
+/// Per-step (loss, gradient norm) and the final whole parameters of one leg of a test.
+type Leg = (Vec<(f64, f64)>, Vec<f32>);
 
 /// A 2-layer GPT-2 (4 heads, C = 64, F = 256, V = 64) on the Markov corpus, 2 micro-batches
 /// of 2 rows of 16 tokens per step, warmup then cosine over the 6 steps, clipping.
@@ -29,29 +42,41 @@ fn cfg() -> TrainConfig {
     c
 }
 
-/// The largest difference between `a` and `b`, relative to `b`'s largest magnitude.
-fn max_rel_diff(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0f64, |m, &x| m.max(f64::from(x).abs()));
-    a.iter()
-        .zip(b)
-        .fold(0f64, |m, (&x, &y)| m.max(f64::from(x - y).abs()))
-        / scale
+/// `cfg()` with one micro-batch per step (data-parallel ranks of 2 rows each).
+fn one_micro() -> TrainConfig {
+    let mut c = cfg();
+    c.grad_accum = 1;
+    c
 }
 
-fn assert_losses(what: &str, got: &[f64], want: &[f64]) {
-    assert_eq!(got.len(), want.len(), "{what}");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let d = (g - w).abs() / w.abs();
-        assert!(d < TOL, "{what}: step {} loss {g} vs {w} ({d})", i + 1);
+/// `got` against `want`, step by step (loss and norm, relative) and the parameters.
+fn assert_continues(what: &str, got: &Leg, want: &Leg) {
+    assert_eq!(got.0.len(), want.0.len(), "{what}");
+    for (i, (&(l, n), &(wl, wn))) in got.0.iter().zip(&want.0).enumerate() {
+        let (dl, dn) = ((l - wl).abs() / wl.abs(), (n - wn).abs() / wn.abs());
+        println!(
+            "{what} step {}: loss {l:.7} vs {wl:.7} ({dl:.2e}), norm ({dn:.2e})",
+            i + 1
+        );
+        assert!(dl < TOL, "{what}: step {} loss {l} vs {wl} ({dl})", i + 1);
+        assert!(dn < TOL, "{what}: step {} norm {n} vs {wn} ({dn})", i + 1);
     }
+    let d = max_rel_diff(&got.1, &want.1);
+    println!("{what}: final params, max rel diff {d:.2e}");
+    assert!(d < TOL, "{what} params: {d}");
 }
 
-/// One process trains `cfg` straight: per-step losses and final parameters.
-fn straight(cfg: &TrainConfig) -> (Vec<f64>, Vec<f32>) {
+/// `steps` steps of `t`: per-step (loss, norm).
+fn train(t: &mut Trainer, steps: u64) -> Vec<(f64, f64)> {
+    (0..steps)
+        .map(|_| t.step().map(|s| (s.loss, s.grad_norm)).unwrap())
+        .collect()
+}
+
+/// One process trains `cfg` straight.
+fn straight(cfg: &TrainConfig) -> Leg {
     let mut t = Trainer::new(cfg.clone()).unwrap();
-    let losses = (0..cfg.steps).map(|_| t.step().unwrap().loss).collect();
-    (losses, t.params().to_vec())
+    (train(&mut t, cfg.steps), t.params().to_vec())
 }
 
 /// A synchronous checkpointer under `dir` that saves only when asked.
@@ -65,71 +90,102 @@ fn checkpointer(dir: &Path) -> Checkpointer {
     Checkpointer::new(ck, "tp-ckpt").unwrap()
 }
 
-/// `tp` ranks (threads) of `cfg`, each resuming from `resume` first when given, train `steps`
-/// steps and save into `save` when given; rank 0's losses and the gathered whole parameters.
-fn tp_leg(
-    tp: usize,
+/// `dp x tp` ranks (threads) of `cfg` on a mesh, each resuming from `resume` first when given
+/// (at step `HALF`), train `steps` steps and save into `save` when given; rank 0's stats and
+/// the gathered whole parameters (every rank gathers the same).
+fn mesh_leg(
+    (dp, tp): (usize, usize),
     cfg: &TrainConfig,
     resume: Option<PathBuf>,
     steps: u64,
     save: Option<PathBuf>,
-) -> (Vec<f64>, Vec<f32>) {
+) -> Leg {
     let cfg = cfg.clone();
-    let mut out = run_threads(tp, GroupConfig::default(), move |g| {
-        let mut t = TpTrainer::new(cfg.clone(), g).unwrap();
+    let out = run_threads(dp * tp, GroupConfig::default(), move |g| {
+        let mesh = DeviceMesh::new(&g, MeshShape::new(dp, 1, tp), false)?;
+        let mut t = TpTrainer::on_mesh(cfg.clone(), &mesh).unwrap();
         if let Some(dir) = &resume {
             assert_eq!(t.resume(dir).unwrap(), Some(HALF));
             assert_eq!(t.steps_done(), HALF);
         }
-        let losses: Vec<f64> = (0..steps).map(|_| t.step().unwrap().loss).collect();
+        let stats: Vec<(f64, f64)> = (0..steps)
+            .map(|_| t.step().map(|s| (s.loss, s.grad_norm)).unwrap())
+            .collect();
         if let Some(dir) = &save {
             assert_eq!(t.save_checkpoint(dir, "tp-ckpt").unwrap(), t.steps_done());
         }
-        Ok((losses, t.gather_params().unwrap()))
+        Ok((stats, t.gather_params().unwrap()))
+    })
+    .unwrap();
+    let mut out: Vec<Leg> = out.into_iter().map(|r| r.unwrap()).collect();
+    for (r, o) in out.iter().enumerate() {
+        assert!(
+            *o == out[0],
+            "dp{dp} x tp{tp}: rank {r} differs from rank 0"
+        );
+    }
+    out.swap_remove(0)
+}
+
+/// `world` data-parallel `Trainer` ranks of `cfg` at ZeRO `stage` (0: plain data parallel),
+/// each resuming from `resume` first when given (at step `HALF`), train `steps` steps and save
+/// into `save` when given (each rank its rows, or under ZeRO the flat pieces it owns); rank
+/// 0's stats and parameters.
+fn dp_leg(
+    (world, stage): (usize, u8),
+    cfg: &TrainConfig,
+    resume: Option<PathBuf>,
+    steps: u64,
+    save: Option<PathBuf>,
+) -> Leg {
+    let cfg = cfg.clone();
+    let mut out = run_threads(world, GroupConfig::default(), move |g: ProcessGroup| {
+        let (rank, size) = (g.rank() as u32, g.size() as u32);
+        let mut t = common::trainer(cfg.clone(), g, stage, 16 << 10);
+        if let Some(dir) = &resume {
+            assert_eq!(Checkpointer::resume(dir, &mut t).unwrap().unwrap().0, HALF);
+        }
+        let stats = train(&mut t, steps);
+        if let Some(dir) = &save {
+            let mut ck = checkpointer(dir).with_shard(rank, size).unwrap();
+            ck.save(&mut t).unwrap();
+            // Rank 0 commits once the others' pieces arrived; nobody reads before then.
+            t.group().unwrap().barrier().unwrap();
+        }
+        t.gather_params().unwrap();
+        Ok((stats, t.params().to_vec()))
     })
     .unwrap();
     out.swap_remove(0).unwrap()
 }
 
-/// Two data-parallel ranks of `cfg` with one micro-batch each (the same global batch of
-/// `2 x batch` rows as one process accumulating two) resume from `dir` and train 3 steps.
-fn dp_leg(cfg: &TrainConfig, dir: PathBuf) -> (Vec<f64>, Vec<f32>) {
-    let mut cfg = cfg.clone();
-    cfg.grad_accum = 1;
-    let mut out = run_threads(2, GroupConfig::default(), move |g: ProcessGroup| {
-        let mut t = Trainer::data_parallel(cfg.clone(), g, 16 << 10).unwrap();
-        assert_eq!(Checkpointer::resume(&dir, &mut t).unwrap().unwrap().0, HALF);
-        let losses: Vec<f64> = (0..HALF).map(|_| t.step().unwrap().loss).collect();
-        Ok((losses, t.params().to_vec()))
-    })
-    .unwrap();
-    out.swap_remove(0).unwrap()
+/// The first leg's stats followed by the second's, with the second's parameters.
+fn joined(first: Leg, second: Leg) -> Leg {
+    let mut stats = first.0;
+    stats.extend(second.0);
+    (stats, second.1)
 }
 
 #[test]
 fn one_process_checkpoint_resumes_under_tp2() {
     let c = cfg();
-    let (want_losses, want) = straight(&c);
+    let want = straight(&c);
     let dir = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(c.clone()).unwrap();
     let mut ck = checkpointer(dir.path());
-    let mut losses: Vec<f64> = (0..HALF).map(|_| t.step().unwrap().loss).collect();
+    let first = (train(&mut t, HALF), Vec::new());
     ck.save(&mut t).unwrap();
     drop(t);
-    let (more, params) = tp_leg(2, &c, Some(dir.path().to_path_buf()), HALF, None);
-    losses.extend(more);
-    assert_losses("1 process -> TP2", &losses, &want_losses);
-    let d = max_rel_diff(&params, &want);
-    assert!(d < TOL, "1 process -> TP2 params: {d}");
+    let second = mesh_leg((1, 2), &c, Some(dir.path().to_path_buf()), HALF, None);
+    assert_continues("1 process -> TP2", &joined(first, second), &want);
 }
 
 #[test]
 fn tp2_checkpoint_resumes_in_one_process_and_data_parallel() {
     let c = cfg();
-    let (want_losses, want) = straight(&c);
+    let want = straight(&c);
     let dir = tempfile::tempdir().unwrap();
-    let (mut losses, _) = tp_leg(2, &c, None, HALF, Some(dir.path().to_path_buf()));
-    assert_losses("TP2 first half", &losses, &want_losses[..HALF as usize]);
+    let first = mesh_leg((1, 2), &c, None, HALF, Some(dir.path().to_path_buf()));
 
     // The saved step is the Trainer's format (a DP2 save: each rank wrote its row blocks of
     // the whole tensors), and every piece verifies.
@@ -151,66 +207,73 @@ fn tp2_checkpoint_resumes_in_one_process_and_data_parallel() {
         Checkpointer::resume(dir.path(), &mut t).unwrap().unwrap().0,
         HALF
     );
-    let more: Vec<f64> = (0..HALF).map(|_| t.step().unwrap().loss).collect();
-    let mut one = losses.clone();
-    one.extend(more);
-    assert_losses("TP2 -> 1 process", &one, &want_losses);
-    let d = max_rel_diff(t.params(), &want);
-    assert!(d < TOL, "TP2 -> 1 process params: {d}");
+    let one = (train(&mut t, HALF), t.params().to_vec());
+    assert_continues("TP2 -> 1 process", &joined(first.clone(), one), &want);
 
     // Two data-parallel ranks, one micro-batch of the global batch each.
-    let (more, params) = dp_leg(&c, dir.path().to_path_buf());
-    losses.extend(more);
-    assert_losses("TP2 -> DP2", &losses, &want_losses);
-    let d = max_rel_diff(&params, &want);
-    assert!(d < TOL, "TP2 -> DP2 params: {d}");
-}
-
-/// Two ZeRO-2 ranks of `cfg` with one micro-batch each train 3 steps and save into `dir`
-/// (each rank writes the flat pieces it owns); rank 0's losses.
-fn zero_leg(cfg: &TrainConfig, dir: PathBuf) -> Vec<f64> {
-    let mut cfg = cfg.clone();
-    cfg.grad_accum = 1;
-    let mut out = run_threads(2, GroupConfig::default(), move |g: ProcessGroup| {
-        let (rank, size) = (g.rank() as u32, g.size() as u32);
-        let mut t = Trainer::zero(cfg.clone(), g, Stage::Two, 16 << 10).unwrap();
-        let mut ck = checkpointer(&dir).with_shard(rank, size).unwrap();
-        let losses: Vec<f64> = (0..HALF).map(|_| t.step().unwrap().loss).collect();
-        ck.save(&mut t).unwrap();
-        // Rank 0 commits once the others' pieces arrived; nobody reads before then.
-        t.group().unwrap().barrier().unwrap();
-        Ok(losses)
-    })
-    .unwrap();
-    out.swap_remove(0).unwrap()
+    let dir = Some(dir.path().to_path_buf());
+    let dp = dp_leg((2, 0), &one_micro(), dir, HALF, None);
+    assert_continues("TP2 -> DP2", &joined(first, dp), &want);
 }
 
 #[test]
 fn a_zero2_data_parallel_checkpoint_resumes_under_tp2() {
-    // DP2 (ZeRO-2, flat sharded pieces) -> TP2: the same global batches of 4 rows.
+    // DP2 (ZeRO-2, flat sharded pieces, one micro-batch each) -> TP2: the same global
+    // batches of 4 rows.
     let c = cfg();
-    let (want_losses, want) = straight(&c);
+    let want = straight(&c);
     let dir = tempfile::tempdir().unwrap();
-    let mut losses = zero_leg(&c, dir.path().to_path_buf());
-    let (more, params) = tp_leg(2, &c, Some(dir.path().to_path_buf()), HALF, None);
-    losses.extend(more);
-    assert_losses("ZeRO-2 DP2 -> TP2", &losses, &want_losses);
-    let d = max_rel_diff(&params, &want);
-    assert!(d < TOL, "ZeRO-2 DP2 -> TP2 params: {d}");
+    let first = dp_leg(
+        (2, 2),
+        &one_micro(),
+        None,
+        HALF,
+        Some(dir.path().to_path_buf()),
+    );
+    let second = mesh_leg((1, 2), &c, Some(dir.path().to_path_buf()), HALF, None);
+    assert_continues("ZeRO-2 DP2 -> TP2", &joined(first, second), &want);
 }
 
 #[test]
 fn a_tp4_checkpoint_resumes_under_tp2() {
     // TP4 -> TP2: another degree, so every block's shards (and the moments') are cut anew.
     let c = cfg();
-    let (want_losses, want) = straight(&c);
+    let want = straight(&c);
     let dir = tempfile::tempdir().unwrap();
-    let (mut losses, _) = tp_leg(4, &c, None, HALF, Some(dir.path().to_path_buf()));
-    let (more, params) = tp_leg(2, &c, Some(dir.path().to_path_buf()), HALF, None);
-    losses.extend(more);
-    assert_losses("TP4 -> TP2", &losses, &want_losses);
-    let d = max_rel_diff(&params, &want);
-    assert!(d < TOL, "TP4 -> TP2 params: {d}");
+    let first = mesh_leg((1, 4), &c, None, HALF, Some(dir.path().to_path_buf()));
+    let second = mesh_leg((1, 2), &c, Some(dir.path().to_path_buf()), HALF, None);
+    assert_continues("TP4 -> TP2", &joined(first, second), &want);
+}
+
+#[test]
+fn a_dp4_checkpoint_resumes_under_dp2_tp2() {
+    // DP4 (2 rows per rank) -> DP2 x TP2 (2 rows per replica, grad_accum 2): 8 rows a step.
+    let want = dp_leg((4, 0), &one_micro(), None, STEPS, None);
+    let dir = tempfile::tempdir().unwrap();
+    let save = Some(dir.path().to_path_buf());
+    let first = dp_leg((4, 0), &one_micro(), None, HALF, save);
+    let second = mesh_leg((2, 2), &cfg(), Some(dir.path().to_path_buf()), HALF, None);
+    assert_continues("DP4 -> DP2 x TP2", &joined(first, second), &want);
+}
+
+#[test]
+fn a_dp2_tp2_checkpoint_resumes_under_dp4() {
+    let want = dp_leg((4, 0), &one_micro(), None, STEPS, None);
+    let dir = tempfile::tempdir().unwrap();
+    let first = mesh_leg((2, 2), &cfg(), None, HALF, Some(dir.path().to_path_buf()));
+    // The Trainer's format as 4 data-parallel ranks write it: one file per rank of the world,
+    // the saving degrees, the global row cursor (3 steps of 8 rows), every piece verified.
+    let saved = Checkpoint::open(dir.path(), HALF, Verify::AllPieces).unwrap();
+    let m = saved.manifest();
+    assert_eq!(m.world_size, 4);
+    let files: std::collections::BTreeSet<&str> =
+        m.pieces.iter().map(|p| p.file.as_str()).collect();
+    assert_eq!(files.len(), 4, "{files:?}");
+    assert_eq!((&m.layout["dp"], &m.layout["tp"]), (&2.into(), &2.into()));
+    assert_eq!(saved.state()["rows_drawn"], HALF * 8);
+    let dir = Some(dir.path().to_path_buf());
+    let second = dp_leg((4, 0), &one_micro(), dir, HALF, None);
+    assert_continues("DP2 x TP2 -> DP4", &joined(first, second), &want);
 }
 
 #[test]

@@ -9,6 +9,7 @@
 mod common;
 use comm::group::GroupConfig;
 use comm::local::run_threads;
+use common::max_rel_diff;
 use model::config::ModelConfig;
 use plan::job::{Job, JobFile};
 use plan::layout::{Layout as PlanLayout, ZeroStage};
@@ -87,16 +88,6 @@ fn run_tp(tp: usize, cfg: &TrainConfig) -> Vec<RankOut> {
     .into_iter()
     .map(|r| r.unwrap())
     .collect()
-}
-
-/// The largest difference between `a` and `b`, relative to `b`'s largest magnitude.
-fn max_rel_diff(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0f64, |m, &x| m.max(f64::from(x).abs()));
-    a.iter()
-        .zip(b)
-        .fold(0f64, |m, (&x, &y)| m.max(f64::from(x - y).abs()))
-        / scale
 }
 
 fn rel(a: f64, b: f64) -> f64 {

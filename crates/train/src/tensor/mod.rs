@@ -24,13 +24,17 @@
 //! - [`model`]: [`TpModel`], a whole decoder on one rank (embeddings and head replicated,
 //!   blocks sharded).
 //! - [`trainer`]: [`TpTrainer`], one rank of tensor-parallel training (clip, AdamW, schedule).
-//! - [`checkpoint`]: its saves and resumes, in the [`crate::Trainer`]'s checkpoint format.
+//! - [`data_parallel`]: DP x TP, data-parallel replicas of the tensor-parallel group
+//!   ([`TpTrainer::with_data_parallel`], [`TpTrainer::on_mesh`]; 000 "混合并行").
+//! - [`checkpoint`]: its saves and resumes, in the [`crate::Trainer`]'s checkpoint format, from
+//!   and to any layout.
 use crate::error::Result;
 use comm::dtype::{Element, ReduceOp};
 use comm::group::ProcessGroup;
 
 pub mod block;
 pub mod checkpoint;
+pub mod data_parallel;
 pub mod layout;
 pub mod model;
 pub mod shard;

@@ -2,20 +2,23 @@
 //! the update [`crate::Trainer`] makes on the same global batch up to float summation order.
 //!
 //! - Data. Every rank of the group draws the same batches (the same [`Source`] and seed as one
-//!   process, [`Share::whole`]): tensor parallelism splits the model, not the batch.
+//!   process, [`Share::whole`]): tensor parallelism splits the model, not the batch. With a
+//!   data-parallel dimension ([`super::data_parallel`]) every rank of replica `j` of `d` draws
+//!   the rows data-parallel rank `j` of `d` would draw.
 //! - Step. As [`crate::Trainer::step`]: gradients zeroed, forward and backward of each of the
-//!   `grad_accum` micro-batches summed, scaled by `1/grad_accum`, the global norm taken and
-//!   clipped to `grad_clip`, AdamW with the schedule's learning rate and weight decay on the
-//!   tensors one process decays ([`TpLayout::decay_ranges`]).
+//!   `grad_accum` micro-batches summed (with `d` replicas: summed over them too), scaled by
+//!   `1/grad_accum` (`(1/grad_accum)/d`), the global norm taken and clipped to `grad_clip`,
+//!   AdamW with the schedule's learning rate and weight decay on the tensors one process
+//!   decays ([`TpLayout::decay_ranges`]).
 //! - Global norm. Each rank sums the squares of the elements it counts
 //!   ([`TpLayout::norm_ranges`]: rank 0 its whole buffer, the others only their sharded
 //!   slices, so replicated tensors count once) in f64 with [`grad_sum_sq`]; the `tp` partials
-//!   are exchanged exactly (each slot one rank's value plus zeros) and summed in rank order, so
-//!   every rank gets the same norm. Not bit-identical to one process's norm (other blocks of
-//!   summation), within float tolerance of it.
-//! - Determinism. The blocks' all-reduces use a pinned algorithm ([`TP_ALL_REDUCE`]); the
-//!   norm's exchange and the gather are exact whatever the algorithm. So repeated runs are
-//!   bit-identical.
+//!   are exchanged exactly (`sum_in_rank_order`) so every rank gets the same norm. Not
+//!   bit-identical to one process's norm (other blocks of summation), within float tolerance
+//!   of it.
+//! - Determinism. The blocks' all-reduces (and the replicas' gradient sum) use a pinned
+//!   algorithm ([`TP_ALL_REDUCE`]); the norm's exchange and the gather are exact whatever the
+//!   algorithm. So repeated runs are bit-identical.
 //! - Replicas stay identical. Replicated tensors get identical gradients on every rank
 //!   ([`super::model`]), the same clip coefficient and the same element-wise AdamW, so they
 //!   stay bit-identical without communication.
@@ -34,6 +37,7 @@ use model::init::init_params;
 use model::optim::{AdamW, check_finite, clip_coef, grad_sum_sq, scale_grads};
 
 use super::TpComm;
+use super::data_parallel::{mean_over_replicas, reduce_over_replicas};
 use super::layout::TpLayout;
 use super::model::TpModel;
 use super::shard::TpShard;
@@ -49,6 +53,22 @@ use crate::trainer::{StateMemory, StepStats};
 /// (and every rank receives the same reduced bytes), so repeated runs are bit-identical.
 pub const TP_ALL_REDUCE: Algo = Algo::Ring;
 
+/// The options of every summing all-reduce this engine issues: [`TP_ALL_REDUCE`] pinned.
+pub(super) const PINNED: OpOptions = OpOptions {
+    algo: Some(TP_ALL_REDUCE),
+    timeout: None,
+};
+
+/// `mine`, one rank's value, summed over `group` exactly and in rank order: each rank fills
+/// its slot of a zeroed vector, the all-reduce adds zeros to every other slot (exact whatever
+/// the algorithm), then every rank sums the slots in the same order, so all get the same bits.
+pub(super) fn sum_in_rank_order(group: &ProcessGroup, mine: f64) -> Result<f64> {
+    let mut slots = vec![0f64; group.size()];
+    slots[group.rank()] = mine;
+    group.all_reduce(&mut slots, ReduceOp::Sum)?;
+    Ok(slots.iter().sum())
+}
+
 /// The tensor-parallel group as a [`TpComm`] that also times its all-reduces.
 struct Timed<'a> {
     group: &'a ProcessGroup,
@@ -58,20 +78,19 @@ struct Timed<'a> {
 impl TpComm<f32> for Timed<'_> {
     fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<()> {
         let t = Instant::now();
-        let opts = OpOptions {
-            algo: Some(TP_ALL_REDUCE),
-            timeout: None,
-        };
-        let r = self.group.all_reduce_with(buf, ReduceOp::Sum, &opts);
+        let r = self.group.all_reduce_with(buf, ReduceOp::Sum, &PINNED);
         self.seconds += t.elapsed().as_secs_f64();
         Ok(r?)
     }
 }
 
-/// One rank of a tensor-parallel run over `group` (its size is the degree `tp`).
+/// One rank of a tensor-parallel run over `group` (its size is the degree `tp`), optionally
+/// one of `dp` data-parallel replicas of that group ([`TpTrainer::with_data_parallel`]).
 pub struct TpTrainer {
     cfg: TrainConfig,
     group: ProcessGroup,
+    /// The data-parallel group (this rank's counterparts in the other replicas), when `dp > 1`.
+    dp: Option<ProcessGroup>,
     th: Threads,
     model: TpModel,
     /// This rank's flat parameters (length `layout.total`, see [`TpLayout`]).
@@ -88,7 +107,7 @@ pub struct TpTrainer {
     /// Micro-batches drawn since the source was (re)built.
     drawn: u64,
     /// Rows of the stream consumed before the source was last rebuilt that do not make a whole
-    /// micro-batch (a resume from a run with another batch).
+    /// global micro-batch (a resume from a run with another global batch).
     rows_base: u64,
 }
 
@@ -104,7 +123,8 @@ fn check_len_eq(what: &'static str, got: usize, want: usize) -> Result<()> {
     ))
 }
 
-fn refuse(field: &'static str, value: &str, reason: &str) -> TrainError {
+/// The config error of `field` = `value`, for `reason`.
+pub(super) fn refuse(field: &'static str, value: &str, reason: &str) -> TrainError {
     TrainError::Config {
         field,
         value: value.into(),
@@ -121,6 +141,16 @@ impl TpTrainer {
     /// or ffn ([`super::check_tp`]); `bf16` and `recompute` (not built for tensor
     /// parallelism); any [`TrainConfig::validate`] error.
     pub fn new(cfg: TrainConfig, group: ProcessGroup) -> Result<Self> {
+        Self::build(cfg, group, None)
+    }
+
+    /// [`TpTrainer::new`] as one of `dp.size()` data-parallel replicas when `dp` is given (the
+    /// checks across replicas are the caller's: [`TpTrainer::with_data_parallel`]).
+    pub(super) fn build(
+        cfg: TrainConfig,
+        group: ProcessGroup,
+        dp: Option<ProcessGroup>,
+    ) -> Result<Self> {
         cfg.validate()?;
         if cfg.bf16 {
             return Err(refuse(
@@ -148,9 +178,11 @@ impl TpTrainer {
         let decay = layout.decay_ranges(cfg.decay_all)?;
         let norm_ranges = layout.norm_ranges();
         let opt = AdamW::new(cfg.adamw, params.len())?;
-        let source = Source::for_config(&cfg, Share::whole(cfg.batch))?;
+        let dp = dp.filter(|d| d.size() > 1);
+        let source = Source::for_config(&cfg, replica_share(cfg.batch, dp.as_ref()))?;
         let n = cfg.micro_tokens();
         Ok(Self {
+            dp,
             grads: vec![0f32; params.len()],
             params,
             opt,
@@ -182,6 +214,16 @@ impl TpTrainer {
     /// This rank's index in the group.
     pub fn rank(&self) -> usize {
         self.group.rank()
+    }
+
+    /// Data-parallel replicas of the tensor-parallel group (1 without data parallelism).
+    pub fn replicas(&self) -> usize {
+        self.dp.as_ref().map_or(1, ProcessGroup::size)
+    }
+
+    /// This rank's replica, `0..replicas()` (its data-parallel rank).
+    pub fn replica(&self) -> usize {
+        self.dp.as_ref().map_or(0, ProcessGroup::rank)
     }
 
     /// Where this rank keeps what in its flat buffers.
@@ -244,15 +286,26 @@ impl TpTrainer {
         self.drawn
     }
 
-    /// Rows of the data stream consumed so far (the global row cursor: every rank of the group
-    /// draws the same rows, so this is what one process would have drawn).
+    /// Rows of the data stream consumed so far by all replicas together (the global row
+    /// cursor: every rank of a replica draws the same rows, so without data parallelism this
+    /// is what one process would have drawn).
     pub fn rows_drawn(&self) -> u64 {
-        self.rows_base + self.drawn * self.cfg.batch as u64
+        self.rows_base + self.drawn * self.global_rows()
+    }
+
+    /// Rows of one global micro-batch: `batch` per replica.
+    fn global_rows(&self) -> u64 {
+        (self.cfg.batch * self.replicas()) as u64
     }
 
     /// The tensor-parallel group.
     pub(crate) fn group(&self) -> &ProcessGroup {
         &self.group
+    }
+
+    /// The data-parallel group, when there are replicas.
+    pub(crate) fn dp_group(&self) -> Option<&ProcessGroup> {
+        self.dp.as_ref()
     }
 
     /// The data source's loader state (token datasets only).
@@ -278,19 +331,20 @@ impl TpTrainer {
     }
 
     /// Rebuilds the data source at a checkpoint's position: from the loader's state for token
-    /// datasets, else by skipping the `rows` rows already consumed (by any number of ranks).
+    /// datasets, else by skipping the `rows` rows already consumed (by any number of ranks);
+    /// each replica then draws its share of the global batches that follow.
     pub(crate) fn reset_source(
         &mut self,
         loader: Option<&data::LoaderState>,
         rows: u64,
     ) -> Result<()> {
         let c = &self.cfg;
-        let share = Share::whole(c.batch);
+        let share = replica_share(c.batch, self.dp.as_ref());
         self.source = Source::new(&c.data, c.model.vocab, c.seq_len, share, c.seed, loader)?;
         if loader.is_none() {
             self.source.skip_rows(rows, c.seq_len)?;
         }
-        let per = c.batch as u64;
+        let per = self.global_rows();
         self.drawn = rows / per;
         self.rows_base = rows % per;
         Ok(())
@@ -309,21 +363,22 @@ impl TpTrainer {
     }
 
     /// The squared global gradient norm over the whole model, every element counted once;
-    /// the same value on every rank.
+    /// the same value on every rank. Exchanged over the tensor-parallel group only: after the
+    /// replicas' sum every replica holds the same gradients.
     fn global_sum_sq(&self) -> Result<f64> {
         let mine = self.norm_ranges.iter().fold(0.0, |a, r| {
             a + grad_sum_sq(&self.th, &self.grads[r.clone()])
         });
-        let mut slots = vec![0f64; self.tp()];
-        slots[self.rank()] = mine;
-        self.group.all_reduce(&mut slots, ReduceOp::Sum)?;
-        Ok(slots.iter().sum())
+        sum_in_rank_order(&self.group, mine)
     }
 
-    /// One optimizer step on the next `grad_accum` micro-batches (the same on every rank);
-    /// every rank must call it. A non-finite loss or gradient norm is an error naming the
-    /// step, with the parameters left as they were. `comm_seconds` is the time spent in the
-    /// blocks' all-reduces (all exposed: nothing overlaps them yet).
+    /// One optimizer step on the next `grad_accum` micro-batches (the same on every rank of a
+    /// replica, each replica its share of the global batch); every rank must call it. A
+    /// non-finite loss (the replicas' mean, so every rank refuses together) or gradient norm is
+    /// an error naming the step, with the parameters left as they were. The loss is the mean
+    /// over the replicas. `comm_seconds` is the time spent
+    /// in the blocks' all-reduces and the replicas' gradient sum (all exposed: nothing
+    /// overlaps them yet).
     pub fn step(&mut self) -> Result<StepStats> {
         let step = self.step + 1;
         let t0 = Instant::now();
@@ -344,17 +399,18 @@ impl TpTrainer {
                 &self.targets,
                 &mut comm,
             )?;
-            check_finite("loss", step, loss)?;
             loss_sum += loss;
             self.model
                 .backward(&self.th, &self.params, &mut self.grads, &mut comm)?;
         }
-        let comm_seconds = comm.seconds;
-        let loss = loss_sum / count as f64;
-        if count > 1 {
-            let scale = 1.0 / count as f32;
-            self.grads.iter_mut().for_each(|g| *g *= scale);
-        }
+        let mut comm_seconds = comm.seconds;
+        // Before the norm: the norm and the clipping see the replicas' mean gradient.
+        comm_seconds += reduce_over_replicas(self.dp.as_ref(), &self.th, &mut self.grads, count)?;
+        let loss = mean_over_replicas(self.dp.as_ref(), loss_sum / count as f64)?;
+        // Checked on the replicas' mean, not per micro-batch: a non-finite loss on one replica
+        // makes the mean non-finite on all, so they refuse the step together instead of one
+        // leaving the others waiting in the gradient sum.
+        check_finite("loss", step, loss)?;
         let norm = self.global_sum_sq()?.sqrt();
         check_finite("gradient norm", step, norm)?;
         if let Some(c) = self.cfg.grad_clip.and_then(|max| clip_coef(norm, max)) {
@@ -369,10 +425,17 @@ impl TpTrainer {
             loss,
             lr,
             grad_norm: norm,
-            tokens: self.cfg.tokens_per_step(),
+            tokens: self.cfg.tokens_per_step() * self.replicas(),
             seconds: t0.elapsed().as_secs_f64() - data_seconds,
             data_seconds,
             comm_seconds,
         })
     }
+}
+
+/// A replica's share of each global batch: `batch` rows as data-parallel rank `dp.rank()` of
+/// `dp.size()` takes them, or whole batches of `batch` rows without replicas.
+fn replica_share(batch: usize, dp: Option<&ProcessGroup>) -> Share {
+    let (world, rank) = dp.map_or((1, 0), |d| (d.size(), d.rank()));
+    Share { batch, world, rank }
 }
