@@ -200,28 +200,6 @@ fn global_tokens(cfg: &TrainConfig, dp: usize) -> usize {
     dp * cfg.batch * cfg.grad_accum * cfg.seq_len
 }
 
-/// The planner's job for `cfg` on `layout` (f32 parameters and gradients, AdamW's two f32
-/// moments: 4 + 4 + 8 bytes per parameter, as this engine keeps them).
-fn planner_job(cfg: &TrainConfig, dp: usize) -> Result<plan::job::Job> {
-    let m = &cfg.model;
-    let json = serde_json::json!({
-        "model": {
-            "layers": m.layers, "hidden": m.d_model, "heads": m.heads,
-            "kv_heads": m.kv_heads, "ffn": m.ffn, "vocab": m.vocab, "seq": cfg.seq_len,
-            "gated": m.activation == model::config::Activation::SwiGlu,
-            "tied_embeddings": m.tied_embeddings,
-        },
-        "training": {
-            "global_batch": dp * cfg.batch * cfg.grad_accum,
-            "precision": "fp32",
-            "optimizer": "adam",
-        },
-    });
-    let file: plan::job::JobFile =
-        serde_json::from_value(json).context("the planner's job for this run")?;
-    Ok(plan::job::Job::from_file(&file)?)
-}
-
 /// The planner's view of this run: its layout evaluated on this machine's measured numbers
 /// (`nnodes` nodes of `nproc` ranks, shared memory inside a node and TCP between nodes, as
 /// the group measured them) and the linter's warnings.
@@ -245,7 +223,11 @@ fn planner_view(
     let mut file = crate::plan_calibrate::cluster_file(&c);
     file.nodes = nodes as u64;
     let cluster = plan::cluster::Cluster::from_file(&file)?;
-    let job = planner_job(cfg, shape.dp)?;
+    let job = train::planner::job(
+        &cfg.model,
+        cfg.seq_len,
+        shape.dp * cfg.batch * cfg.grad_accum,
+    )?;
     let layout = plan::layout::Layout {
         micro_batch: cfg.batch as u64,
         sequence_parallel: false,

@@ -19,6 +19,7 @@ mod grad;
 pub mod metrics;
 pub mod metrics_log;
 pub mod pipeline;
+pub mod planner;
 pub mod source;
 pub mod tensor;
 pub mod trainer;

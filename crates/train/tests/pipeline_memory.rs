@@ -11,28 +11,11 @@ use comm::group::GroupConfig;
 use comm::local::run_threads;
 use comm::mesh::{DeviceMesh, MeshShape};
 use model::config::ModelConfig;
-use plan::job::{Job, JobFile};
 use plan::layout::{Layout as PlanLayout, ZeroStage};
 use plan::memory::{params_per_device, state_bytes_per_param};
 use train::pipeline::{PipelineStage, ScheduleKind};
 use train::zero::Stage;
 use train::{StateMemory, TrainConfig};
-
-/// The planner's job for `cfg`'s shape (fp32 Adam: w = g = 4, K = 8 bytes per parameter), as
-/// the tensor-parallel memory test builds it (`tests/tensor_train.rs`).
-fn job(cfg: &ModelConfig) -> Job {
-    let json = serde_json::json!({
-        "model": {
-            "layers": cfg.layers, "hidden": cfg.d_model, "heads": cfg.heads,
-            "kv_heads": cfg.kv_heads, "ffn": cfg.ffn, "vocab": cfg.vocab, "seq": cfg.seq_len,
-            "gated": cfg.activation == model::config::Activation::SwiGlu,
-            "tied_embeddings": cfg.tied_embeddings,
-        },
-        "training": { "global_batch": 2, "precision": "fp32", "optimizer": "adam" },
-    });
-    let file: JobFile = serde_json::from_value(json).unwrap();
-    Job::from_file(&file).unwrap()
-}
 
 /// 8 blocks of C = 128 (about 198k parameters each) over a vocabulary of 64 (8k per embedding
 /// matrix): the blocks are 98% of the model, as in the large models the planner is for.
@@ -78,7 +61,7 @@ fn stages(m: ModelConfig, dp: usize, pp: usize, zero: bool) -> Vec<((usize, usiz
 /// `1/p + 0.1` of it: fails if the stages kept the whole buffers).
 fn check(name: &str, tied: bool, dp: usize, pp: usize, zero: bool) {
     let m = model(tied);
-    let job = job(&m);
+    let job = train::planner::job(&m, m.seq_len, 2).unwrap();
     let z = if zero {
         ZeroStage::Optimizer
     } else {
