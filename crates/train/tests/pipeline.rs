@@ -347,9 +347,14 @@ fn bad_meshes_are_refused_by_name() {
     // dp x pp does not cover the world.
     let e = refused(four_blocks(2, 1, false), MeshShape::new(2, 3, 1));
     assert!(e.contains("dp 2 x pp 3") && e.contains("world 4"), "{e}");
-    // Tensor parallelism inside a pipeline is not built yet.
-    let e = refused(four_blocks(2, 1, false), MeshShape::new(1, 2, 2));
-    assert!(e.contains("tensor_parallel"), "{e}");
+    // Expert parallelism inside a pipeline is not built yet (tensor parallelism is:
+    // tests/pipeline_tensor.rs).
+    let ep = MeshShape {
+        ep: 2,
+        ..MeshShape::new(2, 2, 1)
+    };
+    let e = refused(four_blocks(2, 1, false), ep);
+    assert!(e.contains("expert_parallel"), "{e}");
     // More stages than blocks, named as for one pipeline.
     let mut c = four_blocks(2, 1, false);
     c.model.layers = 1;

@@ -12,6 +12,7 @@ use model::layout::Unit;
 use model::model::Model;
 
 use super::engine::PipelineStage;
+use super::tensor_stage::{Slot, TensorPart, check_tensor_parallel};
 use super::update::Update;
 use super::{Action, Schedule, ScheduleKind};
 use crate::config::TrainConfig;
@@ -101,15 +102,16 @@ fn release_unowned(buf: &mut Window, owned: &[Range<usize>]) {
 }
 
 /// Checks (collectively over `dp`) that every replica runs the same stage of the same pipeline
-/// on the same micro-batches, sharded alike, so that their gradient reductions pair up; an error naming
-/// `data_parallel` on every member otherwise (they all see the same gathered values).
+/// on the same micro-batches, sharded alike (ZeRO, tensor parallelism), so that their gradient
+/// reductions pair up; an error naming `data_parallel` on every member otherwise (they all see
+/// the same gathered values).
 fn agree_across_replicas(
     dp: &ProcessGroup,
     cfg: &TrainConfig,
-    stage: usize,
-    stages: usize,
+    (stage, stages): (usize, usize),
     kind: ScheduleKind,
     zero: bool,
+    tp: usize,
 ) -> Result<()> {
     let kind_id = match kind {
         ScheduleKind::GPipe => 0,
@@ -124,6 +126,7 @@ fn agree_across_replicas(
         cfg.batch,
         cfg.model.layers,
         usize::from(zero),
+        tp,
     ]
     .map(|x| i64::try_from(x).unwrap_or(i64::MAX));
     let mut all = vec![0i64; mine.len() * dp.size()];
@@ -134,9 +137,9 @@ fn agree_across_replicas(
             "data_parallel",
             dp.size(),
             format!(
-                "replica {r} runs (stage, stages, schedule, microbatches, batch, layers, zero) = \
-                 {:?}, replica {} runs {mine:?}: every replica must run the same stage of the \
-                 same pipeline",
+                "replica {r} runs (stage, stages, schedule, microbatches, batch, layers, zero, \
+                 tp) = {:?}, replica {} runs {mine:?}: every replica must run the same stage of \
+                 the same pipeline",
                 &all[r * mine.len()..(r + 1) * mine.len()],
                 dp.rank()
             ),
@@ -161,7 +164,7 @@ impl PipelineStage {
         stages: usize,
         kind: ScheduleKind,
     ) -> Result<Self> {
-        Self::build(cfg, group, stages, None, kind, false)
+        Self::build(cfg, group, stages, (None, None), kind, false)
     }
 
     /// Stage `pp.rank()` of one of `dp.size()` data-parallel replicas of a `pp.size()`-stage
@@ -181,7 +184,7 @@ impl PipelineStage {
         kind: ScheduleKind,
     ) -> Result<Self> {
         let stages = pp.size();
-        Self::build(cfg, pp, stages, Some(dp), kind, false)
+        Self::build(cfg, pp, stages, (Some(dp), None), kind, false)
     }
 
     /// [`PipelineStage::with_data_parallel`] with ZeRO `stage` over `dp` inside each pipeline
@@ -206,35 +209,50 @@ impl PipelineStage {
             ));
         }
         let stages = pp.size();
-        Self::build(cfg, pp, stages, Some(dp), kind, true)
+        Self::build(cfg, pp, stages, (Some(dp), None), kind, true)
     }
 
     /// [`PipelineStage::with_data_parallel`] over a device mesh's pipeline and data-parallel
-    /// groups. Errors naming `tensor_parallel` or `expert_parallel` when the mesh has `tp > 1`
-    /// or `ep > 1` (not composed with pipelines yet), else as `with_data_parallel`.
+    /// groups, with the blocks of every stage split over the mesh's TP group when `tp > 1`
+    /// (PP x TP x DP, 000 "混合并行", "3D 训练循环"; `pipeline::tensor_stage`): each TP rank of
+    /// stage `s` exchanges the whole residual with the same-TP-index rank of `s ± 1` (its
+    /// pipeline group), the embeddings and head are replicated over the first and last stage's
+    /// TP groups, every block runs Megatron-style on the rank's shard
+    /// ([`crate::tensor::TpBlock`]), and the global norm counts every element once across the
+    /// mesh. Ends where one process with `grad_accum = m` on the global batch of
+    /// `cfg.batch x dp` rows ends, up to float summation order; repeated runs are
+    /// bit-identical. Errors naming `expert_parallel` when the mesh has `ep > 1`; with
+    /// `tp > 1`, `tp` when it does not divide the heads, kv_heads or ffn, `recompute` (not
+    /// built with TP); else as `with_data_parallel`.
     pub fn on_mesh(cfg: TrainConfig, mesh: &DeviceMesh, kind: ScheduleKind) -> Result<Self> {
         let shape = mesh.shape();
-        for (field, n) in [("tensor_parallel", shape.tp), ("expert_parallel", shape.ep)] {
-            if n > 1 {
-                return Err(config_err(
-                    field,
-                    n,
-                    format!("mesh {shape}: only dp x pp meshes run pipelines so far"),
-                ));
-            }
+        if shape.ep > 1 {
+            return Err(config_err(
+                "expert_parallel",
+                shape.ep,
+                format!("mesh {shape}: pipelines do not hold expert-parallel layers yet"),
+            ));
         }
-        Self::with_data_parallel(cfg, mesh.pp().clone(), mesh.dp().clone(), kind)
+        let (pp, dp, tp) = (mesh.pp().clone(), mesh.dp().clone(), mesh.tp().clone());
+        let stages = pp.size();
+        Self::build(cfg, pp, stages, (Some(dp), Some(tp)), kind, false)
     }
 
+    /// The stage of `group` with the optional data-parallel and tensor-parallel groups
+    /// `(dp, tp)` (a TP group of one rank is no tensor parallelism).
     fn build(
         cfg: TrainConfig,
         group: ProcessGroup,
         stages: usize,
-        dp: Option<ProcessGroup>,
+        (dp, tp): (Option<ProcessGroup>, Option<ProcessGroup>),
         kind: ScheduleKind,
         zero: bool,
     ) -> Result<Self> {
         cfg.validate()?;
+        let tp = tp.filter(|t| t.size() > 1);
+        if let Some(t) = &tp {
+            check_tensor_parallel(&cfg.model, t.size(), cfg.recompute)?;
+        }
         if group.size() != stages {
             return Err(config_err(
                 "pipeline_stages",
@@ -269,20 +287,21 @@ impl PipelineStage {
         let schedule = Schedule::new(kind, stages, m)?;
         let s = group.rank();
         if let Some(dp) = dp.as_ref().filter(|d| d.size() > 1) {
-            agree_across_replicas(dp, &cfg, s, stages, kind, zero)?;
+            let degree = tp.as_ref().map_or(1, ProcessGroup::size);
+            agree_across_replicas(dp, &cfg, (s, stages), kind, zero, degree)?;
         }
         let th = Threads::new(cfg.threads)?;
         let slots_needed = microbatches_in_flight(schedule.actions(s).unwrap_or(&[]));
-        let mut slots = Vec::with_capacity(slots_needed);
+        let mut models = Vec::with_capacity(slots_needed);
         for _ in 0..slots_needed {
-            slots.push(Model::<f32>::new(
+            models.push(Model::<f32>::new(
                 &cfg.model,
                 cfg.batch,
                 cfg.seq_len,
                 cfg.recompute,
             )?);
         }
-        let layout = slots[0].layout().clone();
+        let layout = models[0].layout().clone();
         let mut params = Window::new(layout.total)?;
         init_params(&cfg.model, &layout, cfg.seed, &mut params);
         let chunks: Vec<Chunk> = (0..v)
@@ -302,14 +321,26 @@ impl PipelineStage {
             .map(|i| layout.unit_range(chunk_units(layers, k, i)[0]).start)
             .collect();
         let tied = (cfg.model.tied_embeddings && stages > 1).then(|| layout.wte.clone());
-        let norm_ranges: Vec<Range<usize>> = chunks.iter().map(|c| c.range.clone()).collect();
-        let mut update_ranges = norm_ranges.clone();
+        // With tensor parallelism a stage owns its units' ranges of this TP rank: the
+        // embeddings and head whole, each block's shard at the block's start.
+        let (norm_ranges, tensor) = match tp {
+            None => (chunks.iter().map(|c| c.range.clone()).collect(), None),
+            Some(g) => {
+                let part = TensorPart::new(&cfg, g, &layout, &chunks)?;
+                part.shard_blocks(&layout, &chunks, &mut params)?;
+                (part.owned.clone(), Some(part))
+            }
+        };
+        let mut update_ranges: Vec<Range<usize>> = norm_ranges.clone();
         if let Some(wte) = &tied
             && s + 1 == stages
         {
             update_ranges.push(wte.clone());
         }
-        let decay_all = layout.decay_ranges(cfg.decay_all);
+        let decay_all = match &tensor {
+            Some(t) => t.decay(&layout, cfg.decay_all)?,
+            None => layout.decay_ranges(cfg.decay_all),
+        };
         let (d, j) = match (&dp, zero) {
             (Some(g), true) => (g.size(), g.rank()),
             _ => (1, 0),
@@ -321,6 +352,10 @@ impl PipelineStage {
         for r in update_ranges {
             updates.push(Update::new(cfg.adamw, r, &decay_all, d, j)?);
         }
+        let slots = models
+            .into_iter()
+            .map(|m| Slot::new(m, tensor.as_ref(), &layout, &chunks))
+            .collect::<Result<Vec<_>>>()?;
         let source = Source::for_config(&cfg, replica_share(&cfg, dp.as_ref()))?;
         let n = cfg.micro_tokens();
         Ok(Self {
@@ -334,6 +369,7 @@ impl PipelineStage {
             cuts,
             tied,
             slots,
+            tensor,
             source,
             inputs: vec![vec![0; n]; m],
             targets: vec![vec![0; n]; m],

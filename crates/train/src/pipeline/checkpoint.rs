@@ -89,7 +89,7 @@ impl PipelineStage {
         });
         let layout = json!({
             "dp": self.replicas(),
-            "tp": 1,
+            "tp": self.tensor_parallel(),
             "pp": self.schedule.stages(),
             "split": "stage-flat",
             "zero": u8::from(self.zero),
@@ -142,7 +142,10 @@ impl PipelineStage {
     /// writer 0 never waits for a writer that gave up) the others publish their piece lists and
     /// writer 0 collects them and commits. Every rank returns the same outcome: a failed write
     /// on any rank is an error on all and nothing is committed. Returns the step saved.
+    /// Stages with tensor-parallel blocks (`on_mesh` with `tp > 1`) are refused on every rank,
+    /// naming `tensor_parallel`, before anything is written.
     pub fn save_checkpoint(&mut self, dir: &Path, run_id: &str) -> Result<u64> {
+        self.refuse_tensor_parallel("save_checkpoint")?;
         let step = self.step;
         let (writer, writers) = self.writer();
         let meta = self.checkpoint_meta(run_id);
@@ -205,8 +208,10 @@ impl PipelineStage {
     /// every rank must call. Refused, naming what differs, when a tensor is missing or has
     /// another shape (another model) or the training config differs (as
     /// [`crate::Trainer::restore`]); when any rank cannot load it, every rank fails. The stage
-    /// is only changed once every rank has read everything.
+    /// is only changed once every rank has read everything. Stages with tensor-parallel blocks
+    /// are refused on every rank, naming `tensor_parallel`, before anything is read.
     pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
+        self.refuse_tensor_parallel("restore")?;
         let loaded = self.read(ckpt);
         let failed = self.failures(loaded.is_ok())?;
         let loaded = loaded?;

@@ -14,9 +14,9 @@
 //!   holds a copy of `wte`, which its head reads: the first and last stages all-reduce `wte`'s
 //!   gradient (Megatron's embedding group; middle stages lend a transient zero buffer) and both
 //!   apply the identical update. [`PipelineStage::state_memory`] measures what stays resident.
-//! - Activations: one [`Model`] per micro-batch in flight on the stage (the schedule's
-//!   [`Schedule::max_in_flight`]), reused as micro-batches retire; each is sized for the whole
-//!   model (only its chunks' regions are written).
+//! - Activations: one [`Model`](model::model::Model) per micro-batch in flight on the stage
+//!   (the schedule's [`Schedule::max_in_flight`]), reused as micro-batches retire; each is
+//!   sized for the whole model (only its chunks' regions are written).
 //! - Messages: the residual stream (N, C) f32 forward and its gradient (N, C) back, with
 //!   [`ProcessGroup::send`]/[`ProcessGroup::recv`] in the list's order (blocking, under the
 //!   group's op timeout). Each message is `4 B T C` bytes (000 F42 counts `2 B T C` for
@@ -28,6 +28,11 @@
 //!   `grad_accum = m` on the same batches (Algorithm 1 step 8: one optimizer step after all
 //!   `m` backwards). Every stage draws the same batches from its own copy of the data source:
 //!   the first stage reads the tokens, the last the targets. The update is in `pipeline::update`.
+//! - Tensor parallelism (PP x TP x DP, 000 "混合并行"; "Megatron 风格的张量并行"): on a mesh
+//!   with `tp > 1` ([`PipelineStage::on_mesh`]) every block of a stage runs on this TP rank's
+//!   shard, the embeddings and head replicated over the stage's TP group, the residual
+//!   exchanged whole with the same-TP-index rank of the neighbouring stages; each slot's units
+//!   run in `pipeline::tensor_stage`, so this executor is the same for every layout.
 //! - Data parallelism (DP x PP, 000 §2.20; "3D 训练循环"): with a data-parallel group
 //!   ([`PipelineStage::with_data_parallel`], [`PipelineStage::on_mesh`]) each replica of the
 //!   pipeline draws its own `cfg.batch` rows of every global batch, and the gradients are summed
@@ -40,10 +45,10 @@ use comm::ReduceOp;
 use comm::group::ProcessGroup;
 use model::Threads;
 use model::layout::{Layout, Unit};
-use model::model::Model;
 use model::optim::check_finite;
 
 use super::build::{Chunk, config_err};
+use super::tensor_stage::{Run, Slot, TensorPart};
 use super::update::Update;
 use super::{Action, Schedule};
 use crate::config::TrainConfig;
@@ -102,14 +107,20 @@ pub struct PipelineStage {
     pub(super) updates: Vec<Update>,
     /// Whether the optimizer state is sharded over the data-parallel group (ZeRO-1).
     pub(super) zero: bool,
-    /// Ranges whose gradient norm this stage counts (each element on exactly one stage).
+    /// The ranges this stage owns: its chunks' ranges, whose gradient norm it counts (each
+    /// element on exactly one stage); with tensor parallelism its units' ranges on this TP rank
+    /// (the norm then counts [`TensorPart`]'s ranges).
     pub(super) norm_ranges: Vec<Range<usize>>,
     /// Where model chunks start in the flat buffer (all stages' chunks, the first excluded).
     pub(super) cuts: Vec<usize>,
     /// `wte`'s range, when tied embeddings span the first and last stages.
     pub(super) tied: Option<Range<usize>>,
-    /// One model per micro-batch in flight.
-    pub(super) slots: Vec<Model<f32>>,
+    /// One model (and, with tensor parallelism, the local chunks' blocks on this rank's
+    /// shards) per micro-batch in flight.
+    pub(super) slots: Vec<Slot>,
+    /// The stage's tensor-parallel group and shard plan, when its blocks are split
+    /// (`pipeline::tensor_stage`; 000 "混合并行").
+    pub(super) tensor: Option<TensorPart>,
     /// This replica's share of the data stream (the same batches on every stage).
     pub(super) source: Source,
     /// Per micro-batch inputs and targets (m, N).
@@ -172,7 +183,9 @@ impl PipelineStage {
         self.chunks.iter().map(|c| c.units.clone()).collect()
     }
 
-    /// The parameter ranges this stage owns (one per local chunk) in the flat buffer.
+    /// The parameter ranges this stage owns in the flat buffer: one per local chunk; with
+    /// tensor parallelism, the embeddings and head whole and each block's shard (at the start
+    /// of the block's range), adjacent ones merged.
     pub fn owned_ranges(&self) -> Vec<Range<usize>> {
         self.norm_ranges.clone()
     }
@@ -205,7 +218,8 @@ impl PipelineStage {
     /// the owned ranges, plus at most a partial page at each end of a range), `optimizer` the
     /// AdamW moments this stage holds (both moments of its ranges, or of its ZeRO-1 shards).
     /// `comm_buffers` is 0: the activation messages are pooled within a step and freed after it.
-    /// Activations (one [`Model`] arena per micro-batch in flight) are not state and not counted.
+    /// Activations (one [`Model`](model::model::Model) arena per micro-batch in flight) are
+    /// not state and not counted.
     pub fn state_memory(&self) -> StateMemory {
         StateMemory {
             params: self.params.resident_bytes(),
@@ -216,9 +230,13 @@ impl PipelineStage {
     }
 
     /// The whole model's current parameters, assembled from every stage's owned ranges (a
-    /// collective: every stage must call it). Exact: each element is summed with zeros. The
+    /// collective: every stage must call it; with tensor parallelism every rank of the stage's
+    /// TP group too, the shards unsharded). Exact: each element is summed with zeros. The
     /// result is a transient whole-model copy on every stage.
     pub fn gather_params(&self) -> Result<Vec<f32>> {
+        if let Some(t) = &self.tensor {
+            return self.gather_tensor(t);
+        }
         let mut out = vec![0f32; self.params.len()];
         for r in &self.norm_ranges {
             out[r.clone()].copy_from_slice(&self.params[r.clone()]);
@@ -312,19 +330,18 @@ impl PipelineStage {
                     }
                     let units = &self.chunks[chunk].units;
                     let targets = (last == Unit::Head).then(|| &self.targets[mb][..]);
+                    let run = Run {
+                        th: &self.th,
+                        params: &self.params,
+                    };
                     let model = &mut self.slots[slot];
-                    match &input {
-                        None => model.begin_at(first, None, Some(&self.inputs[mb]), targets)?,
-                        Some(x) => model.begin_at(first, Some(x), None, targets)?,
-                    }
-                    for &u in units {
-                        model.forward_unit(&self.th, &self.params, u)?;
-                    }
+                    let tokens = &self.inputs[mb];
+                    model.forward(&run, chunk, units, input.as_deref(), tokens, targets)?;
                     if last == Unit::Head {
                         losses[mb] = model.loss().unwrap_or(f64::NAN);
                     } else {
                         let mut out = pool.pop().unwrap_or_else(|| vec![0f32; nc]);
-                        out.copy_from_slice(model.unit_output(last)?);
+                        out.copy_from_slice(model.output(chunk, last)?);
                         outbox.insert((mb, chunk), out);
                     }
                     if let Some(x) = input {
@@ -349,14 +366,15 @@ impl PipelineStage {
                         );
                     }
                     let units = &self.chunks[chunk].units;
+                    let run = Run {
+                        th: &self.th,
+                        params: &self.params,
+                    };
                     let model = &mut self.slots[slot];
-                    model.begin_backward_at(last, dout.as_deref())?;
-                    for &u in units.iter().rev() {
-                        model.backward_unit(&self.th, &self.params, &mut self.grads, u)?;
-                    }
+                    model.backward(&run, &mut self.grads, chunk, units, dout.as_deref())?;
                     if first != Unit::Embed {
                         let mut out = pool.pop().unwrap_or_else(|| vec![0f32; nc]);
-                        out.copy_from_slice(model.input_grad());
+                        out.copy_from_slice(model.input_grad(chunk));
                         outbox.insert((mb, chunk), out);
                     }
                     if let Some(g) = dout {
@@ -380,7 +398,7 @@ impl PipelineStage {
             // The mean over the replicas, as `GradBuckets::mean` (every member of this dp
             // group is a last stage).
             if let Some(dp) = self.dp.as_ref().filter(|d| d.size() > 1) {
-                dp.all_reduce(&mut loss, ReduceOp::Sum)?;
+                dp.all_reduce_with(&mut loss, ReduceOp::Sum, &self.sum_options())?;
                 loss[0] /= dp.size() as f64;
             }
         }

@@ -142,10 +142,11 @@ impl PipelineStage {
             }
         }
         // Every replica's stage `s` holds the same ranges, so the calls match across the group.
+        let opts = self.sum_options();
         let d = match &self.dp {
             Some(dp) if dp.size() > 1 => {
                 for u in &self.updates {
-                    dp.all_reduce(&mut self.grads[u.range.clone()], ReduceOp::Sum)?;
+                    dp.all_reduce_with(&mut self.grads[u.range.clone()], ReduceOp::Sum, &opts)?;
                 }
                 dp.size()
             }
@@ -158,7 +159,11 @@ impl PipelineStage {
                 scale_grads(&self.th, &mut self.grads[u.range.clone()], scale);
             }
         }
-        let norm = self.global_sum_sq()?.sqrt();
+        let norm = match &self.tensor {
+            Some(t) => self.tensor_sum_sq(t)?,
+            None => self.global_sum_sq()?,
+        }
+        .sqrt();
         check_finite("gradient norm", step, norm)?;
         if let Some(c) = self.cfg.grad_clip.and_then(|max| clip_coef(norm, max)) {
             for u in &self.updates {
