@@ -3,17 +3,21 @@
 //! 8 ranks of one device mesh, under 1F1B and GPipe with clipping on every step, end after 3
 //! steps with one process's losses and parameters on the same global batch (`grad_accum = m`,
 //! `dp x batch` rows) within float summation-order tolerance; repeated runs are
-//! bit-identical; a TP degree not dividing the heads, recompute and pipeline checkpoints of
-//! these layouts are refused by name.
+//! bit-identical; a TP degree not dividing the heads and recompute are refused by name; their
+//! checkpoints, in the `Trainer`'s format, resume in one process and back, and in the same
+//! layout bit-identically.
 #[path = "support/common.rs"]
 mod common;
 
+use std::path::{Path, PathBuf};
+
+use ckpt::{Checkpoint, Verify};
 use comm::group::GroupConfig;
 use comm::local::run_threads;
 use comm::mesh::{DeviceMesh, MeshShape};
 use common::max_rel_diff;
 use train::pipeline::{PipelineStage, ScheduleKind};
-use train::{TrainConfig, TrainError, Trainer};
+use train::{CheckpointConfig, Checkpointer, TrainConfig, TrainError, Trainer};
 
 const STEPS: u64 = 3;
 
@@ -198,14 +202,12 @@ fn repeated_runs_are_bit_identical() {
     }
 }
 
-/// Every rank's error (or `None`) building a `shape` stage of `cfg`, then saving it.
+/// Every rank's error building a `shape` stage of `cfg`.
 fn refusals(cfg: TrainConfig, shape: MeshShape) -> Vec<String> {
     let world = shape.world().unwrap();
     run_threads(world, GroupConfig::default(), move |g| {
         let mesh = DeviceMesh::new(&g, shape, false)?;
-        let dir = std::env::temp_dir().join(format!("pipeline_tensor_{}", std::process::id()));
-        let r = PipelineStage::on_mesh(cfg.clone(), &mesh, ScheduleKind::OneFOneB)
-            .and_then(|mut st| st.save_checkpoint(&dir, "pp-tp").map(drop));
+        let r = PipelineStage::on_mesh(cfg.clone(), &mesh, ScheduleKind::OneFOneB);
         Ok(r.err().map(|e: TrainError| e.to_string()))
     })
     .unwrap()
@@ -229,11 +231,125 @@ fn bad_layouts_are_refused_by_name_on_every_rank() {
     for e in refusals(c, MeshShape::new(1, 2, 2)) {
         assert!(e.contains("recompute"), "{e}");
     }
-    // Pipeline checkpoints hold whole-model ranges per stage: refused before writing.
-    for e in refusals(gpt2(2), MeshShape::new(1, 2, 2)) {
-        assert!(
-            e.contains("tensor_parallel") && e.contains("save_checkpoint"),
-            "{e}"
-        );
-    }
+}
+
+// === Checkpoints: 3 steps, save, 3 more under another layout, against the straight run ===
+
+const HALF: u64 = 3;
+
+/// [`gpt2`] with `m` micro-batches over 6 steps (the cosine over all 6).
+fn six_steps(m: usize) -> TrainConfig {
+    let mut c = common::gpt2_cosine(2 * HALF, CLIP);
+    c.model.layers = 4;
+    c.grad_accum = m;
+    c
+}
+
+/// `cfg` on a `shape` mesh: resumes from `resume` when given, trains `steps` steps, saves into
+/// `save` when given; rank 0's losses and the gathered parameters.
+fn mesh_ckpt(
+    cfg: &TrainConfig,
+    shape: MeshShape,
+    resume: Option<PathBuf>,
+    steps: u64,
+    save: Option<PathBuf>,
+) -> (Vec<f64>, Vec<f32>) {
+    let cfg = cfg.clone();
+    let world = shape.world().unwrap();
+    let mut out = run_threads(world, GroupConfig::default(), move |g| {
+        let mesh = DeviceMesh::new(&g, shape, false)?;
+        let mut st = PipelineStage::on_mesh(cfg.clone(), &mesh, ScheduleKind::OneFOneB).unwrap();
+        if let Some(dir) = &resume {
+            assert_eq!(st.resume(dir).unwrap(), Some(HALF));
+        }
+        let losses: Vec<f64> = (0..steps).map(|_| st.step().unwrap().loss).collect();
+        if let Some(dir) = &save {
+            let step = st.save_checkpoint(dir, "pp-tp").unwrap();
+            assert_eq!(step, st.steps_done());
+        }
+        Ok((losses, st.gather_params().unwrap()))
+    })
+    .unwrap();
+    out.swap_remove(0).unwrap()
+}
+
+fn checkpointer(dir: &Path) -> Checkpointer {
+    let ck = CheckpointConfig {
+        dir: dir.to_path_buf(),
+        every: 0,
+        asynchronous: false,
+        auto_mtbf: None,
+    };
+    Checkpointer::new(ck, "pp-tp").unwrap()
+}
+
+fn close(what: &str, losses: &[f64], params: &[f32], want: &(Vec<f64>, Vec<f32>)) {
+    let worst = losses
+        .iter()
+        .zip(&want.0)
+        .map(|(a, b)| rel(*a, *b))
+        .fold(0.0, f64::max);
+    let d = max_rel_diff(params, &want.1);
+    println!("{what}: losses within {worst:.2e}, parameters within {d:.2e} of the largest");
+    assert_eq!(losses.len(), want.0.len(), "{what}");
+    assert!(worst < TOL, "{what}: losses {worst:e}");
+    assert!(d < TOL, "{what}: parameters {d:e}");
+}
+
+#[test]
+fn a_pp2_tp2_checkpoint_resumes_in_one_process_and_back() {
+    let c = six_steps(2);
+    let mut t = Trainer::new(c.clone()).unwrap();
+    let straight: Vec<f64> = (0..2 * HALF).map(|_| t.step().unwrap().loss).collect();
+    let want = (straight, t.params().to_vec());
+    let pp2_tp2 = MeshShape::new(1, 2, 2);
+
+    // PP2 x TP2 -> one process: the Trainer's format, four writers, every piece verifying.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut losses, _) = mesh_ckpt(&c, pp2_tp2, None, HALF, Some(dir.path().into()));
+    let saved = Checkpoint::open(dir.path(), HALF, Verify::AllPieces).unwrap();
+    let m = saved.manifest();
+    assert_eq!(m.world_size, 4);
+    assert_eq!(
+        (m.layout["pp"].as_u64(), m.layout["tp"].as_u64()),
+        (Some(2), Some(2))
+    );
+    let mut t = Trainer::new(c.clone()).unwrap();
+    assert_eq!(
+        Checkpointer::resume(dir.path(), &mut t).unwrap().unwrap().0,
+        HALF
+    );
+    losses.extend((0..HALF).map(|_| t.step().unwrap().loss));
+    close("PP2 x TP2 -> one process", &losses, t.params(), &want);
+
+    // One process -> PP2 x TP2.
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = Trainer::new(c.clone()).unwrap();
+    let mut losses: Vec<f64> = (0..HALF).map(|_| t.step().unwrap().loss).collect();
+    checkpointer(dir.path()).save(&mut t).unwrap();
+    let (more, params) = mesh_ckpt(&c, pp2_tp2, Some(dir.path().into()), HALF, None);
+    losses.extend(more);
+    close("one process -> PP2 x TP2", &losses, &params, &want);
+}
+
+#[test]
+fn a_dp2_pp2_tp2_checkpoint_continues_bit_identically() {
+    // Saved and restored in the same layout, the state read back is the state written, so
+    // the resumed run repeats the straight run's bits.
+    let c = six_steps(2);
+    let shape = MeshShape::new(2, 2, 2);
+    let (want_losses, want) = mesh_ckpt(&c, shape, None, 2 * HALF, None);
+    let dir = tempfile::tempdir().unwrap();
+    let (mut losses, _) = mesh_ckpt(&c, shape, None, HALF, Some(dir.path().into()));
+    let saved = Checkpoint::open(dir.path(), HALF, Verify::AllPieces).unwrap();
+    assert_eq!(saved.manifest().world_size, 8);
+    let (more, params) = mesh_ckpt(&c, shape, Some(dir.path().into()), HALF, None);
+    losses.extend(more);
+    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&losses), bits(&want_losses));
+    assert!(
+        params == want,
+        "parameters: {:e}",
+        max_rel_diff(&params, &want)
+    );
 }

@@ -10,9 +10,9 @@
 //!   data-parallel ranks drawing rows) and `model_config`; the same [`config_hash`] (the
 //!   training config has no pipeline field, and the hash ignores `grad_accum`, which is `m`
 //!   here: a pipeline with `m` micro-batches and a data-parallel `Trainer` without
-//!   accumulation hash alike). Layout `{"dp": d, "tp": 1, "pp": p, "split": "stage-flat",
+//!   accumulation hash alike). Layout `{"dp": d, "tp": t, "pp": p, "split": "stage-flat",
 //!   "zero": 0 | 1}` records the saving layout; readers do not need it.
-//! - Save ([`PipelineStage::save_checkpoint`], a collective over all `p x d` ranks). The
+//! - Save ([`PipelineStage::save_checkpoint`], a collective over all `p x d (x t)` ranks). The
 //!   stages' chunk ranges partition the flat buffer and each holds whole layout entries, so
 //!   stage `s` writes the tensors of its entries; a tied last stage's copy of `wte` is left to
 //!   stage 0, which owns it. Within a stage, replica `j` of `d` writes part `j` of every chunk
@@ -24,14 +24,18 @@
 //!   writer, with global writer index `replica + d x stage` (the rank order of a dp x pp
 //!   [`comm::mesh::DeviceMesh`] whose stages are in order); writer 0 (stage 0 of replica 0)
 //!   collects the piece lists ([`ckpt::handoff`]) and commits, as the tensor-parallel and
-//!   data-parallel saves do. A failure on any rank fails all, with nothing committed.
+//!   data-parallel saves do. A failure on any rank fails all, with nothing committed. Stages
+//!   with tensor-parallel blocks (`t > 1`) assemble their entries whole over the TP group and
+//!   split the writing over their `d t` ranks, writer index `tp + t (replica + d stage)`
+//!   (`pipeline::tensor_checkpoint`).
 //! - Load ([`PipelineStage::restore`], a collective). Each stage reads the whole tensors of the
 //!   entries in its ranges (the reader assembles them from whatever pieces a DP, ZeRO, TP or PP
 //!   save wrote), keeps its ranges of the parameters and its (possibly ZeRO-1 sharded) part of
 //!   the moments, and restores the step, AdamW's step count and the global row cursor, so the
 //!   next global batch is the one the saving run would draw next. A checkpoint of another
 //!   model or training config is refused naming what differs; the stage changes only once
-//!   every rank has read everything.
+//!   every rank has read everything. Tensor-parallel stages shard each block they read with
+//!   their plan.
 use std::ops::Range;
 use std::path::Path;
 
@@ -64,11 +68,12 @@ struct Loaded {
 
 impl PipelineStage {
     /// This rank's writer index and the number of writers in a checkpoint:
-    /// `(replica + d x stage, p x d)`.
+    /// `(tp_rank + t x (replica + d x stage), t x p x d)` with `t` the stage's TP degree
+    /// (1 without tensor parallelism).
     pub fn writer(&self) -> (u32, u32) {
-        let d = self.replicas();
-        let index = self.replica() + d * self.stage();
-        (index as u32, (d * self.schedule.stages()) as u32)
+        let (d, t) = (self.replicas(), self.tensor_parallel());
+        let index = self.tensor_rank() + t * (self.replica() + d * self.stage());
+        (index as u32, (t * d * self.schedule.stages()) as u32)
     }
 
     /// Everything of a checkpoint of the current step but the tensors, as
@@ -106,34 +111,58 @@ impl PipelineStage {
 
     /// The pieces this rank writes (see the module doc): replica `j`'s part of every chunk
     /// range, for the parameters and both moments, each naming its tensor by index into
-    /// [`state_metas`].
-    fn checkpoint_pieces(&self) -> Vec<StatePiece<'_>> {
-        let entries = &self.layout.entries;
+    /// [`state_metas`]. With tensor-parallel stages, `views` are the stage's entries
+    /// assembled whole (`pipeline::tensor_checkpoint`) and TP rank `r` of replica `j` writes
+    /// part `j t + r` of `d t` of every chunk range.
+    fn checkpoint_pieces<'a>(&'a self, views: Option<&'a [Vec<f32>; 3]>) -> Vec<StatePiece<'a>> {
         let (d, j) = (self.replicas(), self.replica());
         let mut out = Vec::new();
-        // The first `chunks` updates are the chunk ranges (`build`); a tied last stage's extra
-        // `wte` update is stage 0's to write.
-        for u in &self.updates[..self.chunks.len()] {
-            let part = replica_part(&u.range, d, j);
-            let (m, v) = u.opt.moments();
-            // Where element `x` of the flat buffer lies in each source: the parameters are
-            // whole-model, the moments cover `u.shard` (which holds `part`, sharded or not).
-            let sources: [(&[f32], usize); 3] =
-                [(&self.params, 0), (m, u.shard.start), (v, u.shard.start)];
-            for (which, (src, base)) in sources.into_iter().enumerate() {
-                for (i, e) in entries.iter().enumerate() {
-                    let Some(x) = intersect(&e.range(), &part) else {
-                        continue;
-                    };
-                    for (slice, sub) in flat_boxes(&e.shape, x.start - e.offset..x.end - e.offset) {
-                        let at = e.offset + sub.start - base;
-                        let bytes = f32_bytes(&src[at..at + sub.len()]);
-                        out.push((which * entries.len() + i, slice, bytes));
-                    }
+        let Some([p, m, v]) = views else {
+            // The first `chunks` updates are the chunk ranges (`build`); a tied last stage's
+            // extra `wte` update is stage 0's to write.
+            for u in &self.updates[..self.chunks.len()] {
+                let part = replica_part(&u.range, d, j);
+                let (m, v) = u.opt.moments();
+                // Where element `x` of the flat buffer lies in each source: the parameters are
+                // whole-model, the moments cover `u.shard` (which holds `part`, sharded or not).
+                let sources = [
+                    (&self.params[..], 0),
+                    (m, u.shard.start),
+                    (v, u.shard.start),
+                ];
+                self.range_pieces(&part, sources, &mut out);
+            }
+            return out;
+        };
+        let (t, r) = (self.tensor_parallel(), self.tensor_rank());
+        for c in &self.chunks {
+            let part = replica_part(&c.range, d * t, j * t + r);
+            self.range_pieces(&part, [(p, 0), (m, 0), (v, 0)], &mut out);
+        }
+        out
+    }
+
+    /// Appends the row-major boxes of every entry's part inside `part` (flat coordinates) for
+    /// the parameters and both moments, `sources[i]` holding flat element `x` at `x - base`.
+    fn range_pieces<'a>(
+        &self,
+        part: &Range<usize>,
+        sources: [(&'a [f32], usize); 3],
+        out: &mut Vec<StatePiece<'a>>,
+    ) {
+        let entries = &self.layout.entries;
+        for (which, (src, base)) in sources.into_iter().enumerate() {
+            for (i, e) in entries.iter().enumerate() {
+                let Some(x) = intersect(&e.range(), part) else {
+                    continue;
+                };
+                for (slice, sub) in flat_boxes(&e.shape, x.start - e.offset..x.end - e.offset) {
+                    let at = e.offset + sub.start - base;
+                    let bytes = f32_bytes(&src[at..at + sub.len()]);
+                    out.push((which * entries.len() + i, slice, bytes));
                 }
             }
         }
-        out
     }
 
     /// Saves the current step under `dir` (created if missing) in the [`crate::Trainer`]'s
@@ -142,11 +171,14 @@ impl PipelineStage {
     /// writer 0 never waits for a writer that gave up) the others publish their piece lists and
     /// writer 0 collects them and commits. Every rank returns the same outcome: a failed write
     /// on any rank is an error on all and nothing is committed. Returns the step saved.
-    /// Stages with tensor-parallel blocks (`on_mesh` with `tp > 1`) are refused on every rank,
-    /// naming `tensor_parallel`, before anything is written.
     pub fn save_checkpoint(&mut self, dir: &Path, run_id: &str) -> Result<u64> {
-        self.refuse_tensor_parallel("save_checkpoint")?;
         let step = self.step;
+        // Tensor-parallel stages assemble their entries whole first (a collective over the TP
+        // group, so every rank makes it before any rank can fail on its own).
+        let views = match &self.tensor {
+            Some(t) => Some(self.tensor_views(t)?),
+            None => None,
+        };
         let (writer, writers) = self.writer();
         let meta = self.checkpoint_meta(run_id);
         let written = std::fs::create_dir_all(dir)
@@ -156,7 +188,7 @@ impl PipelineStage {
                 reason: e.to_string(),
             })
             .and_then(|()| {
-                let pieces = self.checkpoint_pieces();
+                let pieces = self.checkpoint_pieces(views.as_ref());
                 let refs = piece_refs(&meta.tensors, &pieces);
                 Ok(RankWriter::write_all(dir, step, writer, &refs)?)
             });
@@ -200,6 +232,9 @@ impl PipelineStage {
         if let Some(dp) = self.dp.as_ref().filter(|d| d.size() > 1) {
             dp.all_reduce(&mut failed, ReduceOp::Sum)?;
         }
+        if let Some(t) = &self.tensor {
+            t.group.all_reduce(&mut failed, ReduceOp::Sum)?;
+        }
         Ok(failed[0] as u32)
     }
 
@@ -208,10 +243,8 @@ impl PipelineStage {
     /// every rank must call. Refused, naming what differs, when a tensor is missing or has
     /// another shape (another model) or the training config differs (as
     /// [`crate::Trainer::restore`]); when any rank cannot load it, every rank fails. The stage
-    /// is only changed once every rank has read everything. Stages with tensor-parallel blocks
-    /// are refused on every rank, naming `tensor_parallel`, before anything is read.
+    /// is only changed once every rank has read everything.
     pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
-        self.refuse_tensor_parallel("restore")?;
         let loaded = self.read(ckpt);
         let failed = self.failures(loaded.is_ok())?;
         let loaded = loaded?;
@@ -240,14 +273,10 @@ impl PipelineStage {
     fn read(&self, ckpt: &Checkpoint) -> Result<Loaded> {
         check_state_tensors(ckpt, &self.layout)?;
         let run = saved_run(ckpt, &self.cfg)?;
-        let (mut params, mut opts) = (Vec::new(), Vec::new());
-        for u in &self.updates {
-            let [p, m, v] = read_state_range(ckpt, &self.layout, u.range.clone())?;
-            let mine: Range<usize> = u.shard.start - u.range.start..u.shard.end - u.range.start;
-            let (m, v) = (m[mine.clone()].to_vec(), v[mine].to_vec());
-            opts.push(AdamW::from_state(self.cfg.adamw, m, v, run.optimizer_step)?);
-            params.push(p);
-        }
+        let (params, opts) = match &self.tensor {
+            Some(t) => self.read_tensor(t, ckpt, run.optimizer_step)?,
+            None => self.read_ranges(ckpt, run.optimizer_step)?,
+        };
         // The data source at the saved global row cursor (token datasets: the loader's state).
         let c = &self.cfg;
         let share = replica_share(c, self.dp.as_ref());
@@ -263,6 +292,24 @@ impl PipelineStage {
             source,
             rows: run.rows,
         })
+    }
+
+    /// Per update range, in the stage's order: its parameters and AdamW over its (possibly
+    /// ZeRO-1 sharded) part with the saved moments and `optimizer_step`.
+    fn read_ranges(
+        &self,
+        ckpt: &Checkpoint,
+        optimizer_step: u64,
+    ) -> Result<(Vec<Vec<f32>>, Vec<AdamW>)> {
+        let (mut params, mut opts) = (Vec::new(), Vec::new());
+        for u in &self.updates {
+            let [p, m, v] = read_state_range(ckpt, &self.layout, u.range.clone())?;
+            let mine: Range<usize> = u.shard.start - u.range.start..u.shard.end - u.range.start;
+            let (m, v) = (m[mine.clone()].to_vec(), v[mine].to_vec());
+            opts.push(AdamW::from_state(self.cfg.adamw, m, v, optimizer_step)?);
+            params.push(p);
+        }
+        Ok((params, opts))
     }
 
     /// Restores this stage from the newest committed step under `dir` (verifying the manifest;

@@ -30,6 +30,9 @@
 //!   stage counts all it owns, the other TP ranks only their column- and row-parallel slices
 //!   ([`TpLayout::norm_ranges`]), summed exactly over the stages and then over the TP ranks
 //!   (the same value on every rank); clipping and AdamW on the rank's own ranges.
+//! - Checkpoints (`pipeline::tensor_checkpoint`): the [`crate::Trainer`]'s format, the stage's
+//!   entries assembled whole over the TP group ([`PipelineStage::stage_view`]) and every block
+//!   read back sharded.
 use std::ops::Range;
 
 use comm::ReduceOp;
@@ -358,24 +361,6 @@ impl PipelineStage {
         }
     }
 
-    /// An error naming `tensor_parallel` when this stage splits its blocks over a TP group:
-    /// `what` (a checkpoint save or restore) reads or writes whole-model ranges per stage,
-    /// which a stage holding block shards does not have.
-    pub(super) fn refuse_tensor_parallel(&self, what: &str) -> Result<()> {
-        match self.tensor_parallel() {
-            1 => Ok(()),
-            tp => Err(config_err(
-                "tensor_parallel",
-                tp,
-                format!(
-                    "{what}: pipeline checkpoints hold each stage's whole-model ranges, but \
-                     this stage keeps tensor-parallel shards of its blocks (tp {tp}); \
-                     checkpoints of PP x TP layouts are not built yet"
-                ),
-            )),
-        }
-    }
-
     /// The squared global gradient norm when the stages are tensor-parallel: every element of
     /// the whole model counted once over the mesh ([`TensorPart::counted`]), summed exactly
     /// over the pipeline and then over the TP group, so every rank of the replica gets the
@@ -388,29 +373,35 @@ impl PipelineStage {
         sum_exactly(&t.group, stages)
     }
 
-    /// The whole model's parameters in its [`Layout`] order, assembled from every stage and
-    /// TP rank (a collective over the pipeline and the TP group; exact): each rank writes its
-    /// units into a zeroed whole-model buffer (block shards unsharded in place, replicated
-    /// tensors by TP rank 0 only), so every element comes from one rank, and the buffers are
-    /// summed over the pipeline, then over the TP group.
-    pub(super) fn gather_tensor(&self, t: &TensorPart) -> Result<Vec<f32>> {
+    /// `src`, a buffer in the stage's flat coordinates (the parameters, or a moment laid out
+    /// like them), as the whole model's values on the stage's units, zeros elsewhere (a
+    /// collective over the TP group; exact): each rank writes its units into a zeroed
+    /// whole-model buffer (block shards unsharded in place, replicated tensors by TP rank 0
+    /// only), so every element comes from one rank, and the buffers are summed over the group.
+    pub(super) fn stage_view(&self, t: &TensorPart, src: &[f32]) -> Result<Vec<f32>> {
         let mut whole = vec![0f32; self.layout.total];
         for u in self.chunks.iter().flat_map(|c| c.units.iter()) {
             let mine = unit_range(&self.layout, &t.plan, *u);
             match *u {
                 Unit::Block(l) => {
                     let into = &mut whole[self.layout.blocks[l].clone()];
-                    t.plan.shard.unshard(&self.params[mine], into)?;
+                    t.plan.shard.unshard(&src[mine], into)?;
                 }
-                _ if t.group.rank() == 0 => {
-                    whole[mine.clone()].copy_from_slice(&self.params[mine]);
-                }
+                _ if t.group.rank() == 0 => whole[mine.clone()].copy_from_slice(&src[mine]),
                 _ => {}
             }
         }
-        self.group
-            .all_reduce_with(&mut whole, ReduceOp::Sum, &PINNED_RING)?;
         t.group
+            .all_reduce_with(&mut whole, ReduceOp::Sum, &PINNED_RING)?;
+        Ok(whole)
+    }
+
+    /// The whole model's parameters in its [`Layout`] order, assembled from every stage and
+    /// TP rank (a collective over the pipeline and the TP group; exact): the stage's
+    /// [`PipelineStage::stage_view`], summed over the pipeline (each element from one stage).
+    pub(super) fn gather_tensor(&self, t: &TensorPart) -> Result<Vec<f32>> {
+        let mut whole = self.stage_view(t, &self.params)?;
+        self.group
             .all_reduce_with(&mut whole, ReduceOp::Sum, &PINNED_RING)?;
         Ok(whole)
     }
