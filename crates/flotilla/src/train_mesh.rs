@@ -6,8 +6,8 @@
 //! launch keeps each TP group on one host). A TP group that spans hosts is refused before any
 //! training, naming the group, its hosts and why; `--force-placement` runs it anyway and prints
 //! the warning beside the planner's linter for the same layout. The engine is
-//! [`train::tensor::TpTrainer`] (DP x TP) or [`train::pipeline::PipelineStage`] (DP x PP);
-//! TP inside pipeline stages is refused by name (not built yet).
+//! [`train::tensor::TpTrainer`] (DP x TP) or [`train::pipeline::PipelineStage`] (DP x PP, and
+//! DP x PP x TP with Megatron blocks inside each stage).
 //!
 //! A refused configuration exits with [`launch::EXIT_REFUSED`], which the agent does not
 //! restart (the same configuration would be refused again).
@@ -57,14 +57,6 @@ impl MeshArgs {
         if self.tp == 0 || self.pp == 0 {
             bail!(
                 "--tp {} --pp {}: degrees must be at least 1",
-                self.tp,
-                self.pp
-            );
-        }
-        if self.tp > 1 && self.pp > 1 {
-            bail!(
-                "--tp {} --pp {}: tensor parallelism inside pipeline stages is not built yet; \
-                 use --tp (with data parallelism) or --pp (with data parallelism)",
                 self.tp,
                 self.pp
             );
@@ -421,8 +413,8 @@ mod tests {
             e.contains("--tp 3 x --pp 1 = 3 does not divide the world of 4"),
             "{e}"
         );
-        let e = args(2, 2).shape(8).unwrap_err().to_string();
-        assert!(e.contains("inside pipeline stages is not built yet"), "{e}");
+        let s = args(2, 2).shape(8).unwrap();
+        assert_eq!((s.dp, s.pp, s.tp), (2, 2, 2));
         assert!(args(0, 1).shape(4).is_err());
         assert!(!args(1, 1).splits_model() && args(2, 1).splits_model());
     }

@@ -1,8 +1,9 @@
 //! `flotilla train --tp / --pp` through the binary (issue 8): a checkpoint saved under DP4 loads
-//! under DP2 x TP2 and under PP2 x DP2, and back, and training continues with the losses of a
-//! run whose layout never changed. Every layout trains the same global batch of 8 rows a step:
+//! under DP2 x TP2, PP2 x DP2 and PP2 x TP2, and back, and training continues with the losses
+//! of a run whose layout never changed. Every layout trains the same global batch of 8 rows a step:
 //! DP4 with --batch 2; DP2 x TP2 and PP2 x DP2 with --batch 2 --grad-accum 2 (each replica 2
-//! micro-batches of 2 rows); each update is the mean of the same four 2-row means (summation
+//! micro-batches of 2 rows); PP2 x TP2 (one replica, Megatron blocks inside each stage) with
+//! --batch 2 --grad-accum 4; each update is the mean of the same four 2-row means (summation
 //! order aside), and --grad-accum is not part of the config hash (the batch is), so the
 //! checkpoints are interchangeable. Also: bad degrees are
 //! refused before any worker starts, with the equation.
@@ -34,6 +35,18 @@ const DP2_TP2: &[&str] = &[
     "2",
     "--grad-accum",
     "2",
+];
+const PP2_TP2: &[&str] = &[
+    "--nproc",
+    "4",
+    "--pp",
+    "2",
+    "--tp",
+    "2",
+    "--batch",
+    "2",
+    "--grad-accum",
+    "4",
 ];
 const PP2_DP2: &[&str] = &[
     "--nproc",
@@ -116,11 +129,11 @@ fn straight() -> (Vec<f64>, Vec<f64>) {
 }
 
 #[test]
-fn a_dp4_checkpoint_moves_to_dp2_x_tp2_and_pp2_x_dp2_and_back() {
+fn a_dp4_checkpoint_moves_to_dp2_x_tp2_pp2_x_dp2_and_pp2_x_tp2_and_back() {
     let _serial = serial();
     let (head, tail) = straight();
     // The mesh layouts' own first halves match DP4's too.
-    for layout in [DP2_TP2, PP2_DP2] {
+    for layout in [DP2_TP2, PP2_DP2, PP2_TP2] {
         let dir = tempfile::tempdir().unwrap();
         let out = run(layout, HALF, dir.path());
         for (i, (g, w)) in losses(&out, 1, HALF, HALF).iter().zip(&head).enumerate() {
@@ -135,6 +148,8 @@ fn a_dp4_checkpoint_moves_to_dp2_x_tp2_and_pp2_x_dp2_and_back() {
     moves(DP4, PP2_DP2, &tail);
     moves(DP2_TP2, DP4, &tail);
     moves(PP2_DP2, DP4, &tail);
+    moves(DP4, PP2_TP2, &tail);
+    moves(PP2_TP2, DP4, &tail);
 }
 
 #[test]
