@@ -132,15 +132,13 @@ pub(crate) fn evaluate_valid(
     };
     let model_flops_tok = m.flops_per_token();
     let hw_flops_tok = model_flops_tok + extra;
-    // A replicated head (no vocabulary parallelism) is computed whole by every TP rank: its
-    // 6·V·h per token is divided by p only.
+    // The slowest pipeline stage sets the pace: the last one computes its L/p blocks and the
+    // whole LM head (6·V·h per token), which the others do not share. A replicated head (no
+    // vocabulary parallelism) is computed whole by every TP rank of that stage.
     let head_tok = 6.0 * (m.vocab * m.hidden) as f64;
-    let replicated_head = if l.vocab_parallel || l.tp <= 1 {
-        0.0
-    } else {
-        head_tok * (1.0 - 1.0 / l.tp as f64)
-    };
-    let f_dev = (hw_flops_tok / l.tp as f64 + replicated_head) * b * s / l.pp as f64;
+    let head_split = if l.vocab_parallel { l.tp as f64 } else { 1.0 };
+    let f_tok = (hw_flops_tok - head_tok) / (l.tp * l.pp) as f64 + head_tok / head_split;
+    let f_dev = f_tok * b * s;
     let q_dev = 3.0 * memory.params_local * job.precision.bytes();
     let t_flop = f_dev / (peak * job.efficiency);
     let t_mem = q_dev / cluster.device.hbm_bw;

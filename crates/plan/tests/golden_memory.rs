@@ -250,3 +250,26 @@ fn replicated_embedding_counts_the_embedding_whole() {
         1e-9,
     );
 }
+
+/// The slowest pipeline stage sets the pace: the last one computes its L/p blocks and the
+/// whole LM head. Llama 2 7B on one H100 node, PP 2 against PP 1 (same micro-batches): per
+/// micro-batch the stage does (F − 6·V·h)/2 + 6·V·h of the F FLOPs per token of the whole
+/// model, not F/2.
+#[test]
+fn the_last_stage_carries_the_head() {
+    use plan::cluster::{Cluster, ClusterFile};
+    use plan::job::{Job, JobFile};
+    use plan::layout::Layout;
+    let job = Job::from_file(&JobFile::preset("llama2-7b", 8)).unwrap();
+    let cluster = Cluster::from_file(&ClusterFile::preset("h100", 1)).unwrap();
+    let one = plan::step::evaluate(&job, &cluster, &Layout::new(1, 1, 8)).unwrap();
+    let two = plan::step::evaluate(&job, &cluster, &Layout::new(1, 2, 4)).unwrap();
+    let f = job.model.flops_per_token();
+    let head = 6.0 * 32_000.0 * 4_096.0;
+    let per_mb = |e: &plan::step::Evaluation| e.step.compute / e.microbatches as f64;
+    close(
+        per_mb(&two) / per_mb(&one),
+        ((f - head) / 2.0 + head) / f,
+        1e-9,
+    );
+}
