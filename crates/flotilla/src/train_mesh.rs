@@ -62,7 +62,7 @@ impl MeshArgs {
             );
         }
         let mp = self.tp * self.pp;
-        if world % mp != 0 {
+        if !world.is_multiple_of(mp) {
             bail!(
                 "--tp {} x --pp {} = {mp} does not divide the world of {world} workers \
                  (nproc x nnodes); dp = world / (tp x pp) must be whole",
@@ -339,13 +339,13 @@ pub fn train(
         sup.completed(s.step)?;
     }
     sup.finishing();
+    // The last step, unless the interval just saved it (or nothing was trained).
     if let Some(c) = ckpt
         .as_ref()
-        .filter(|c| c.every == 0 || cfg.steps % c.every != 0)
+        .filter(|c| c.every == 0 || !cfg.steps.is_multiple_of(c.every))
+        && first < cfg.steps
     {
-        if first < cfg.steps {
-            save_line(lead, &mut engine, c, &run_id)?;
-        }
+        save_line(lead, &mut engine, c, &run_id)?;
     }
     // Every rank's state, for the per-rank memory line (rank 0 prints the largest).
     let mem = engine.state_memory();
