@@ -15,7 +15,7 @@ use ckpt::{Checkpoint, Verify};
 use comm::group::GroupConfig;
 use comm::local::run_threads;
 use comm::mesh::{DeviceMesh, MeshShape};
-use common::max_rel_diff;
+use common::{assert_steps_close, max_rel_diff, rel};
 use train::pipeline::{PipelineStage, ScheduleKind};
 use train::{CheckpointConfig, Checkpointer, TrainConfig, TrainError, Trainer};
 
@@ -91,10 +91,6 @@ fn single(cfg: &TrainConfig, dp: usize) -> (Vec<(f64, f64)>, Vec<f32>) {
     (stats, t.params().to_vec())
 }
 
-fn rel(a: f64, b: f64) -> f64 {
-    (a - b).abs() / b.abs()
-}
-
 /// `cfg` on `shape` against one process; returns the parameters' largest difference
 /// relative to the largest parameter.
 fn matches_one_process(cfg: &TrainConfig, shape: MeshShape, kind: ScheduleKind) -> f64 {
@@ -121,17 +117,7 @@ fn matches_one_process(cfg: &TrainConfig, shape: MeshShape, kind: ScheduleKind) 
             o.coord
         );
     }
-    for (s, (&(l, n), &(wl, wn))) in r0.stats.iter().zip(&want).enumerate() {
-        println!(
-            "{name} step {}: loss {l:.7} vs {wl:.7} (rel {:.2e}), norm {n:.6} vs {wn:.6} (rel \
-             {:.2e})",
-            s + 1,
-            rel(l, wl),
-            rel(n, wn)
-        );
-        assert!(rel(l, wl) < TOL, "{name} step {}: loss {l} vs {wl}", s + 1);
-        assert!(rel(n, wn) < TOL, "{name} step {}: norm {n} vs {wn}", s + 1);
-    }
+    assert_steps_close(&name, &r0.stats, &want, TOL);
     let d = max_rel_diff(&r0.params, &want_params);
     println!("{name}: parameters after {STEPS} steps, max diff / max |param| = {d:.2e}");
     assert!(

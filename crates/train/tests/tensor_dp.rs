@@ -26,7 +26,7 @@ use comm::algo::Algo;
 use comm::group::GroupConfig;
 use comm::local::run_threads;
 use comm::mesh::{DeviceMesh, MeshShape};
-use common::max_rel_diff;
+use common::{assert_steps_close, max_rel_diff, rel};
 use model::config::ModelConfig;
 use train::tensor::TpTrainer;
 use train::{TrainConfig, TrainError, Trainer};
@@ -131,10 +131,6 @@ fn trainer_run(world: usize, cfg: &TrainConfig) -> (Vec<(f64, f64)>, Vec<f32>) {
     out.swap_remove(0).unwrap()
 }
 
-fn rel(a: f64, b: f64) -> f64 {
-    (a - b).abs() / b.abs()
-}
-
 /// Every rank reports rank 0's stats, gathers its model, and holds bit-identical replicated
 /// tensors (replicas and tp ranks alike).
 fn assert_ranks_agree(what: &str, ranks: &[RankOut]) {
@@ -167,17 +163,7 @@ fn matches_one_process_and_data_parallel(name: &str, cfg: TrainConfig, dp: usize
     let ranks = mesh_run((dp, tp), uncalibrated(), &cfg);
     assert_ranks_agree(&what, &ranks);
     let r0 = &ranks[0];
-    for (s, (&(l, n), &(wl, wn))) in r0.stats.iter().zip(&want).enumerate() {
-        println!(
-            "{what} step {}: loss {l:.7} vs one process {wl:.7} (rel {:.2e}), norm {n:.6} vs \
-             {wn:.6} (rel {:.2e})",
-            s + 1,
-            rel(l, wl),
-            rel(n, wn)
-        );
-        assert!(rel(l, wl) < TOL, "{what} step {}: loss", s + 1);
-        assert!(rel(n, wn) < TOL, "{what} step {}: norm", s + 1);
-    }
+    assert_steps_close(&format!("{what} vs one process"), &r0.stats, &want, TOL);
     let d_one = max_rel_diff(&r0.whole, &one);
     let (dp_stats, dp_params) = trainer_run(dp, &cfg);
     for (s, (&(l, n), &(dl, dn))) in r0.stats.iter().zip(&dp_stats).enumerate() {

@@ -9,7 +9,7 @@
 mod common;
 use comm::group::GroupConfig;
 use comm::local::run_threads;
-use common::max_rel_diff;
+use common::{assert_steps_close, max_rel_diff};
 use model::config::ModelConfig;
 use plan::layout::{Layout as PlanLayout, ZeroStage};
 use plan::memory::{params_per_device, state_bytes_per_param};
@@ -89,10 +89,6 @@ fn run_tp(tp: usize, cfg: &TrainConfig) -> Vec<RankOut> {
     .collect()
 }
 
-fn rel(a: f64, b: f64) -> f64 {
-    (a - b).abs() / b.abs()
-}
-
 fn matches_one_process(name: &str, cfg: TrainConfig) {
     let (want, params) = single(&cfg);
     assert!(
@@ -103,17 +99,7 @@ fn matches_one_process(name: &str, cfg: TrainConfig) {
     for tp in [1, 2, 4] {
         let ranks = run_tp(tp, &cfg);
         let r0 = &ranks[0];
-        for (s, (&(l, n), &(wl, wn))) in r0.stats.iter().zip(&want).enumerate() {
-            println!(
-                "{name} tp {tp} step {}: loss {l:.7} vs {wl:.7} (rel {:.2e}), norm {n:.6} vs \
-                 {wn:.6} (rel {:.2e})",
-                s + 1,
-                rel(l, wl),
-                rel(n, wn)
-            );
-            assert!(rel(l, wl) < TOL, "{name} tp {tp} step {}: loss", s + 1);
-            assert!(rel(n, wn) < TOL, "{name} tp {tp} step {}: norm", s + 1);
-        }
+        assert_steps_close(&format!("{name} tp {tp}"), &r0.stats, &want, TOL);
         let d = max_rel_diff(&r0.whole, &params);
         println!("{name} tp {tp}: params after {STEPS} steps, max rel diff {d:.2e}");
         assert!(d < TOL, "{name} tp {tp}: params differ by {d:e}");

@@ -115,3 +115,25 @@ pub fn with_checkpoints(cfg: TrainConfig, stage: u8, dir: std::path::PathBuf) ->
     .unwrap();
     out.into_iter().next().unwrap().unwrap()
 }
+
+/// `|a - b| / |b|`.
+pub fn rel(a: f64, b: f64) -> f64 {
+    (a - b).abs() / b.abs()
+}
+
+/// Asserts each step's (loss, gradient norm) of `got` within `tol` (relative) of `want`'s,
+/// printing both; `what` names the run in messages.
+pub fn assert_steps_close(what: &str, got: &[(f64, f64)], want: &[(f64, f64)], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: steps");
+    for (s, (&(l, n), &(wl, wn))) in got.iter().zip(want).enumerate() {
+        println!(
+            "{what} step {}: loss {l:.7} vs {wl:.7} (rel {:.2e}), norm {n:.6} vs {wn:.6} (rel \
+             {:.2e})",
+            s + 1,
+            rel(l, wl),
+            rel(n, wn)
+        );
+        assert!(rel(l, wl) < tol, "{what} step {}: loss {l} vs {wl}", s + 1);
+        assert!(rel(n, wn) < tol, "{what} step {}: norm {n} vs {wn}", s + 1);
+    }
+}
