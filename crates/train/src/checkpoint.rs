@@ -242,6 +242,41 @@ pub(crate) fn read_whole_state(ckpt: &Checkpoint, layout: &Layout) -> Result<[Ve
     read_state_range(ckpt, layout, 0..layout.total)
 }
 
+/// The collective half of a save every rank of a mesh takes part in (the tensor-parallel and
+/// pipeline engines): creates `dir`, lets `write(&meta)` put this rank's pieces in its file, agrees
+/// over the world that every file is durable (so writer 0 never waits for a writer that gave
+/// up), then writer 0 collects the others' piece lists ([`ckpt::handoff`]) and commits `meta`
+/// while the others publish theirs, and agrees again (the barrier that keeps every rank from
+/// going on before the step is committed). `agree(ok, what)` must fail on every rank whose `ok`
+/// is true when any rank's is false; a rank that failed returns its own error.
+pub(crate) fn save_collectively(
+    dir: &Path,
+    step: u64,
+    (writer, writers): (u32, u32),
+    meta: CheckpointMeta,
+    write: impl FnOnce(&CheckpointMeta) -> Result<Vec<ckpt::Piece>>,
+    agree: impl Fn(bool, &str) -> Result<()>,
+) -> Result<u64> {
+    let written = std::fs::create_dir_all(dir)
+        .map_err(|e| TrainError::Config {
+            field: "checkpoint dir",
+            value: dir.display().to_string(),
+            reason: e.to_string(),
+        })
+        .and_then(|()| write(&meta));
+    agree(written.is_ok(), "write their pieces of")?;
+    let written = written?;
+    let committed = if writer == 0 {
+        ckpt::handoff::collect_pieces(dir, step, writers, written, SAVE_TIMEOUT)
+            .and_then(|all| ckpt::commit(dir, step, all, meta).map(drop))
+    } else {
+        ckpt::handoff::publish_pieces(dir, step, writer, &written)
+    };
+    agree(committed.is_ok(), "hand over or commit")?;
+    committed?;
+    Ok(step)
+}
+
 /// The state of `layout`'s flat elements `range` in `ckpt` (parameters, AdamW's first and
 /// second moments, each `range.len()` long, indexed from `range.start`): every entry inside it
 /// is read whole, an entry it cuts is read whole and its overlap kept. Engines that hold part

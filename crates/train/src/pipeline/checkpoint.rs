@@ -48,7 +48,7 @@ use super::build::{intersect, replica_share};
 use super::engine::PipelineStage;
 use super::update::replica_part;
 use crate::checkpoint::{
-    SAVE_TIMEOUT, check_state_tensors, config_hash, piece_refs, read_state_range, saved_run,
+    check_state_tensors, config_hash, piece_refs, read_state_range, save_collectively, saved_run,
     state_metas,
 };
 use crate::error::{Result, TrainError};
@@ -179,31 +179,16 @@ impl PipelineStage {
             Some(t) => Some(self.tensor_views(t)?),
             None => None,
         };
-        let (writer, writers) = self.writer();
+        let writer = self.writer();
         let meta = self.checkpoint_meta(run_id);
-        let written = std::fs::create_dir_all(dir)
-            .map_err(|e| TrainError::Config {
-                field: "checkpoint dir",
-                value: dir.display().to_string(),
-                reason: e.to_string(),
-            })
-            .and_then(|()| {
-                let pieces = self.checkpoint_pieces(views.as_ref());
-                let refs = piece_refs(&meta.tensors, &pieces);
-                Ok(RankWriter::write_all(dir, step, writer, &refs)?)
-            });
-        self.agree_saved(step, written.is_ok(), "write their pieces of")?;
-        let written = written?;
-        let committed = if writer == 0 {
-            ckpt::handoff::collect_pieces(dir, step, writers, written, SAVE_TIMEOUT)
-                .and_then(|all| ckpt::commit(dir, step, all, meta).map(drop))
-        } else {
-            ckpt::handoff::publish_pieces(dir, step, writer, &written)
+        let write = |meta: &CheckpointMeta| {
+            let pieces = self.checkpoint_pieces(views.as_ref());
+            let refs = piece_refs(&meta.tensors, &pieces);
+            Ok(RankWriter::write_all(dir, step, writer.0, &refs)?)
         };
-        // Also the barrier that keeps every rank from going on before the step is committed.
-        self.agree_saved(step, committed.is_ok(), "hand over or commit")?;
-        committed?;
-        Ok(step)
+        save_collectively(dir, step, writer, meta, write, |ok, what| {
+            self.agree_saved(step, ok, what)
+        })
     }
 
     /// An error on every rank whose `ok` is true when any rank's is false (that rank returns

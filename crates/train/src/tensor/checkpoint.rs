@@ -35,8 +35,8 @@ use serde_json::json;
 use super::data_parallel::failures;
 use super::trainer::TpTrainer;
 use crate::checkpoint::{
-    SAVE_TIMEOUT, check_state_tensors, config_hash, piece_refs, read_whole_state, rows_pieces,
-    saved_run, state_metas, state_views,
+    check_state_tensors, config_hash, piece_refs, read_whole_state, rows_pieces,
+    save_collectively, saved_run, state_metas, state_views,
 };
 use crate::error::{Result, TrainError};
 
@@ -93,31 +93,15 @@ impl TpTrainer {
         let writers = replicas * tp;
         let mut meta = self.checkpoint_meta(run_id);
         meta.world_size = writers;
-        let written = (|| -> Result<Vec<ckpt::Piece>> {
-            std::fs::create_dir_all(dir).map_err(|e| TrainError::Config {
-                field: "checkpoint dir",
-                value: dir.display().to_string(),
-                reason: e.to_string(),
-            })?;
+        let write = |meta: &CheckpointMeta| {
             let views = state_views(&self.layout().whole, &params, &m, &v);
             let pieces = rows_pieces(&views, rank, writers);
             let refs = piece_refs(&meta.tensors, &pieces);
             Ok(RankWriter::write_all(dir, step, rank, &refs)?)
-        })();
-        // Every rank's file is durable (or some rank failed) before any piece list is handed
-        // over, so rank 0 never waits for a rank that gave up.
-        self.agree(step, written.is_ok(), "write its piece of")?;
-        let written = written?;
-        let committed = if rank == 0 {
-            ckpt::handoff::collect_pieces(dir, step, writers, written, SAVE_TIMEOUT)
-                .and_then(|all| ckpt::commit(dir, step, all, meta).map(drop))
-        } else {
-            ckpt::handoff::publish_pieces(dir, step, rank, &written)
         };
-        // Also the barrier that keeps every rank from going on before the step is committed.
-        self.agree(step, committed.is_ok(), "commit")?;
-        committed?;
-        Ok(step)
+        save_collectively(dir, step, (rank, writers), meta, write, |ok, what| {
+            self.agree(step, ok, what)
+        })
     }
 
     /// Sums every rank's failure flag over the `dp x tp` world: an error on every rank when
