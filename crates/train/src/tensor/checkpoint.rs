@@ -35,8 +35,8 @@ use serde_json::json;
 use super::data_parallel::failures;
 use super::trainer::TpTrainer;
 use crate::checkpoint::{
-    check_state_tensors, config_hash, piece_refs, read_whole_state, rows_pieces,
-    save_collectively, saved_run, state_metas, state_views,
+    check_state_tensors, config_hash, piece_refs, read_whole_state, rows_pieces, save_collectively,
+    saved_run, state_metas, state_views,
 };
 use crate::error::{Result, TrainError};
 
