@@ -352,4 +352,26 @@ mod tests {
         };
         assert!(culprit.blame_order() < victim.blame_order());
     }
+
+    #[test]
+    fn a_refused_configuration_explains_its_peers_exits_and_is_recognised() {
+        let refused = Failure {
+            rank: 2,
+            kind: FailureKind::Exit(EXIT_REFUSED),
+            step: None,
+            busy: false,
+        };
+        let peer = Failure {
+            rank: 0,
+            kind: FailureKind::Exit(1),
+            ..refused.clone()
+        };
+        assert!(refused.blame_order() < peer.blame_order());
+        let text = refused.to_string();
+        assert!(text.starts_with("rank 2 exited with code 78: it refused its configuration"));
+        assert!(is_refusal(&text));
+        assert!(!is_refusal(&peer.to_string()));
+        // Signals and silence still come first.
+        assert!(FailureKind::Heartbeat(Duration::ZERO).priority() < refused.kind.priority());
+    }
 }
