@@ -37,13 +37,19 @@
 //! - [`dispatch`]: which assignments are kept, and where rows go in the
 //!   all-to-alls.
 //! - [`layer`]: the expert MLPs and [`MoeLayer`] / [`EpMoeLayer`].
+//! - [`decoder`]: a decoder with an MoE feed-forward in every block ([`MoeModel`]),
+//!   trained with expert parallelism ([`MoeTrainer`]).
 use crate::error::{Result, TrainError};
 use std::ops::Range;
 
+pub mod decoder;
 pub mod dispatch;
 pub mod gate;
 pub mod layer;
 
+pub use decoder::{
+    MoeModel, MoeModelConfig, MoeModelLayout, MoeStepStats, MoeTrainConfig, MoeTrainer,
+};
 pub use dispatch::{EpComm, LocalComm};
 pub use layer::{EpMoeLayer, MoeLayer};
 

@@ -1,0 +1,229 @@
+//! Training the MoE decoder ([`MoeModel`]) with expert parallelism, as Megatron and
+//! DeepSpeed-MoE do (000 "专家并行（混合专家模型）", F49-F50): the EP ranks are data-parallel
+//! replicas of the dense tensors and each holds E / ep experts of every layer.
+//!
+//! One step on rank r of ep:
+//!
+//! 1. Data. The `batch` rows data-parallel [`crate::Trainer`] rank r of ep would draw
+//!    ([`Share`]): the group trains on a global batch of `ep · batch` rows.
+//! 2. Forward and backward of the group's objective, mean cross-entropy over the global batch
+//!    plus `aux_weight · Σ_l aux_l` (see [`super`]): routers and experts come out
+//!    complete, the dense part as this rank's share.
+//! 3. Dense all-reduce. `grads[..dense]` summed over the group in one all-reduce pinned to
+//!    [`TP_ALL_REDUCE`] (every rank gets the same bytes, so replicas stay bit-identical); with
+//!    the rows scaled by 1 / N_global this is the average of the ranks' own-batch gradients.
+//! 4. Global norm, every element once: the dense part and the routers (replicated, identical)
+//!    on each rank, plus each expert's sum of squares gathered from its owner and added in
+//!    global (layer, expert) order, so the same on every rank for every ep. Clipped as
+//!    `torch.nn.utils.clip_grad_norm_`.
+//! 5. AdamW (model::optim) over the rank's buffer, element-wise, so the replicated tensors
+//!    stay equal and each expert is updated exactly where it lives.
+//!
+//! EP = p on p shares of a global batch therefore makes the update EP = 1 makes on the whole
+//! batch (the capacity rule is already global over the group), within float summation order;
+//! every collective has a fixed order, so repeated runs are bit-identical.
+use super::{MoeModel, MoeModelConfig, MoeModelLayout};
+use crate::config::DataSpec;
+use crate::error::Result;
+use crate::expert::{MoeStats, bad};
+use crate::source::{Share, Source};
+use crate::tensor::TP_ALL_REDUCE;
+use comm::ReduceOp;
+use comm::group::{OpOptions, ProcessGroup};
+use model::Threads;
+use model::optim::{
+    AdamW, AdamWConfig, check_finite, check_max_norm, clip_coef, grad_sum_sq, scale_grads,
+};
+
+/// The dense all-reduce's options: [`TP_ALL_REDUCE`] pinned (deterministic, same bytes on
+/// every rank).
+const PINNED: OpOptions = OpOptions {
+    algo: Some(TP_ALL_REDUCE),
+    timeout: None,
+};
+
+/// Everything one EP rank needs to train; every rank of the group passes the same.
+#[derive(Clone, Debug)]
+pub struct MoeTrainConfig {
+    /// The decoder.
+    pub model: MoeModelConfig,
+    /// Rows per EP rank per step (the global batch is `ep · batch`), >= 1.
+    pub batch: usize,
+    /// Tokens per row (T), in `1..=model.seq_len`.
+    pub seq_len: usize,
+    /// Learning rate (constant), finite and >= 0.
+    pub lr: f32,
+    /// AdamW settings.
+    pub adamw: AdamWConfig,
+    /// Global gradient-norm clip; `None` disables clipping.
+    pub grad_clip: Option<f64>,
+    /// Seed of the initialisation and of the data stream.
+    pub seed: u64,
+    /// Compute threads per rank, >= 1.
+    pub threads: usize,
+    /// Training data.
+    pub data: DataSpec,
+}
+
+/// What one step did, the same on every rank of the group.
+#[derive(Clone, Debug)]
+pub struct MoeStepStats {
+    /// Mean cross-entropy over the global batch (the ranks' sums added in rank order).
+    pub loss: f64,
+    /// Σ over layers of the unweighted aux loss.
+    pub aux: f64,
+    /// Global gradient norm before clipping.
+    pub norm: f64,
+    /// Each layer's routing metrics (byte counts are this rank's).
+    pub layers: Vec<MoeStats>,
+}
+
+impl MoeStepStats {
+    /// Assignments dropped by capacity, over all layers.
+    pub fn dropped_assignments(&self) -> usize {
+        self.layers.iter().map(|s| s.dropped_assignments).sum()
+    }
+}
+
+/// One EP rank's trainer: model, flat parameters and gradients, AdamW state, data.
+pub struct MoeTrainer {
+    cfg: MoeTrainConfig,
+    group: ProcessGroup,
+    th: Threads,
+    model: MoeModel,
+    params: Vec<f32>,
+    grads: Vec<f32>,
+    opt: AdamW,
+    decay: Vec<std::ops::Range<usize>>,
+    source: Source,
+    inputs: Vec<u32>,
+    targets: Vec<u32>,
+    step: u64,
+}
+
+impl MoeTrainer {
+    /// Rank `group.rank()` of an EP group of `group.size()` ranks, starting from the ep = 1
+    /// initialisation of `cfg.seed` cut to this rank. Refuses a group size not dividing E
+    /// (naming `experts` and the equation), and the other bad fields by name.
+    pub fn new(cfg: MoeTrainConfig, group: ProcessGroup) -> Result<Self> {
+        let (ep, rank) = (group.size(), group.rank());
+        let layout = MoeModelLayout::new(cfg.model, ep, rank)?;
+        if !(cfg.lr.is_finite() && cfg.lr >= 0.0) {
+            return Err(bad("lr", cfg.lr, "must be finite and >= 0"));
+        }
+        if let Some(c) = cfg.grad_clip {
+            check_max_norm(c)?;
+        }
+        let th = Threads::new(cfg.threads)?;
+        let model = MoeModel::new(cfg.model, group.clone(), cfg.batch, cfg.seq_len)?;
+        let params = layout.shard(&MoeModelLayout::init_whole(cfg.model, cfg.seed)?)?;
+        let share = Share {
+            batch: cfg.batch,
+            world: ep,
+            rank,
+        };
+        let source = Source::new(
+            &cfg.data,
+            cfg.model.vocab,
+            cfg.seq_len,
+            share,
+            cfg.seed,
+            None,
+        )?;
+        let n = cfg.batch * cfg.seq_len;
+        Ok(Self {
+            opt: AdamW::new(cfg.adamw, layout.total)?,
+            grads: vec![0.0; layout.total],
+            decay: layout.decay_ranges(),
+            inputs: vec![0; n],
+            targets: vec![0; n],
+            step: 0,
+            cfg,
+            group,
+            th,
+            model,
+            params,
+            source,
+        })
+    }
+
+    /// This rank's layout.
+    pub fn layout(&self) -> &MoeModelLayout {
+        self.model.layout()
+    }
+
+    /// This rank's parameters ([`MoeModelLayout::gather`] joins the group's).
+    pub fn params(&self) -> &[f32] {
+        &self.params
+    }
+
+    /// One optimizer step (collective over the group).
+    pub fn step(&mut self) -> Result<MoeStepStats> {
+        self.step += 1;
+        self.source
+            .next_batch(&mut self.inputs, &mut self.targets)?;
+        let th = &self.th;
+        self.grads.fill(0.0);
+        let fwd = self
+            .model
+            .forward(th, &self.params, &self.inputs, &self.targets)?;
+        let loss = self.in_rank_order(&[fwd.loss_sum])?.iter().sum::<f64>()
+            / self.model.global_tokens() as f64;
+        // Checked after the exchange, so a non-finite loss fails every rank together.
+        check_finite("loss", self.step, loss)?;
+        self.model.backward(th, &self.params, &mut self.grads)?;
+        let dense = self.layout().dense;
+        if self.group.size() > 1 {
+            self.group
+                .all_reduce_with(&mut self.grads[..dense], ReduceOp::Sum, &PINNED)?;
+        }
+        let norm = self.global_norm()?;
+        check_finite("gradient norm", self.step, norm)?;
+        if let Some(c) = self.cfg.grad_clip.and_then(|max| clip_coef(norm, max)) {
+            scale_grads(th, &mut self.grads, c);
+        }
+        self.opt
+            .step(th, &mut self.params, &self.grads, self.cfg.lr, &self.decay)?;
+        Ok(MoeStepStats {
+            loss,
+            aux: fwd.stats.iter().map(|s| s.aux_loss).sum(),
+            norm,
+            layers: fwd.stats,
+        })
+    }
+
+    /// Every rank's equal-length `mine`, concatenated in rank order (exact: a gather).
+    fn in_rank_order(&self, mine: &[f64]) -> Result<Vec<f64>> {
+        let mut all = vec![0f64; mine.len() * self.group.size()];
+        self.group.all_gather(mine, &mut all)?;
+        Ok(all)
+    }
+
+    /// The L2 norm of the whole model's gradient, each element counted once (step 4 of the
+    /// module doc).
+    fn global_norm(&self) -> Result<f64> {
+        let l = self.layout();
+        let (th, g) = (&self.th, &self.grads);
+        let mut sq = grad_sum_sq(th, &g[..l.dense]);
+        for b in &l.blocks {
+            sq += grad_sum_sq(th, &g[l.router(b)]);
+        }
+        let el = l.moe.local_experts();
+        let mine: Vec<f64> = l
+            .blocks
+            .iter()
+            .flat_map(|b| (0..el).map(|e| grad_sum_sq(th, &g[l.expert(b, e)])))
+            .collect();
+        // (ep, L, El) → global order (L, E): expert r·El + e of layer i is at [r][i][e].
+        let all = self.in_rank_order(&mine)?;
+        let layers = l.blocks.len();
+        for i in 0..layers {
+            for r in 0..self.group.size() {
+                for e in 0..el {
+                    sq += all[(r * layers + i) * el + e];
+                }
+            }
+        }
+        Ok(sq.sqrt())
+    }
+}
