@@ -1,0 +1,146 @@
+//! Tokens/s of expert parallelism on this machine beside the planner's prediction (issue 8):
+//! the MoE decoder (`train::expert::decoder`; 4 layers, C = 256, 4 heads, 8 experts of FFN 512,
+//! top-2, capacity factor 1.25, vocabulary 4096, 128 tokens a row) trained on one process with
+//! the whole global batch of 16 rows (EP 1) and on EP 2 (two ranks as threads, 8 rows each,
+//! 4 experts each, two all-to-alls per layer each way). The planner (`plan::step::evaluate`)
+//! gets this machine's GEMM rate as the peak and the group's shared-memory link, and the
+//! efficiency that makes it match EP 1; the EP 2 row is its prediction.
+//!
+//! ```text
+//! cargo run --release -p flotilla-train --example expert_layouts [-- STEPS]
+//! ```
+
+use std::time::Instant;
+
+use comm::group::GroupConfig;
+use comm::local::run_threads;
+use model::Threads;
+use model::optim::AdamWConfig;
+use plan::cluster::{Cluster, ClusterFile, DeviceOverride};
+use plan::hardware::THIS_MACHINE;
+use plan::job::{Job, JobFile};
+use plan::layout::Layout;
+use train::DataSpec;
+use train::expert::{MoeConfig, MoeModelConfig, MoeTrainConfig, MoeTrainer};
+
+/// Rows of every global batch.
+const GLOBAL_ROWS: usize = 16;
+/// Tokens per row.
+const SEQ: usize = 128;
+
+fn config(ep: usize) -> MoeTrainConfig {
+    MoeTrainConfig {
+        model: MoeModelConfig {
+            vocab: 4096,
+            seq_len: SEQ,
+            layers: 4,
+            heads: 4,
+            moe: MoeConfig {
+                experts: 8,
+                top_k: 2,
+                channels: 256,
+                hidden: 512,
+                capacity_factor: 1.25,
+                aux_weight: 0.01,
+            },
+            norm_eps: 1e-5,
+        },
+        batch: GLOBAL_ROWS / ep,
+        seq_len: SEQ,
+        lr: 1e-3,
+        adamw: AdamWConfig::default(),
+        grad_clip: Some(1.0),
+        seed: 1,
+        threads: 1,
+        data: DataSpec::Markov { branching: 4 },
+    }
+}
+
+/// Mean seconds of the steps after the first on `ep` ranks (rank 0's), and the group's
+/// shared-memory α and β.
+fn measure(ep: usize, steps: usize) -> Result<(f64, (f64, f64)), Box<dyn std::error::Error>> {
+    let out = run_threads(ep, GroupConfig::default(), move |g| {
+        let link = g.topology().params(comm::transport::LinkKind::Shm);
+        let err = |e: train::TrainError| comm::CommError::InvalidArgument(e.to_string());
+        let mut t = MoeTrainer::new(config(ep), g).map_err(err)?;
+        let mut secs = Vec::with_capacity(steps);
+        for _ in 0..steps {
+            let t0 = Instant::now();
+            t.step().map_err(err)?;
+            secs.push(t0.elapsed().as_secs_f64());
+        }
+        let timed = &secs[1.min(secs.len())..];
+        let mean = timed.iter().sum::<f64>() / timed.len().max(1) as f64;
+        Ok((mean, (link.alpha, link.beta)))
+    })?;
+    Ok(out.into_iter().next().ok_or("no rank")??)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let steps: usize = std::env::args()
+        .nth(1)
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(4);
+    let tokens = (GLOBAL_ROWS * SEQ) as f64;
+    let peak = train::metrics::gemm_gflops(&Threads::new(1)?, 1024, 5) * 1e9;
+    let (ep1, _) = measure(1, steps)?;
+    let (ep2, link) = measure(2, steps)?;
+
+    let job_toml = format!(
+        "[model]\nlayers = 4\nhidden = 256\nheads = 4\nffn = 512\nvocab = 4096\nseq = {SEQ}\n\
+         experts = 8\ntop_k = 2\ntied_embeddings = true\n[training]\nglobal_batch = {GLOBAL_ROWS}\n\
+         precision = \"fp32\"\n"
+    );
+    let mut cf = ClusterFile::preset(THIS_MACHINE, 1);
+    cf.device_override = Some(DeviceOverride {
+        bf16_tflops: Some(peak / 1e12),
+        fp8_tflops: Some(0.0),
+        fp32_tflops: Some(peak / 1e12),
+        tf32_tflops: Some(peak / 1e12),
+        hbm_gb: Some(8.0),
+        hbm_tbs: Some(0.01),
+        power_w: Some(0.0),
+    });
+    cf.intra = Some("pcie4".into());
+    cf.intra_alpha_us = Some(link.0 * 1e6);
+    cf.intra_bw_gbs = Some(link.1 / 1e9);
+    cf.memory_reserve_gb = 0.0;
+    // EP ranks are data-parallel replicas of the dense part: the whole global batch as one
+    // micro-batch per replica.
+    let layout = |ep: u64| Layout {
+        ep,
+        micro_batch: (GLOBAL_ROWS as u64) / ep,
+        sequence_parallel: false,
+        ..Layout::new(1, 1, ep)
+    };
+    let predict = |efficiency: f64, l: &Layout| -> Result<f64, Box<dyn std::error::Error>> {
+        let mut jf = JobFile::from_toml(&job_toml)?;
+        jf.training.efficiency = efficiency;
+        let job = Job::from_file(&jf)?;
+        let mut cf = cf.clone();
+        cf.devices_per_node = l.devices();
+        let cluster = Cluster::from_file(&cf)?;
+        Ok(plan::step::evaluate(&job, &cluster, l)?.tokens_per_s)
+    };
+    let mut eff = 0.5;
+    for _ in 0..2 {
+        eff *= (tokens / ep1) / predict(eff, &layout(1))?;
+    }
+    println!(
+        "# {steps} steps (the first untimed), global batch {GLOBAL_ROWS} x {SEQ} tokens, GEMM peak {:.1} GFLOP/s, shm alpha {:.2} us beta {:.2} GB/s, fitted efficiency {eff:.3}",
+        peak / 1e9,
+        link.0 * 1e6,
+        link.1 / 1e9
+    );
+    println!("layout  measured tokens/s  planner tokens/s  off");
+    for (name, secs, l) in [("ep1", ep1, layout(1)), ("ep2", ep2, layout(2))] {
+        let measured = tokens / secs;
+        let planned = predict(eff, &l)?;
+        println!(
+            "{name:<6}  {measured:>17.0}  {planned:>16.0}  {:+.1}%",
+            100.0 * (planned - measured) / measured
+        );
+    }
+    Ok(())
+}
