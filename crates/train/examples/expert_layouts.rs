@@ -16,10 +16,10 @@ use comm::group::GroupConfig;
 use comm::local::run_threads;
 use model::Threads;
 use model::optim::AdamWConfig;
-use plan::cluster::{Cluster, ClusterFile, DeviceOverride};
-use plan::hardware::THIS_MACHINE;
-use plan::job::{Job, JobFile};
 use plan::layout::Layout;
+
+#[path = "support/this_machine.rs"]
+mod this_machine;
 use train::DataSpec;
 use train::expert::{MoeConfig, MoeModelConfig, MoeTrainConfig, MoeTrainer};
 
@@ -92,20 +92,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
          experts = 8\ntop_k = 2\ntied_embeddings = true\n[training]\nglobal_batch = {GLOBAL_ROWS}\n\
          precision = \"fp32\"\n"
     );
-    let mut cf = ClusterFile::preset(THIS_MACHINE, 1);
-    cf.device_override = Some(DeviceOverride {
-        bf16_tflops: Some(peak / 1e12),
-        fp8_tflops: Some(0.0),
-        fp32_tflops: Some(peak / 1e12),
-        tf32_tflops: Some(peak / 1e12),
-        hbm_gb: Some(8.0),
-        hbm_tbs: Some(0.01),
-        power_w: Some(0.0),
-    });
-    cf.intra = Some("pcie4".into());
-    cf.intra_alpha_us = Some(link.0 * 1e6);
-    cf.intra_bw_gbs = Some(link.1 / 1e9);
-    cf.memory_reserve_gb = 0.0;
+    let planner = this_machine::Planner::new(job_toml, peak, link);
     // EP ranks are data-parallel replicas of the dense part: the whole global batch as one
     // micro-batch per replica.
     let layout = |ep: u64| Layout {
@@ -114,19 +101,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         sequence_parallel: false,
         ..Layout::new(1, 1, ep)
     };
-    let predict = |efficiency: f64, l: &Layout| -> Result<f64, Box<dyn std::error::Error>> {
-        let mut jf = JobFile::from_toml(&job_toml)?;
-        jf.training.efficiency = efficiency;
-        let job = Job::from_file(&jf)?;
-        let mut cf = cf.clone();
-        cf.devices_per_node = l.devices();
-        let cluster = Cluster::from_file(&cf)?;
-        Ok(plan::step::evaluate(&job, &cluster, l)?.tokens_per_s)
-    };
-    let mut eff = 0.5;
-    for _ in 0..2 {
-        eff *= (tokens / ep1) / predict(eff, &layout(1))?;
-    }
+    let predict = |efficiency: f64, l: &Layout| planner.tokens_per_s(efficiency, l);
+    let eff = planner.fit(tokens / ep1, &layout(1))?;
     println!(
         "# {steps} steps (the first untimed), global batch {GLOBAL_ROWS} x {SEQ} tokens, GEMM peak {:.1} GFLOP/s, shm alpha {:.2} us beta {:.2} GB/s, fitted efficiency {eff:.3}",
         peak / 1e9,

@@ -13,10 +13,10 @@ use comm::group::GroupConfig;
 use comm::local::run_threads;
 use model::Threads;
 use model::config::ModelConfig;
-use plan::cluster::{Cluster, ClusterFile, DeviceOverride};
-use plan::hardware::THIS_MACHINE;
-use plan::job::{Job, JobFile};
 use plan::layout::Layout;
+
+#[path = "support/this_machine.rs"]
+mod this_machine;
 use train::pipeline::{PipelineStage, ScheduleKind};
 use train::tensor::TpTrainer;
 use train::{DataSpec, TrainConfig, Trainer};
@@ -96,20 +96,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "[model]\nlayers = 4\nhidden = 256\nheads = 4\nffn = 1024\nvocab = 4096\nseq = 128\n\
          tied_embeddings = true\n[training]\nglobal_batch = {GLOBAL_ROWS}\nprecision = \"fp32\"\n"
     );
-    let mut cf = ClusterFile::preset(THIS_MACHINE, 1);
-    cf.device_override = Some(DeviceOverride {
-        bf16_tflops: Some(peak / 1e12),
-        fp8_tflops: Some(0.0),
-        fp32_tflops: Some(peak / 1e12),
-        tf32_tflops: Some(peak / 1e12),
-        hbm_gb: Some(8.0),
-        hbm_tbs: Some(0.01),
-        power_w: Some(0.0),
-    });
-    cf.intra = Some("pcie4".into());
-    cf.intra_alpha_us = Some(link.0 * 1e6);
-    cf.intra_bw_gbs = Some(link.1 / 1e9);
-    cf.memory_reserve_gb = 0.0;
+    let planner = this_machine::Planner::new(job_toml, peak, link);
     // The engines as built: no sequence parallelism, the embeddings and head replicated on
     // every TP rank (so each computes the whole head).
     let layout = |tp: u64, pp: u64, dp: u64| Layout {
@@ -118,21 +105,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         vocab_parallel: false,
         ..Layout::new(tp, pp, dp)
     };
-    let predict = |efficiency: f64, l: &Layout| -> Result<f64, Box<dyn std::error::Error>> {
-        let mut jf = JobFile::from_toml(&job_toml)?;
-        jf.training.efficiency = efficiency;
-        let job = Job::from_file(&jf)?;
-        let mut cf = cf.clone();
-        cf.devices_per_node = l.devices();
-        let cluster = Cluster::from_file(&cf)?;
-        Ok(plan::step::evaluate(&job, &cluster, l)?.tokens_per_s)
-    };
-    // tokens/s is proportional to the efficiency while compute dominates: one rescale fits it,
-    // a second corrects what the memory and communication terms bend.
-    let mut eff = 0.5;
-    for _ in 0..2 {
-        eff *= (tokens / single) / predict(eff, &layout(1, 1, 1))?;
-    }
+    let predict = |efficiency: f64, l: &Layout| planner.tokens_per_s(efficiency, l);
+    let eff = planner.fit(tokens / single, &layout(1, 1, 1))?;
     println!(
         "# {} steps (the first untimed), global batch {GLOBAL_ROWS} x 128 tokens, GEMM peak {:.1} GFLOP/s, shm alpha {:.2} us beta {:.2} GB/s, fitted efficiency {eff:.3}",
         steps,

@@ -1,0 +1,65 @@
+//! The planner on this machine, shared by the layout benchmarks (`layouts`, `expert_layouts`):
+//! a cluster of "this-machine" devices whose peak is the measured GEMM rate and whose link is
+//! the group's measured shared memory, a prediction of tokens/s for one layout, and the
+//! efficiency fitted so the planner matches one measured run.
+
+use plan::cluster::{Cluster, ClusterFile, DeviceOverride};
+use plan::hardware::THIS_MACHINE;
+use plan::job::{Job, JobFile};
+use plan::layout::Layout;
+
+/// The planner's view of this machine and one job (a TOML `[model]`/`[training]` text).
+pub struct Planner {
+    job_toml: String,
+    cluster: ClusterFile,
+}
+
+impl Planner {
+    /// `peak` FLOP/s per device, `link` the measured (α s, β bytes/s) between devices.
+    pub fn new(job_toml: String, peak: f64, link: (f64, f64)) -> Planner {
+        let mut cf = ClusterFile::preset(THIS_MACHINE, 1);
+        cf.device_override = Some(DeviceOverride {
+            bf16_tflops: Some(peak / 1e12),
+            fp8_tflops: Some(0.0),
+            fp32_tflops: Some(peak / 1e12),
+            tf32_tflops: Some(peak / 1e12),
+            hbm_gb: Some(8.0),
+            hbm_tbs: Some(0.01),
+            power_w: Some(0.0),
+        });
+        cf.intra = Some("pcie4".into());
+        cf.intra_alpha_us = Some(link.0 * 1e6);
+        cf.intra_bw_gbs = Some(link.1 / 1e9);
+        cf.memory_reserve_gb = 0.0;
+        Planner {
+            job_toml,
+            cluster: cf,
+        }
+    }
+
+    /// Predicted tokens/s of `l` (one node of `l.devices()` devices) at `efficiency`.
+    pub fn tokens_per_s(
+        &self,
+        efficiency: f64,
+        l: &Layout,
+    ) -> Result<f64, Box<dyn std::error::Error>> {
+        let mut jf = JobFile::from_toml(&self.job_toml)?;
+        jf.training.efficiency = efficiency;
+        let job = Job::from_file(&jf)?;
+        let mut cf = self.cluster.clone();
+        cf.devices_per_node = l.devices();
+        let cluster = Cluster::from_file(&cf)?;
+        Ok(plan::step::evaluate(&job, &cluster, l)?.tokens_per_s)
+    }
+
+    /// The efficiency at which `l` is predicted at `measured` tokens/s: tokens/s is
+    /// proportional to the efficiency while compute dominates, so one rescale fits it and a
+    /// second corrects what the memory and communication terms bend.
+    pub fn fit(&self, measured: f64, l: &Layout) -> Result<f64, Box<dyn std::error::Error>> {
+        let mut eff = 0.5;
+        for _ in 0..2 {
+            eff *= measured / self.tokens_per_s(eff, l)?;
+        }
+        Ok(eff)
+    }
+}
