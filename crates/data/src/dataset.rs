@@ -115,6 +115,12 @@ impl Dataset {
         Ok(shard)
     }
 
+    /// Whether shard `i` still waits for its first verification: false once verified, and
+    /// false while another thread holds its slot (it is being mapped or verified right now).
+    pub fn needs_verification(&self, i: usize) -> bool {
+        self.slots[i].try_lock().is_ok_and(|slot| !slot.verified)
+    }
+
     /// Maps and verifies shard `i` afresh, without caching it (what `flotilla data verify` does).
     ///
     /// # Errors

@@ -9,6 +9,38 @@ use xxhash_rust::xxh3::xxh3_128;
 use super::{END_MAGIC, FOOTER_LEN, HEADER_LEN, Header, combine, file_len, hex128, index_offset};
 use crate::error::{DataError, Result};
 
+/// Maps every page of `map` in one pass, since verification reads all of them anyway (instead
+/// of one page fault per 4 KiB). Page-cache folios of 2 MiB (what the kernel's read-ahead builds
+/// for much of a file read sequentially) are mapped with one page-table entry each.
+///
+/// Not advised: `MADV_HUGEPAGE`. It makes a cold read build 2 MiB folios throughout, so that
+/// later epochs copy rows without page walks, but on the 2-vCPU VM the first pass over each
+/// new 2 MiB folio ran 4-10x slower (the hash of a cold shard: loader 0.4 GB/s against 1.6
+/// without the advice, docs/PERFORMANCE.md), which costs more than it saves.
+///
+/// # Errors
+/// The error of `MADV_POPULATE_READ` for pages that cannot be read (EIO, EFAULT): touching them
+/// would raise SIGBUS instead.
+fn populate(map: &Mmap) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        match map.advise(memmap2::Advice::PopulateRead) {
+            Ok(()) => return Ok(()),
+            // A kernel before 5.14 does not know the advice: touch the pages instead.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            // EIO, EFAULT: the pages cannot be read; touching them would raise SIGBUS.
+            Err(e) => return Err(e),
+        }
+    }
+    // Elsewhere (or an old kernel): touch one byte per page.
+    let mut sum = 0u8;
+    for page in map.chunks(4096) {
+        sum = sum.wrapping_add(page[0]);
+    }
+    std::hint::black_box(sum);
+    Ok(())
+}
+
 /// What a shard holds, as recorded in its header (and in the manifest).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShardInfo {
@@ -55,9 +87,8 @@ impl Shard {
         let file = File::open(path).map_err(io)?;
         // SAFETY: the map is read-only and shards are immutable once renamed into place; a
         // process that truncates a mapped shard underneath us is outside the supported use.
-        // Populated: every page is mapped in one pass, since verification reads all of them
-        // anyway (instead of one page fault per 4 KiB).
-        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }.map_err(io)?;
+        let map = unsafe { memmap2::MmapOptions::new().map(&file) }.map_err(io)?;
+        populate(&map).map_err(io)?;
         let corrupt = |problem: String| DataError::CorruptShard {
             path: path.to_path_buf(),
             problem,
