@@ -23,9 +23,8 @@ use crate::shard::Shard;
 /// Probes of the sample order per shuffle window (or per shard, whichever is smaller).
 const PROBES_PER_SPAN: u64 = 16;
 
-/// Shards verified ahead that stay mapped until the readers take them (their pages are
-/// populated once, not again by the reader).
-const HOLD: usize = 4;
+/// Most shards the verifier keeps mapped (see [`Plan::hold`]).
+const MAX_HOLD: usize = 64;
 
 /// Most data the verifier works ahead by, beyond two spans (it pulls that much into the page
 /// cache early on a cold read).
@@ -48,6 +47,11 @@ pub(super) struct Plan {
     /// 6 spans 0.71-0.79; 12 spans 0.66-0.69. Too close and readers wait for the hash of the
     /// shard they need; further ahead only reads more of the disk early.
     pub lookahead: u64,
+    /// Shards verified ahead that stay mapped until the readers reach them: as many as the
+    /// lookahead spans (plus a margin), at most [`MAX_HOLD`]. A shard let go before its first
+    /// use is mapped again by the reader, page by page: holding 4 instead of 16 cost 0.66-0.73
+    /// of raw against 0.78-0.82 (first epoch, warm, three interleaved pairs).
+    pub hold: usize,
 }
 
 impl Plan {
@@ -58,9 +62,11 @@ impl Plan {
         let smallest = nonempty.iter().copied().min().unwrap_or(1);
         let largest = nonempty.iter().copied().max().unwrap_or(1);
         let span = window.max(largest);
+        let lookahead = (2 * span).max((6 * span).min(LOOKAHEAD_BYTES / row_bytes.max(1)));
         Plan {
             stride: (window.min(smallest) / PROBES_PER_SPAN).max(1),
-            lookahead: (2 * span).max((6 * span).min(LOOKAHEAD_BYTES / row_bytes.max(1))),
+            lookahead,
+            hold: (lookahead.div_ceil(smallest) as usize + 4).min(MAX_HOLD),
         }
     }
 }
@@ -77,7 +83,7 @@ pub(super) fn run(
     plan: Plan,
 ) {
     let mut probe = start;
-    let mut held: VecDeque<Arc<Shard>> = VecDeque::with_capacity(HOLD + 1);
+    let mut held: VecDeque<Arc<Shard>> = VecDeque::with_capacity(plan.hold + 1);
     loop {
         let limit = {
             let mut q = shared.lock();
@@ -108,7 +114,7 @@ pub(super) fn run(
             // A failure is left for the reader that needs the shard to report in order.
             if let Ok(shard) = dataset.shard(s.shard as usize) {
                 held.push_back(shard);
-                if held.len() > HOLD {
+                if held.len() > plan.hold {
                     held.pop_front();
                 }
             }
@@ -131,7 +137,8 @@ mod tests {
             plan,
             Plan {
                 stride: 4,
-                lookahead: 6000
+                lookahead: 6000,
+                hold: 6000 / 300 + 4
             }
         );
         // Spans of 65536 sequences of 2 KiB: 1 GiB is 8 spans, so six.
@@ -140,7 +147,8 @@ mod tests {
             wide,
             Plan {
                 stride: 300 / 16,
-                lookahead: 6 << 16
+                lookahead: 6 << 16,
+                hold: MAX_HOLD
             }
         );
         // Rows of 8 KiB: 1 GiB is 2 spans.
@@ -149,5 +157,10 @@ mod tests {
         // Rows of 1 MiB: still two spans.
         let huge = Plan::new(&[a], 1 << 16, 1 << 20);
         assert_eq!(huge.lookahead, 2 << 16);
+        // The benchmark's layout (docs/PERFORMANCE.md): 64 MiB shards of 32768 rows of 1025
+        // u16 ids, window 65536: six windows ahead span 12 shards, and all 12 stay mapped.
+        let bench = SequenceSpace::new(&[32768 * 1024 + 1; 30], 1024);
+        let plan = Plan::new(&[bench], 1 << 16, 2050);
+        assert_eq!((plan.lookahead, plan.hold), (6 << 16, 12 + 4));
     }
 }
