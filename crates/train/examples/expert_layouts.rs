@@ -69,9 +69,10 @@ fn measure(ep: usize, steps: usize) -> Result<(f64, (f64, f64)), Box<dyn std::er
             t.step().map_err(err)?;
             secs.push(t0.elapsed().as_secs_f64());
         }
-        let timed = &secs[1.min(secs.len())..];
-        let mean = timed.iter().sum::<f64>() / timed.len().max(1) as f64;
-        Ok((mean, (link.alpha, link.beta)))
+        Ok((
+            this_machine::mean_after_first(&secs),
+            (link.alpha, link.beta),
+        ))
     })?;
     Ok(out.into_iter().next().ok_or("no rank")??)
 }
@@ -101,7 +102,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         sequence_parallel: false,
         ..Layout::new(1, 1, ep)
     };
-    let predict = |efficiency: f64, l: &Layout| planner.tokens_per_s(efficiency, l);
     let eff = planner.fit(tokens / ep1, &layout(1))?;
     println!(
         "# {steps} steps (the first untimed), global batch {GLOBAL_ROWS} x {SEQ} tokens, GEMM peak {:.1} GFLOP/s, shm alpha {:.2} us beta {:.2} GB/s, fitted efficiency {eff:.3}",
@@ -109,14 +109,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         link.0 * 1e6,
         link.1 / 1e9
     );
-    println!("layout  measured tokens/s  planner tokens/s  off");
-    for (name, secs, l) in [("ep1", ep1, layout(1)), ("ep2", ep2, layout(2))] {
-        let measured = tokens / secs;
-        let planned = predict(eff, &l)?;
-        println!(
-            "{name:<6}  {measured:>17.0}  {planned:>16.0}  {:+.1}%",
-            100.0 * (planned - measured) / measured
-        );
-    }
+    planner.print_beside(
+        eff,
+        tokens,
+        &[("ep1", ep1, layout(1)), ("ep2", ep2, layout(2))],
+    )?;
     Ok(())
 }

@@ -37,11 +37,6 @@ fn config(steps: u64, accum: usize) -> TrainConfig {
 }
 
 /// Mean of the step seconds after the first.
-fn mean_after_first(secs: &[f64]) -> f64 {
-    let timed = &secs[1.min(secs.len())..];
-    timed.iter().sum::<f64>() / timed.len().max(1) as f64
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps: u64 = std::env::args()
         .nth(1)
@@ -55,7 +50,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let secs: Vec<f64> = (0..steps)
         .map(|_| one.step().map(|s| s.seconds))
         .collect::<Result<_, _>>()?;
-    let single = mean_after_first(&secs);
+    let single = this_machine::mean_after_first(&secs);
 
     // Each layout on 2 ranks; rank 0's step seconds and the group's shared-memory link.
     let two = |layout: &'static str| -> Result<(f64, (f64, f64)), Box<dyn std::error::Error>> {
@@ -82,7 +77,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             };
             let secs = secs.map_err(|e| comm::CommError::InvalidArgument(e.to_string()))?;
-            Ok((mean_after_first(&secs), (link.alpha, link.beta)))
+            Ok((
+                this_machine::mean_after_first(&secs),
+                (link.alpha, link.beta),
+            ))
         })?;
         let first = out.into_iter().next().ok_or("no rank")??;
         Ok(first)
@@ -105,7 +103,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         vocab_parallel: false,
         ..Layout::new(tp, pp, dp)
     };
-    let predict = |efficiency: f64, l: &Layout| planner.tokens_per_s(efficiency, l);
     let eff = planner.fit(tokens / single, &layout(1, 1, 1))?;
     println!(
         "# {} steps (the first untimed), global batch {GLOBAL_ROWS} x 128 tokens, GEMM peak {:.1} GFLOP/s, shm alpha {:.2} us beta {:.2} GB/s, fitted efficiency {eff:.3}",
@@ -114,19 +111,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         link.0 * 1e6,
         link.1 / 1e9
     );
-    println!("layout  measured tokens/s  planner tokens/s  off");
-    for (name, secs, l) in [
-        ("one", single, layout(1, 1, 1)),
-        ("dp2", dp2, layout(1, 1, 2)),
-        ("pp2", pp2, layout(1, 2, 1)),
-        ("tp2", tp2, layout(2, 1, 1)),
-    ] {
-        let measured = tokens / secs;
-        let planned = predict(eff, &l)?;
-        println!(
-            "{name:<6}  {measured:>17.0}  {planned:>16.0}  {:+.1}%",
-            100.0 * (planned - measured) / measured
-        );
-    }
+    planner.print_beside(
+        eff,
+        tokens,
+        &[
+            ("one", single, layout(1, 1, 1)),
+            ("dp2", dp2, layout(1, 1, 2)),
+            ("pp2", pp2, layout(1, 2, 1)),
+            ("tp2", tp2, layout(2, 1, 1)),
+        ],
+    )?;
     Ok(())
 }

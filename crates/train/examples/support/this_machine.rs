@@ -1,7 +1,8 @@
 //! The planner on this machine, shared by the layout benchmarks (`layouts`, `expert_layouts`):
 //! a cluster of "this-machine" devices whose peak is the measured GEMM rate and whose link is
 //! the group's measured shared memory, a prediction of tokens/s for one layout, and the
-//! efficiency fitted so the planner matches one measured run.
+//! efficiency fitted so the planner matches one measured run, and the table of measured
+//! against predicted tokens/s.
 
 use plan::cluster::{Cluster, ClusterFile, DeviceOverride};
 use plan::hardware::THIS_MACHINE;
@@ -62,4 +63,30 @@ impl Planner {
         }
         Ok(eff)
     }
+
+    /// Prints each `(name, seconds per step, layout)` run's measured tokens/s (`tokens` per
+    /// step) beside the planner's prediction at `efficiency`, and how far off it is.
+    pub fn print_beside(
+        &self,
+        efficiency: f64,
+        tokens: f64,
+        runs: &[(&str, f64, Layout)],
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        println!("layout  measured tokens/s  planner tokens/s  off");
+        for (name, secs, l) in runs {
+            let measured = tokens / secs;
+            let planned = self.tokens_per_s(efficiency, l)?;
+            println!(
+                "{name:<6}  {measured:>17.0}  {planned:>16.0}  {:+.1}%",
+                100.0 * (planned - measured) / measured
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Mean of `secs` without the first (untimed warm-up) entry.
+pub fn mean_after_first(secs: &[f64]) -> f64 {
+    let timed = &secs[1.min(secs.len())..];
+    timed.iter().sum::<f64>() / timed.len().max(1) as f64
 }
