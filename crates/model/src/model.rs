@@ -37,6 +37,31 @@ pub struct ActLayout {
     pub total: usize,
 }
 
+/// Checks that `ids` holds exactly `n` token ids, each below `vocab`: the check every model
+/// (this one, the tensor-parallel and the expert-parallel decoders) makes of its inputs.
+///
+/// # Errors
+/// [`ModelError::Shape`] for the wrong count, [`ModelError::Token`] naming the first id
+/// outside the vocabulary and its position.
+pub fn check_token_ids(what: &'static str, ids: &[u32], n: usize, vocab: usize) -> Result<()> {
+    if ids.len() != n {
+        return Err(ModelError::Shape {
+            what,
+            expected: n,
+            got: ids.len(),
+        });
+    }
+    match ids.iter().position(|&id| id as usize >= vocab) {
+        Some(pos) => Err(ModelError::Token {
+            what,
+            id: ids[pos],
+            pos,
+            vocab,
+        }),
+        None => Ok(()),
+    }
+}
+
 impl ActLayout {
     /// The arena layout for blocks of dims `d`; `recompute[l]` says whether
     /// block `l` keeps only its output.
@@ -218,16 +243,7 @@ impl<T: Real> Model<T> {
     }
 
     pub(crate) fn check_tokens(&self, what: &'static str, ids: &[u32]) -> Result<()> {
-        self.check_len(what, ids.len(), self.dims.n)?;
-        match ids.iter().position(|&id| id as usize >= self.cfg.vocab) {
-            Some(pos) => Err(ModelError::Token {
-                what,
-                id: ids[pos],
-                pos,
-                vocab: self.cfg.vocab,
-            }),
-            None => Ok(()),
-        }
+        check_token_ids(what, ids, self.dims.n, self.cfg.vocab)
     }
 
     /// Forward over `tokens` (B*T ids). With `targets`, also the mean

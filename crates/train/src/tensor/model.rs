@@ -118,16 +118,12 @@ impl TpModel {
     }
 
     fn check_ids(&self, what: &'static str, ids: &[u32]) -> Result<()> {
-        check_len(what, ids.len(), self.dims.n)?;
-        match ids.iter().position(|&id| id as usize >= self.dims.v) {
-            Some(pos) => Err(TrainError::Model(model::ModelError::Token {
-                what,
-                id: ids[pos],
-                pos,
-                vocab: self.dims.v,
-            })),
-            None => Ok(()),
-        }
+        Ok(model::model::check_token_ids(
+            what,
+            ids,
+            self.dims.n,
+            self.dims.v,
+        )?)
     }
 
     /// Forward of `tokens` (B·T ids) with this rank's buffer `p` (length `layout.total`);

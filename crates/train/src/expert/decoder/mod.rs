@@ -29,7 +29,7 @@ pub mod train;
 pub use layout::{BlockRanges, Lin, MoeModelConfig, MoeModelLayout};
 pub use train::{MoeStepStats, MoeTrainConfig, MoeTrainer};
 
-use crate::error::{Result, TrainError};
+use crate::error::Result;
 use crate::expert::{EpMoeLayer, MoeStats, bad, check_len};
 use comm::group::ProcessGroup;
 use model::Threads;
@@ -241,17 +241,8 @@ impl MoeModel {
     }
 
     fn check_ids(&self, what: &'static str, ids: &[u32]) -> Result<()> {
-        let v = self.layout.cfg.vocab;
-        check_len(what, self.tokens.len(), ids.len())?;
-        match ids.iter().position(|&id| id as usize >= v) {
-            Some(pos) => Err(TrainError::Model(model::ModelError::Token {
-                what,
-                id: ids[pos],
-                pos,
-                vocab: v,
-            })),
-            None => Ok(()),
-        }
+        let (n, v) = (self.tokens.len(), self.layout.cfg.vocab);
+        Ok(model::model::check_token_ids(what, ids, n, v)?)
     }
 
     /// Forward of this rank's `tokens` against `targets` (B·T ids each) with its buffer `p`
