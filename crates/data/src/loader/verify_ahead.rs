@@ -57,10 +57,14 @@ pub(super) struct Plan {
 impl Plan {
     /// The plan for `spaces` shuffled in windows of `window` sequences of `row_bytes` bytes.
     pub fn new(spaces: &[SequenceSpace], window: u64, row_bytes: u64) -> Plan {
-        let shards = spaces.iter().flat_map(|s| s.per_shard().iter().copied());
-        let nonempty: Vec<u64> = shards.filter(|&n| n > 0).collect();
-        let smallest = nonempty.iter().copied().min().unwrap_or(1);
-        let largest = nonempty.iter().copied().max().unwrap_or(1);
+        let nonempty = || {
+            spaces
+                .iter()
+                .flat_map(|s| s.per_shard().iter().copied())
+                .filter(|&n| n > 0)
+        };
+        let smallest = nonempty().min().unwrap_or(1);
+        let largest = nonempty().max().unwrap_or(1);
         let span = window.max(largest);
         let lookahead = (2 * span).max((6 * span).min(LOOKAHEAD_BYTES / row_bytes.max(1)));
         Plan {
@@ -104,22 +108,22 @@ pub(super) fn run(
                     .0;
             }
         };
+        // Verify the next shard ahead that still needs it. One shard's hash takes
+        // milliseconds, so the queue is looked at again after each.
         while probe < limit {
             let s = sampler.sample(probe);
             probe += plan.stride;
             let dataset = &datasets[s.source as usize];
-            if !dataset.needs_verification(s.shard as usize) {
-                continue;
-            }
-            // A failure is left for the reader that needs the shard to report in order.
-            if let Ok(shard) = dataset.shard(s.shard as usize) {
-                held.push_back(shard);
-                if held.len() > plan.hold {
-                    held.pop_front();
+            if dataset.needs_verification(s.shard as usize) {
+                // A failure is left for the reader that needs the shard to report in order.
+                if let Ok(shard) = dataset.shard(s.shard as usize) {
+                    held.push_back(shard);
+                    if held.len() > plan.hold {
+                        held.pop_front();
+                    }
                 }
+                break;
             }
-            // One shard's hash takes milliseconds: look at the queue again after each.
-            break;
         }
     }
 }

@@ -15,7 +15,7 @@ use crate::error::{DataError, Result};
 ///
 /// Not advised: `MADV_HUGEPAGE`. It makes a cold read build 2 MiB folios throughout, so that
 /// later epochs copy rows without page walks, but on the 2-vCPU VM the first pass over each
-/// new 2 MiB folio ran 4-10x slower (the hash of a cold shard: loader 0.4 GB/s against 1.6
+/// new 2 MiB folio ran about 4x slower (a cold first epoch: loader 0.4 GB/s against 1.6
 /// without the advice, docs/PERFORMANCE.md), which costs more than it saves.
 ///
 /// # Errors
