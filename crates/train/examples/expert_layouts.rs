@@ -103,15 +103,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..Layout::new(1, 1, ep)
     };
     let eff = planner.fit(tokens / ep1, &layout(1))?;
-    println!(
-        "# {steps} steps (the first untimed), global batch {GLOBAL_ROWS} x {SEQ} tokens, GEMM peak {:.1} GFLOP/s, shm alpha {:.2} us beta {:.2} GB/s, fitted efficiency {eff:.3}",
-        peak / 1e9,
-        link.0 * 1e6,
-        link.1 / 1e9
-    );
     planner.print_beside(
         eff,
-        tokens,
+        steps,
+        (GLOBAL_ROWS, SEQ),
         &[("ep1", ep1, layout(1)), ("ep2", ep2, layout(2))],
     )?;
     Ok(())

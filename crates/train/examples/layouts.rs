@@ -104,16 +104,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..Layout::new(tp, pp, dp)
     };
     let eff = planner.fit(tokens / single, &layout(1, 1, 1))?;
-    println!(
-        "# {} steps (the first untimed), global batch {GLOBAL_ROWS} x 128 tokens, GEMM peak {:.1} GFLOP/s, shm alpha {:.2} us beta {:.2} GB/s, fitted efficiency {eff:.3}",
-        steps,
-        peak / 1e9,
-        link.0 * 1e6,
-        link.1 / 1e9
-    );
     planner.print_beside(
         eff,
-        tokens,
+        steps,
+        (GLOBAL_ROWS, 128),
         &[
             ("one", single, layout(1, 1, 1)),
             ("dp2", dp2, layout(1, 1, 2)),

@@ -13,6 +13,10 @@ use plan::layout::Layout;
 pub struct Planner {
     job_toml: String,
     cluster: ClusterFile,
+    /// FLOP/s per device.
+    peak: f64,
+    /// (α s, β bytes/s) between devices.
+    link: (f64, f64),
 }
 
 impl Planner {
@@ -35,6 +39,8 @@ impl Planner {
         Planner {
             job_toml,
             cluster: cf,
+            peak,
+            link,
         }
     }
 
@@ -64,14 +70,23 @@ impl Planner {
         Ok(eff)
     }
 
-    /// Prints each `(name, seconds per step, layout)` run's measured tokens/s (`tokens` per
-    /// step) beside the planner's prediction at `efficiency`, and how far off it is.
+    /// Prints the run's setup (`steps`, a global batch of `rows` x `seq` tokens, this machine's
+    /// peak and link, the fitted `efficiency`), then each `(name, seconds per step, layout)`
+    /// run's measured tokens/s beside the planner's prediction, and how far off it is.
     pub fn print_beside(
         &self,
         efficiency: f64,
-        tokens: f64,
+        steps: impl std::fmt::Display,
+        (rows, seq): (usize, usize),
         runs: &[(&str, f64, Layout)],
     ) -> Result<(), Box<dyn std::error::Error>> {
+        println!(
+            "# {steps} steps (the first untimed), global batch {rows} x {seq} tokens, GEMM peak {:.1} GFLOP/s, shm alpha {:.2} us beta {:.2} GB/s, fitted efficiency {efficiency:.3}",
+            self.peak / 1e9,
+            self.link.0 * 1e6,
+            self.link.1 / 1e9
+        );
+        let tokens = (rows * seq) as f64;
         println!("layout  measured tokens/s  planner tokens/s  off");
         for (name, secs, l) in runs {
             let measured = tokens / secs;
