@@ -131,8 +131,12 @@ fn matches_reference_on_edge_shapes() {
 
 #[test]
 fn cache_block_boundaries() {
-    // Crosses the m, n and k block caps (several blocks each way).
-    check(2100, 600, 1100, Lay::Row, Lay::Row, false, 1.0, 1.0);
+    // Crosses the m, n and k block caps (several blocks each way), with
+    // both operands row-major and both transposed.
+    check(4300, 600, 40, Lay::Row, Lay::Row, false, 1.0, 1.0);
+    check(300, 600, 1100, Lay::Row, Lay::Row, false, 1.0, 1.0);
+    check(4300, 530, 40, Lay::Col, Lay::Col, false, 1.0, 0.0);
+    check(90, 530, 1100, Lay::Row, Lay::Col, false, 1.0, 0.0);
     check(300, 2049, 70, Lay::Col, Lay::Row, false, 1.0, 0.0);
 }
 

@@ -1,9 +1,9 @@
 //! Matrix multiply: the linear layer's forward and backward.
 //!
-//! Single-threaded GEMM comes from `matrixmultiply` (measured against the
-//! `gemm` crate on this machine: matrixmultiply 0.3 uses AVX-512 on stable
-//! Rust and reached 125-160 GFLOP/s on one core, gemm 0.19 70-80; see
-//! docs/PERFORMANCE.md). Threading is ours: the output is cut into one
+//! Single-threaded GEMM is `Real::gemm`: for f32 our packed AVX-512 kernel
+//! (`kernels::sgemm`, falling back to `matrixmultiply` without AVX-512F),
+//! for f64 `matrixmultiply` (see docs/PERFORMANCE.md for the measured rates).
+//! Threading is ours: the output is cut into one
 //! contiguous block of rows (or columns) per thread, so every element's
 //! sum is computed by one thread in a fixed order (bit-identical results
 //! for a given thread count).

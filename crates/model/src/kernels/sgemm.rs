@@ -77,8 +77,10 @@ mod avx512 {
     const KC: usize = 512;
     /// Columns of C per packed B block: `KC*NC` floats (1 MB) in L2.
     const NC: usize = 512;
-    /// Rows of C per packed A block (`MC*KC` floats, 4 MB, from L3).
-    const MC: usize = 2016;
+    /// Rows of C per packed A block (`MC*KC` floats, 8.4 MB, from L3). B is
+    /// packed once per A block, so the cap sits above 2048 rows: a 2048^3
+    /// product packs B once (with 2016 it packed B twice, 1-2 % of its time).
+    const MC: usize = 4200;
     // The column-major A packing copies a panel step with one 16-lane mask.
     const _: () = assert!(MR <= 16);
     /// How far ahead (floats) the k loop prefetches the B panel.
@@ -209,9 +211,16 @@ mod avx512 {
                         let x = _mm512_maskz_loadu_ps(M, ar.offset(p as isize * csa));
                         _mm512_mask_storeu_ps(dst.add(p * MR), M, x);
                     }
+                } else if csa == 1 {
+                    // Row-major A: 16 steps of the panel at a time,
+                    // transposed in registers (rows past mr come out zero).
+                    for p0 in (0..kc).step_by(16) {
+                        let steps = (kc - p0).min(16);
+                        transpose_block(ar.add(p0), rsa, mr, steps, dst.add(p0 * MR), MR, MR);
+                    }
                 } else {
-                    // Strided rows (row-major A): p outer so the reads are
-                    // MR sequential streams and the writes contiguous.
+                    // General strides: p outer so the reads are MR
+                    // sequential streams and the writes contiguous.
                     for p in 0..kc {
                         let (src, d) = (ar.offset(p as isize * csa), dst.add(p * MR));
                         for i in 0..MR {
@@ -258,8 +267,21 @@ mod avx512 {
                             *d.add(j) = 0.0;
                         }
                     }
+                } else if rsb == 1 {
+                    // Transposed B (column-major): each half-panel of 16
+                    // columns, 16 steps at a time, transposed in registers
+                    // (columns past nr come out zero).
+                    for h in 0..NV {
+                        let cols = nr.saturating_sub(16 * h).min(16);
+                        let src = bs.wrapping_offset((16 * h) as isize * csb);
+                        for p0 in (0..kc).step_by(16) {
+                            let steps = (kc - p0).min(16);
+                            let d = dst.add(p0 * NR + 16 * h);
+                            transpose_block(src.wrapping_add(p0), csb, cols, steps, d, NR, 16);
+                        }
+                    }
                 } else {
-                    // Transposed B: p outer, NR sequential column streams.
+                    // General strides: p outer, NR sequential column streams.
                     for p in 0..kc {
                         let (src, d) = (bs.offset(p as isize * rsb), dst.add(p * NR));
                         for j in 0..NR {
@@ -274,6 +296,73 @@ mod avx512 {
                 dst = dst.add(NR * kc);
             }
         }
+    }
+
+    /// Transpose `rows` (at most 16) source rows `stride` apart, `steps`
+    /// (at most 16) contiguous floats each: step `q` of the output, at
+    /// `dst + q * dst_stride`, gets `src[r * stride + q]` in lane `r`.
+    /// `lanes` (at least `rows`, at most 16) lanes are written per step,
+    /// zeros past `rows`; `src` is not read when `rows` is 0.
+    ///
+    /// Cost: `rows` masked loads, 64 in-register shuffles (the 16x16
+    /// unpack / shuffle / lane-permute network), `steps` masked stores,
+    /// against `rows * steps` scalar loads and stores element by element.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn transpose_block(
+        src: *const f32,
+        stride: isize,
+        rows: usize,
+        steps: usize,
+        dst: *mut f32,
+        dst_stride: usize,
+        lanes: usize,
+    ) {
+        let mask = |n: usize| -> __mmask16 { ((1u32 << n) - 1) as __mmask16 };
+        let mut r = [_mm512_setzero_ps(); 16];
+        for (i, x) in r.iter_mut().enumerate().take(rows) {
+            // SAFETY: row i holds `steps` floats from src + i*stride.
+            *x = unsafe { _mm512_maskz_loadu_ps(mask(steps), src.offset(i as isize * stride)) };
+        }
+        let out = transpose16(&r);
+        for (q, &x) in out.iter().enumerate().take(steps) {
+            // SAFETY: the caller's dst holds `lanes` floats at each step.
+            unsafe { _mm512_mask_storeu_ps(dst.add(q * dst_stride), mask(lanes), x) };
+        }
+    }
+
+    /// 16x16 transpose in registers: `out[q]` lane `r` = `r_in[r]` lane `q`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn transpose16(r: &[__m512; 16]) -> [__m512; 16] {
+        // Pairs of rows interleaved within each 128-bit lane.
+        let mut t = [_mm512_setzero_ps(); 16];
+        for i in 0..8 {
+            t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        // Groups g of 4 rows: u[4g + j] lane L = rows 4g..4g+4 at column 4L + j.
+        let mut u = [_mm512_setzero_ps(); 16];
+        for g in 0..4 {
+            let (lo0, hi0, lo1, hi1) = (t[4 * g], t[4 * g + 1], t[4 * g + 2], t[4 * g + 3]);
+            u[4 * g] = _mm512_shuffle_ps::<0x44>(lo0, lo1);
+            u[4 * g + 1] = _mm512_shuffle_ps::<0xEE>(lo0, lo1);
+            u[4 * g + 2] = _mm512_shuffle_ps::<0x44>(hi0, hi1);
+            u[4 * g + 3] = _mm512_shuffle_ps::<0xEE>(hi0, hi1);
+        }
+        // Gather lane L of the four groups into output column 4L + j.
+        let mut out = [_mm512_setzero_ps(); 16];
+        for j in 0..4 {
+            let v01 = _mm512_shuffle_f32x4::<0x88>(u[j], u[4 + j]);
+            let w01 = _mm512_shuffle_f32x4::<0xDD>(u[j], u[4 + j]);
+            let v23 = _mm512_shuffle_f32x4::<0x88>(u[8 + j], u[12 + j]);
+            let w23 = _mm512_shuffle_f32x4::<0xDD>(u[8 + j], u[12 + j]);
+            out[j] = _mm512_shuffle_f32x4::<0x88>(v01, v23);
+            out[8 + j] = _mm512_shuffle_f32x4::<0xDD>(v01, v23);
+            out[4 + j] = _mm512_shuffle_f32x4::<0x88>(w01, w23);
+            out[12 + j] = _mm512_shuffle_f32x4::<0xDD>(w01, w23);
+        }
+        out
     }
 
     /// All micro-tiles of an `mc x nc` block of C from packed A and B.
