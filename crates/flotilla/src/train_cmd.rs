@@ -392,6 +392,8 @@ fn train(
     );
     let (mut timed_tokens, mut last_loss) = (0usize, f64::NAN);
     let mut measured = train::forecast::Measured::default();
+    // Each timed step's communication wait, split over the ranks at the end (peer_wait).
+    let mut waits: Vec<f64> = Vec::new();
     let peak_all = peak * world as f64;
     let mut metrics = match &a.metrics {
         Some(path) if lead => Some(train::metrics_log::MetricsLog::open(
@@ -420,6 +422,7 @@ fn train(
             measured.step_s += s.seconds;
             measured.comm_s += s.comm_seconds;
             measured.data_s += s.data_seconds;
+            waits.push(s.comm_seconds);
         }
         let tps = s.tokens as f64 / s.seconds;
         pb.set_message(format!("loss {:.4} {:.0} tok/s", s.loss, tps));
@@ -472,10 +475,14 @@ fn train(
             );
         }
     }
-    if let Some(g) = trainer.group() {
-        // Every rank finishes together (rank 0's last checkpoint included) before any exits.
-        g.barrier().context("final barrier")?;
-    }
+    let split = match trainer.group() {
+        Some(g) => {
+            // Every rank finishes together (rank 0's last checkpoint included) before any exits.
+            g.barrier().context("final barrier")?;
+            Some(train::peer_wait::gather_split(g, &waits).context("splitting the waits")?)
+        }
+        None => None,
+    };
     pb.finish_and_clear();
     let tps = timed_tokens as f64 / measured.step_s.max(1e-9);
     if first >= steps {
@@ -486,9 +493,10 @@ fn train(
     } else {
         out!(
             lead,
-            "# done: {steps} steps, final loss {last_loss:.4}, {tps:.1} tokens/s, MFU {:.1}% (steps after the first){}",
+            "# done: {steps} steps, final loss {last_loss:.4}, {tps:.1} tokens/s, MFU {:.1}% (steps after the first){}{}",
             100.0 * mfu(tps, fpt, peak_all),
-            comm_note(measured.comm_s, measured.step_s, world)
+            comm_note(measured.comm_s, measured.step_s, world),
+            split_note(split, measured.step_s)
         );
     }
     if world > 1 {
@@ -588,6 +596,20 @@ fn comm_note(comm_s: f64, step_s: f64, world: usize) -> String {
     format!(
         " comm {:.1}% ({world} ranks)",
         100.0 * comm_s / step_s.max(1e-9)
+    )
+}
+
+/// The summary's split of the lead rank's waits (`train::peer_wait`): what communication the
+/// schedule left exposed, and what was waiting for slower ranks.
+fn split_note(split: Option<train::peer_wait::WaitSplit>, step_s: f64) -> String {
+    let Some(s) = split else {
+        return String::new();
+    };
+    let pct = |x: f64| 100.0 * x / step_s.max(1e-9);
+    format!(
+        ": exposed {:.1}% after the slowest rank's compute, {:.1}% waiting for slower ranks",
+        pct(s.exposed_s),
+        pct(s.peer_wait_s)
     )
 }
 

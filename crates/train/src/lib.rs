@@ -18,6 +18,7 @@ pub mod forecast;
 mod grad;
 pub mod metrics;
 pub mod metrics_log;
+pub mod peer_wait;
 pub mod pipeline;
 pub mod planner;
 pub mod source;
