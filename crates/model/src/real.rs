@@ -144,28 +144,44 @@ impl Real for f32 {
     }
 }
 
+/// Constants of [`exp_f32`], shared with the explicit AVX-512 rows (`kernels::vmath`) so both
+/// compute the same bits.
+// Published coefficients are kept digit for digit.
+#[allow(clippy::excessive_precision)]
+pub(crate) mod exp_c {
+    pub const LOG2E: f32 = std::f32::consts::LOG2_E;
+    pub const LN2_HI: f32 = 0.693_359_4;
+    pub const LN2_LO: f32 = -2.121_944_4e-4;
+    /// 1.5 * 2^23: adding it rounds to an integer.
+    pub const ROUND: f32 = 12_582_912.0;
+    /// The input range kept (below: ~0; above: saturated).
+    pub const LO: f32 = -87.3;
+    pub const HI: f32 = 88.7;
+    /// Cephes expf minimax coefficients for e^r on [-ln2/2, ln2/2], highest degree first.
+    pub const POLY: [f32; 6] = [
+        1.987_569_1e-4,
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        5.000_000_1e-1,
+    ];
+}
+
 /// `e^x` for f32 without branches: range reduction `x = n ln2 + r`,
 /// |r| <= ln2/2, a degree-6 polynomial for `e^r`, and `2^n` built from the
 /// exponent bits. Inputs below -87.3 give ~0, above 88.7 saturate.
-// Published coefficients are kept digit for digit.
-#[allow(clippy::excessive_precision)]
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    let x = x.clamp(-87.3, 88.7);
+    use exp_c::*;
+    let x = x.clamp(LO, HI);
     let n = (x * LOG2E + ROUND) - ROUND;
     let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
     let r2 = r * r;
-    // Cephes expf minimax coefficients for e^r on [-ln2/2, ln2/2].
-    let mut p = 1.987_569_1e-4_f32;
-    p = p.mul_add(r, 1.398_199_9e-3);
-    p = p.mul_add(r, 8.333_452e-3);
-    p = p.mul_add(r, 4.166_579_6e-2);
-    p = p.mul_add(r, 1.666_666_5e-1);
-    p = p.mul_add(r, 5.000_000_1e-1);
+    let mut p = POLY[0];
+    for &c in &POLY[1..] {
+        p = p.mul_add(r, c);
+    }
     let e = p.mul_add(r2, r) + 1.0;
     // 2^n from the exponent bits: n + 127 sits in the low mantissa bits of
     // `n + 127 + ROUND`; shifting them into the exponent field avoids a
@@ -193,17 +209,13 @@ pub fn tanh_f32(x: f32) -> f32 {
     if x.abs() < 0.5 { small } else { big }
 }
 
-/// erf for f32: for |x| >= 0.5, `1 - t e^{-x^2 + P(t)}` with
-/// `t = 1/(1+|x|/2)` (Numerical Recipes' erfc fit, relative error 1.2e-7);
-/// below, the Maclaurin series through x^15, where `1 - erfc` would cancel.
+/// Constants of [`erf_f32`], shared with the explicit AVX-512 rows (`kernels::vmath`).
 #[allow(clippy::excessive_precision)]
-#[inline(always)]
-pub fn erf_f32(x: f32) -> f32 {
-    let z = x.abs();
-    let t = 1.0 / (1.0 + 0.5 * z);
-    // Horner form of -1.26551223 + t(1.00002368 + t(0.37409196 + ...)).
-    let mut p = 0.170_872_77_f32;
-    for c in [
+pub(crate) mod erf_c {
+    /// Numerical Recipes' erfc fit in `t`, highest degree first (Horner form of
+    /// -1.26551223 + t(1.00002368 + t(0.37409196 + ...))).
+    pub const FIT: [f32; 10] = [
+        0.170_872_77,
         -0.822_152_23,
         1.488_515_87,
         -1.135_203_98,
@@ -213,21 +225,42 @@ pub fn erf_f32(x: f32) -> f32 {
         0.374_091_96,
         1.000_023_7,
         -1.265_512_2,
-    ] {
+    ];
+    /// erf z = 2/sqrt(pi) * sum_n (-1)^n z^(2n+1) / (n! (2n+1)), n = 0..7: the coefficients
+    /// of z^2 powers after the first term, highest first.
+    pub const SERIES: [f32; 7] = [
+        -1.0 / (5_040.0 * 15.0),
+        1.0 / (720.0 * 13.0),
+        -(1.0 / (120.0 * 11.0)),
+        1.0 / (24.0 * 9.0),
+        -(1.0 / (6.0 * 7.0)),
+        1.0 / (2.0 * 5.0),
+        -(1.0 / 3.0),
+    ];
+    /// Below this |x| the series is used.
+    pub const SMALL: f32 = 0.5;
+}
+
+/// erf for f32: for |x| >= 0.5, `1 - t e^{-x^2 + P(t)}` with
+/// `t = 1/(1+|x|/2)` (Numerical Recipes' erfc fit, relative error 1.2e-7);
+/// below, the Maclaurin series through x^15, where `1 - erfc` would cancel.
+#[inline(always)]
+pub fn erf_f32(x: f32) -> f32 {
+    use erf_c::*;
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let mut p = FIT[0];
+    for &c in &FIT[1..] {
         p = p.mul_add(t, c);
     }
     let big = 1.0 - t * exp_f32((-z).mul_add(z, p));
-    // erf z = 2/sqrt(pi) * sum_n (-1)^n z^(2n+1) / (n! (2n+1)), n = 0..7.
     let z2 = z * z;
-    let mut s = -1.0 / (5_040.0 * 15.0_f32);
-    s = s.mul_add(z2, 1.0 / (720.0 * 13.0));
-    s = s.mul_add(z2, -(1.0 / (120.0 * 11.0)));
-    s = s.mul_add(z2, 1.0 / (24.0 * 9.0));
-    s = s.mul_add(z2, -(1.0 / (6.0 * 7.0)));
-    s = s.mul_add(z2, 1.0 / (2.0 * 5.0));
-    s = s.mul_add(z2, -(1.0 / 3.0));
+    let mut s = SERIES[0];
+    for &c in &SERIES[1..] {
+        s = s.mul_add(z2, c);
+    }
     let small = std::f32::consts::FRAC_2_SQRT_PI * (z + z * z2 * s);
-    let r = if z < 0.5 { small } else { big };
+    let r = if z < SMALL { small } else { big };
     r.copysign(x)
 }
 

@@ -6,11 +6,13 @@
 //! the output of a matmul, whose gradient buffer has no other contributor.
 //!
 //! Cost: a handful of flops and one transcendental (`erf_k`, `tanh_k` or
-//! `exp_k`, all vectorisable for f32) per element; memory-bound.
+//! `exp_k`, all vectorisable for f32) per element. The exact GELU's rows are compute-bound and
+//! run 16 lanes wide on AVX-512 (`kernels::vmath`, the same bits as the portable rows).
 //!
 //! SwiGLU buffers may be longer than their shapes (only the prefix is
 //! used); shorter ones panic with an index error.
 use crate::kernels::residual::par_rows;
+use crate::kernels::vmath;
 use crate::real::Real;
 use crate::threads::Threads;
 
@@ -118,6 +120,15 @@ pub fn gelu_bwd<T: Real>(th: &Threads, dinp: &mut [T], inp: &[T], dout: &[T], ki
 /// `out = x/2 (1 + erf(x/√2))` over one block.
 #[inline(never)]
 fn gelu_erf_row<T: Real>(out: &mut [T], inp: &[T], half: T, inv_sqrt2: T) {
+    if let (Some(o), Some(i), Some(h), Some(k)) = (
+        vmath::as_f32_mut(out),
+        vmath::as_f32(inp),
+        half.to_f32(),
+        inv_sqrt2.to_f32(),
+    ) && vmath::gelu_erf_fwd(o, i, h, k)
+    {
+        return;
+    }
     for (o, &x) in out.iter_mut().zip(inp) {
         *o = half * x * (T::one() + (x * inv_sqrt2).erf_k());
     }
@@ -142,6 +153,15 @@ fn gelu_erf_bwd_row<T: Real>(
     inv_sqrt2: T,
     inv_sqrt_2pi: T,
 ) {
+    let consts = [half, inv_sqrt2, inv_sqrt_2pi].map(|c| c.to_f32().unwrap_or(f32::NAN));
+    if let (Some(o), Some(i), Some(d)) = (
+        vmath::as_f32_mut(dinp),
+        vmath::as_f32(inp),
+        vmath::as_f32(dout),
+    ) && vmath::gelu_erf_bwd(o, i, d, consts)
+    {
+        return;
+    }
     for ((o, &x), &d) in dinp.iter_mut().zip(inp).zip(dout) {
         let cdf = half * (T::one() + (x * inv_sqrt2).erf_k());
         let pdf = inv_sqrt_2pi * (-half * x * x).exp_k();

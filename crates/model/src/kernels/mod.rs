@@ -12,3 +12,4 @@ pub mod norm;
 pub mod residual;
 pub mod rope;
 pub mod sgemm;
+pub(crate) mod vmath;
