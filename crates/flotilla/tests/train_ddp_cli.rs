@@ -40,7 +40,10 @@ fn two_workers_match_one_process_and_resume_together() {
     ]);
     assert!(two.contains("comm") && two.contains("(2 ranks)"), "{two}");
     // The summary splits the wait: exposed after the slowest rank, and waiting for it.
-    let done = two.lines().find(|l| l.starts_with("# done: ")).expect("summary");
+    let done = two
+        .lines()
+        .find(|l| l.starts_with("# done: "))
+        .expect("summary");
     assert!(
         done.contains("% after the slowest rank's compute, ")
             && done.contains("% waiting for slower ranks"),

@@ -45,7 +45,9 @@ pub fn split_waits(own: &[f64], all: &[f64]) -> Result<WaitSplit> {
         return Ok(WaitSplit::default());
     }
     if all.is_empty() || !all.len().is_multiple_of(steps) {
-        return Err(bad(format!("all ranks' waits must be whole rows of {steps} steps")));
+        return Err(bad(format!(
+            "all ranks' waits must be whole rows of {steps} steps"
+        )));
     }
     if let Some(w) = all.iter().chain(own).find(|w| !w.is_finite() || **w < 0.0) {
         return Err(bad(format!("a wait of {w} s is not a finite duration")));
@@ -87,7 +89,10 @@ mod tests {
         let s0 = split_waits(&r0, &all).unwrap();
         let s1 = split_waits(&r1, &all).unwrap();
         for s in [s0, s1] {
-            assert!((s.exposed_s - (0.010 + 0.010 + 0.008)).abs() < 1e-12, "{s:?}");
+            assert!(
+                (s.exposed_s - (0.010 + 0.010 + 0.008)).abs() < 1e-12,
+                "{s:?}"
+            );
         }
         assert!((s0.peer_wait_s - 0.290).abs() < 1e-12, "{s0:?}");
         assert!((s1.peer_wait_s - (0.002 + 0.001)).abs() < 1e-12, "{s1:?}");
@@ -111,6 +116,9 @@ mod tests {
         let e = split_waits(&[0.1], &[0.1, f64::NAN]).unwrap_err();
         assert!(e.to_string().contains("not a finite duration"), "{e}");
         let e = split_waits(&[-0.1], &[-0.1]).unwrap_err();
-        assert!(e.to_string().contains("per-step communication waits"), "{e}");
+        assert!(
+            e.to_string().contains("per-step communication waits"),
+            "{e}"
+        );
     }
 }

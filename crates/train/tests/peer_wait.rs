@@ -18,6 +18,9 @@ fn three_ranks_split_their_waits_into_exposed_and_waiting_for_the_slowest() {
     for (rank, r) in out.into_iter().enumerate() {
         let s = r.unwrap();
         assert!((s.exposed_s - exposed).abs() < 1e-12, "rank {rank}: {s:?}");
-        assert!((s.peer_wait_s - peer[rank]).abs() < 1e-12, "rank {rank}: {s:?}");
+        assert!(
+            (s.peer_wait_s - peer[rank]).abs() < 1e-12,
+            "rank {rank}: {s:?}"
+        );
     }
 }

@@ -56,12 +56,7 @@ pub(crate) fn gelu_erf_fwd(out: &mut [f32], inp: &[f32], half: f32, inv_sqrt2: f
 
 /// `dinp = dout (Φ(x) + x φ(x))` with `Φ = half (1 + erf(x · inv_sqrt2))` and
 /// `φ = inv_sqrt_2pi · exp(-half · x · x)`, or false when the CPU has no AVX-512F.
-pub(crate) fn gelu_erf_bwd(
-    dinp: &mut [f32],
-    inp: &[f32],
-    dout: &[f32],
-    consts: [f32; 3],
-) -> bool {
+pub(crate) fn gelu_erf_bwd(dinp: &mut [f32], inp: &[f32], dout: &[f32], consts: [f32; 3]) -> bool {
     assert!(
         dinp.len() == inp.len() && dout.len() == inp.len(),
         "gelu_erf_bwd lengths"
@@ -96,7 +91,10 @@ mod avx512 {
         let set = _mm512_set1_ps;
         // clamp: max then min, with x second so that a NaN passes through as in f32::clamp.
         let x = _mm512_min_ps(set(HI), _mm512_max_ps(set(LO), x));
-        let n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, set(LOG2E)), set(ROUND)), set(ROUND));
+        let n = _mm512_sub_ps(
+            _mm512_add_ps(_mm512_mul_ps(x, set(LOG2E)), set(ROUND)),
+            set(ROUND),
+        );
         let r = _mm512_fnmadd_ps(n, set(LN2_LO), _mm512_fnmadd_ps(n, set(LN2_HI), x));
         let r2 = _mm512_mul_ps(r, r);
         let mut p = set(POLY[0]);
@@ -104,7 +102,8 @@ mod avx512 {
             p = _mm512_fmadd_ps(p, r, set(c));
         }
         let e = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), set(1.0));
-        let bits = _mm512_slli_epi32::<23>(_mm512_castps_si512(_mm512_add_ps(n, set(127.0 + ROUND))));
+        let bits =
+            _mm512_slli_epi32::<23>(_mm512_castps_si512(_mm512_add_ps(n, set(127.0 + ROUND))));
         _mm512_mul_ps(e, _mm512_castsi512_ps(bits))
     }
 
@@ -117,7 +116,10 @@ mod avx512 {
         let sign = _mm512_set1_epi32(i32::MIN);
         let xi = _mm512_castps_si512(x);
         let z = _mm512_castsi512_ps(_mm512_andnot_si512(sign, xi));
-        let t = _mm512_div_ps(set(1.0), _mm512_add_ps(set(1.0), _mm512_mul_ps(set(0.5), z)));
+        let t = _mm512_div_ps(
+            set(1.0),
+            _mm512_add_ps(set(1.0), _mm512_mul_ps(set(0.5), z)),
+        );
         let mut p = set(FIT[0]);
         for &c in &FIT[1..] {
             p = _mm512_fmadd_ps(p, t, set(c));
@@ -160,7 +162,12 @@ mod avx512 {
 
     /// See [`super::gelu_erf_bwd`]; `consts` is `[half, inv_sqrt2, inv_sqrt_2pi]`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn gelu_erf_bwd(dinp: &mut [f32], inp: &[f32], dout: &[f32], consts: [f32; 3]) {
+    pub(super) unsafe fn gelu_erf_bwd(
+        dinp: &mut [f32],
+        inp: &[f32],
+        dout: &[f32],
+        consts: [f32; 3],
+    ) {
         let [h, k, c] = consts.map(|v| _mm512_set1_ps(v));
         let neg_h = _mm512_set1_ps(-consts[0]);
         let one = _mm512_set1_ps(1.0);
@@ -187,7 +194,18 @@ mod tests {
     /// Inputs across both erf branches, the exp clamp and signed zeros, plus a ragged tail.
     fn inputs() -> Vec<f32> {
         let mut v: Vec<f32> = (0..4001).map(|i| (i as f32 - 2000.0) * 0.0037).collect();
-        v.extend([0.0, -0.0, 0.5, -0.5, 0.499_999_97, 9.0, -9.0, 30.0, -30.0, 1e-30]);
+        v.extend([
+            0.0,
+            -0.0,
+            0.5,
+            -0.5,
+            0.499_999_97,
+            9.0,
+            -9.0,
+            30.0,
+            -30.0,
+            1e-30,
+        ]);
         v
     }
 
@@ -195,7 +213,11 @@ mod tests {
     fn the_explicit_rows_give_the_portable_bits() {
         let x = inputs();
         let d: Vec<f32> = x.iter().map(|v| 1.0 - 0.25 * v).collect();
-        let (half, k, c) = (0.5f32, std::f64::consts::FRAC_1_SQRT_2 as f32, 0.398_942_3_f32);
+        let (half, k, c) = (
+            0.5f32,
+            std::f64::consts::FRAC_1_SQRT_2 as f32,
+            0.398_942_3_f32,
+        );
         let mut out = vec![f32::NAN; x.len()];
         if !gelu_erf_fwd(&mut out, &x, half, k) {
             return; // no AVX-512F here: the portable path is the only one.
