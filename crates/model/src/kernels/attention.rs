@@ -938,6 +938,11 @@ fn row_dot<T: Real>(a: &[T], b: &[T]) -> T {
 /// `x = e^(x - shift)` in place.
 #[inline]
 fn exp_shift<T: Real>(x: &mut [T], shift: T) {
+    if let (Some(xs), Some(sh)) = (crate::kernels::vmath::as_f32_mut(x), shift.to_f32())
+        && crate::kernels::vmath::exp_shift(xs, sh, None)
+    {
+        return;
+    }
     for v in x {
         *v = (*v - shift).exp_k();
     }

@@ -1,6 +1,7 @@
-//! Explicit AVX-512 bodies for the f32 elementwise rows whose math is heavy enough to be
-//! compute-bound: the exact GELU's forward and backward (an `erf`, an `exp` and a division per
-//! element).
+//! Explicit AVX-512 bodies for the f32 elementwise rows whose math is heavy: the exact GELU's
+//! forward and backward (an `erf`, an `exp` and a division per element), and the shifted `exp`
+//! of attention's recomputed probabilities (the cross-entropy backward's, over the logits, is
+//! memory-bound: 16 lanes did not change its time).
 //!
 //! Why: LLVM vectorises the portable rows (`kernels::activation`) only 256 bits wide on this
 //! CPU, whose tuning prefers ymm registers; 16 lanes instead of 8 halve the instruction count
@@ -68,6 +69,20 @@ pub(crate) fn gelu_erf_bwd(dinp: &mut [f32], inp: &[f32], dout: &[f32], consts: 
     // SAFETY: AVX-512F is present; the lengths are equal.
     unsafe {
         avx512::gelu_erf_bwd(dinp, inp, dout, consts)
+    };
+    true
+}
+
+/// `x = e^(x - shift)`, then times `scale` when one is given, in place; or false (nothing
+/// written) when the CPU has no AVX-512F.
+pub(crate) fn exp_shift(x: &mut [f32], shift: f32, scale: Option<f32>) -> bool {
+    if !available() {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX-512F is present.
+    unsafe {
+        avx512::exp_shift(x, shift, scale)
     };
     true
 }
@@ -141,6 +156,26 @@ mod avx512 {
             _mm512_andnot_si512(sign, _mm512_castps_si512(r)),
             _mm512_and_si512(sign, xi),
         ))
+    }
+
+    /// See [`super::exp_shift`].
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn exp_shift(x: &mut [f32], shift: f32, scale: Option<f32>) {
+        let sh = _mm512_set1_ps(shift);
+        let len = x.len();
+        for i in (0..len).step_by(16) {
+            let m = mask(len, i);
+            // SAFETY: the masked lanes are elements i.. < len.
+            unsafe {
+                let p = x.as_mut_ptr().add(i);
+                let e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, p), sh));
+                let y = match scale {
+                    Some(s) => _mm512_mul_ps(e, _mm512_set1_ps(s)),
+                    None => e,
+                };
+                _mm512_mask_storeu_ps(p, m, y);
+            }
+        }
     }
 
     /// See [`super::gelu_erf_fwd`].
@@ -232,6 +267,26 @@ mod tests {
             let pdf = c * exp_f32(-half * v * v);
             let want = dv * (cdf + v * pdf);
             assert_eq!(o.to_bits(), want.to_bits(), "bwd at {i}: x = {v}");
+        }
+    }
+
+    #[test]
+    fn the_shifted_exp_gives_the_portable_bits() {
+        let x = inputs();
+        for scale in [None, Some(1.0 / 2048.0)] {
+            let mut y = x.clone();
+            if !exp_shift(&mut y, 1.25, scale) {
+                return;
+            }
+            for (i, (&got, &v)) in y.iter().zip(&x).enumerate() {
+                let e = exp_f32(v - 1.25);
+                let want = scale.map_or(e, |s| e * s);
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "at {i}: x = {v}, scale {scale:?}"
+                );
+            }
         }
     }
 
