@@ -475,12 +475,14 @@ fn train(
             );
         }
     }
+    // The all-gather of every rank's waits is also the final synchronisation: it completes
+    // only once every rank has finished training (rank 0's last checkpoint included), so no
+    // rank exits before the others.
     let split = match trainer.group() {
-        Some(g) => {
-            // Every rank finishes together (rank 0's last checkpoint included) before any exits.
-            g.barrier().context("final barrier")?;
-            Some(train::peer_wait::gather_split(g, &waits).context("splitting the waits")?)
-        }
+        Some(g) => Some(
+            train::peer_wait::gather_split(g, &waits)
+                .context("final synchronisation (splitting the communication waits)")?,
+        ),
         None => None,
     };
     pb.finish_and_clear();

@@ -775,8 +775,8 @@ mod simd {
     }
 
     /// [`super::transpose`] for f32: 16 x 16 blocks transposed in registers
-    /// (unpack 32-bit, unpack 64-bit, two 128-bit lane shuffles), the edges
-    /// element by element.
+    /// (`vmath::avx512::transpose16`, shared with the GEMM's packing), the
+    /// edges element by element.
     ///
     /// # Safety
     /// `src` valid for reads of `(rows-1)*rs + cols` elements, `dst` for
@@ -799,34 +799,7 @@ mod simd {
                     for (i, x) in r.iter_mut().enumerate() {
                         *x = _mm512_loadu_ps(s.add(i * rs));
                     }
-                    let mut t = [_mm512_setzero_ps(); 16];
-                    for i in 0..8 {
-                        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-                        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-                    }
-                    for i in 0..4 {
-                        let (a, b) = (_mm512_castps_pd(t[4 * i]), _mm512_castps_pd(t[4 * i + 1]));
-                        let (c, d) = (
-                            _mm512_castps_pd(t[4 * i + 2]),
-                            _mm512_castps_pd(t[4 * i + 3]),
-                        );
-                        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-                        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-                        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-                        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-                    }
-                    for i in 0..4 {
-                        t[i] = _mm512_shuffle_f32x4::<0x88>(r[i], r[i + 4]);
-                        t[i + 4] = _mm512_shuffle_f32x4::<0xdd>(r[i], r[i + 4]);
-                        t[i + 8] = _mm512_shuffle_f32x4::<0x88>(r[i + 8], r[i + 12]);
-                        t[i + 12] = _mm512_shuffle_f32x4::<0xdd>(r[i + 8], r[i + 12]);
-                    }
-                    for i in 0..4 {
-                        r[i] = _mm512_shuffle_f32x4::<0x88>(t[i], t[i + 8]);
-                        r[i + 8] = _mm512_shuffle_f32x4::<0xdd>(t[i], t[i + 8]);
-                        r[i + 4] = _mm512_shuffle_f32x4::<0x88>(t[i + 4], t[i + 12]);
-                        r[i + 12] = _mm512_shuffle_f32x4::<0xdd>(t[i + 4], t[i + 12]);
-                    }
+                    let r = crate::kernels::vmath::avx512::transpose16(&r);
                     let dd = dst.add(c0 * ld + r0);
                     for (i, x) in r.iter().enumerate() {
                         _mm512_storeu_ps(dd.add(i * ld), *x);
@@ -939,7 +912,7 @@ fn row_dot<T: Real>(a: &[T], b: &[T]) -> T {
 #[inline]
 fn exp_shift<T: Real>(x: &mut [T], shift: T) {
     if let (Some(xs), Some(sh)) = (crate::kernels::vmath::as_f32_mut(x), shift.to_f32())
-        && crate::kernels::vmath::exp_shift(xs, sh, None)
+        && crate::kernels::vmath::exp_shift(xs, sh)
     {
         return;
     }

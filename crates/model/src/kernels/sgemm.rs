@@ -324,45 +324,11 @@ mod avx512 {
             // SAFETY: row i holds `steps` floats from src + i*stride.
             *x = unsafe { _mm512_maskz_loadu_ps(mask(steps), src.offset(i as isize * stride)) };
         }
-        let out = transpose16(&r);
+        let out = crate::kernels::vmath::avx512::transpose16(&r);
         for (q, &x) in out.iter().enumerate().take(steps) {
             // SAFETY: the caller's dst holds `lanes` floats at each step.
             unsafe { _mm512_mask_storeu_ps(dst.add(q * dst_stride), mask(lanes), x) };
         }
-    }
-
-    /// 16x16 transpose in registers: `out[q]` lane `r` = `r_in[r]` lane `q`.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn transpose16(r: &[__m512; 16]) -> [__m512; 16] {
-        // Pairs of rows interleaved within each 128-bit lane.
-        let mut t = [_mm512_setzero_ps(); 16];
-        for i in 0..8 {
-            t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-            t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-        }
-        // Groups g of 4 rows: u[4g + j] lane L = rows 4g..4g+4 at column 4L + j.
-        let mut u = [_mm512_setzero_ps(); 16];
-        for g in 0..4 {
-            let (lo0, hi0, lo1, hi1) = (t[4 * g], t[4 * g + 1], t[4 * g + 2], t[4 * g + 3]);
-            u[4 * g] = _mm512_shuffle_ps::<0x44>(lo0, lo1);
-            u[4 * g + 1] = _mm512_shuffle_ps::<0xEE>(lo0, lo1);
-            u[4 * g + 2] = _mm512_shuffle_ps::<0x44>(hi0, hi1);
-            u[4 * g + 3] = _mm512_shuffle_ps::<0xEE>(hi0, hi1);
-        }
-        // Gather lane L of the four groups into output column 4L + j.
-        let mut out = [_mm512_setzero_ps(); 16];
-        for j in 0..4 {
-            let v01 = _mm512_shuffle_f32x4::<0x88>(u[j], u[4 + j]);
-            let w01 = _mm512_shuffle_f32x4::<0xDD>(u[j], u[4 + j]);
-            let v23 = _mm512_shuffle_f32x4::<0x88>(u[8 + j], u[12 + j]);
-            let w23 = _mm512_shuffle_f32x4::<0xDD>(u[8 + j], u[12 + j]);
-            out[j] = _mm512_shuffle_f32x4::<0x88>(v01, v23);
-            out[8 + j] = _mm512_shuffle_f32x4::<0xDD>(v01, v23);
-            out[4 + j] = _mm512_shuffle_f32x4::<0x88>(w01, w23);
-            out[12 + j] = _mm512_shuffle_f32x4::<0xDD>(w01, w23);
-        }
-        out
     }
 
     /// All micro-tiles of an `mc x nc` block of C from packed A and B.

@@ -28,31 +28,27 @@ pub(crate) fn as_f32_mut<T: 'static>(s: &mut [T]) -> Option<&mut [f32]> {
         .then(|| unsafe { &mut *(s as *mut [T] as *mut [f32]) })
 }
 
-/// Whether the explicit rows run here.
-fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+/// Runs `$call` (a row of [`avx512`]) and is true, or is false (nothing run) when the CPU has
+/// no AVX-512F. The callers have checked the slice lengths the row relies on.
+macro_rules! on_avx512 {
+    ($call:expr) => {{
+        #[cfg(target_arch = "x86_64")]
+        let ran = std::is_x86_feature_detected!("avx512f") && {
+            // SAFETY: AVX-512F is present; the lengths were checked by the caller.
+            unsafe { $call };
+            true
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let ran = false;
+        ran
+    }};
 }
 
 /// `out = x/2 (1 + erf(x · inv_sqrt2))` (written as `half · x · (...)`), or false (nothing
 /// written) when the CPU has no AVX-512F. `out` and `inp` have equal lengths.
 pub(crate) fn gelu_erf_fwd(out: &mut [f32], inp: &[f32], half: f32, inv_sqrt2: f32) -> bool {
     assert_eq!(out.len(), inp.len(), "gelu_erf_fwd lengths");
-    if !available() {
-        return false;
-    }
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: AVX-512F is present; the lengths are equal.
-    unsafe {
-        avx512::gelu_erf_fwd(out, inp, half, inv_sqrt2)
-    };
-    true
+    on_avx512!(avx512::gelu_erf_fwd(out, inp, half, inv_sqrt2))
 }
 
 /// `dinp = dout (Φ(x) + x φ(x))` with `Φ = half (1 + erf(x · inv_sqrt2))` and
@@ -62,33 +58,18 @@ pub(crate) fn gelu_erf_bwd(dinp: &mut [f32], inp: &[f32], dout: &[f32], consts: 
         dinp.len() == inp.len() && dout.len() == inp.len(),
         "gelu_erf_bwd lengths"
     );
-    if !available() {
-        return false;
-    }
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: AVX-512F is present; the lengths are equal.
-    unsafe {
-        avx512::gelu_erf_bwd(dinp, inp, dout, consts)
-    };
-    true
+    on_avx512!(avx512::gelu_erf_bwd(dinp, inp, dout, consts))
 }
 
-/// `x = e^(x - shift)`, then times `scale` when one is given, in place; or false (nothing
-/// written) when the CPU has no AVX-512F.
-pub(crate) fn exp_shift(x: &mut [f32], shift: f32, scale: Option<f32>) -> bool {
-    if !available() {
-        return false;
-    }
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: AVX-512F is present.
-    unsafe {
-        avx512::exp_shift(x, shift, scale)
-    };
-    true
+/// `x = e^(x - shift)` in place, or false (nothing written) when the CPU has no AVX-512F.
+pub(crate) fn exp_shift(x: &mut [f32], shift: f32) -> bool {
+    on_avx512!(avx512::exp_shift(x, shift))
 }
 
+/// The AVX-512 rows, and the 16x16 register transpose that the GEMM's packing and attention's
+/// transposed copies share.
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     use crate::real::{erf_c, exp_c};
     use std::arch::x86_64::*;
 
@@ -158,9 +139,44 @@ mod avx512 {
         ))
     }
 
+    /// 16x16 transpose in registers: `out[q]` lane `r` = `r[r]` lane `q` (unpack pairs of
+    /// rows, shuffle groups of four, then two rounds of 128-bit lane shuffles: 64 shuffles).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) fn transpose16(r: &[__m512; 16]) -> [__m512; 16] {
+        // Pairs of rows interleaved within each 128-bit lane.
+        let mut t = [_mm512_setzero_ps(); 16];
+        for i in 0..8 {
+            t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        // Groups g of 4 rows: u[4g + j] lane L = rows 4g..4g+4 at column 4L + j.
+        let mut u = [_mm512_setzero_ps(); 16];
+        for g in 0..4 {
+            let (lo0, hi0, lo1, hi1) = (t[4 * g], t[4 * g + 1], t[4 * g + 2], t[4 * g + 3]);
+            u[4 * g] = _mm512_shuffle_ps::<0x44>(lo0, lo1);
+            u[4 * g + 1] = _mm512_shuffle_ps::<0xEE>(lo0, lo1);
+            u[4 * g + 2] = _mm512_shuffle_ps::<0x44>(hi0, hi1);
+            u[4 * g + 3] = _mm512_shuffle_ps::<0xEE>(hi0, hi1);
+        }
+        // Gather lane L of the four groups into output column 4L + j.
+        let mut out = [_mm512_setzero_ps(); 16];
+        for j in 0..4 {
+            let v01 = _mm512_shuffle_f32x4::<0x88>(u[j], u[4 + j]);
+            let w01 = _mm512_shuffle_f32x4::<0xDD>(u[j], u[4 + j]);
+            let v23 = _mm512_shuffle_f32x4::<0x88>(u[8 + j], u[12 + j]);
+            let w23 = _mm512_shuffle_f32x4::<0xDD>(u[8 + j], u[12 + j]);
+            out[j] = _mm512_shuffle_f32x4::<0x88>(v01, v23);
+            out[8 + j] = _mm512_shuffle_f32x4::<0xDD>(v01, v23);
+            out[4 + j] = _mm512_shuffle_f32x4::<0x88>(w01, w23);
+            out[12 + j] = _mm512_shuffle_f32x4::<0xDD>(w01, w23);
+        }
+        out
+    }
+
     /// See [`super::exp_shift`].
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn exp_shift(x: &mut [f32], shift: f32, scale: Option<f32>) {
+    pub(super) unsafe fn exp_shift(x: &mut [f32], shift: f32) {
         let sh = _mm512_set1_ps(shift);
         let len = x.len();
         for i in (0..len).step_by(16) {
@@ -169,11 +185,7 @@ mod avx512 {
             unsafe {
                 let p = x.as_mut_ptr().add(i);
                 let e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, p), sh));
-                let y = match scale {
-                    Some(s) => _mm512_mul_ps(e, _mm512_set1_ps(s)),
-                    None => e,
-                };
-                _mm512_mask_storeu_ps(p, m, y);
+                _mm512_mask_storeu_ps(p, m, e);
             }
         }
     }
@@ -273,20 +285,13 @@ mod tests {
     #[test]
     fn the_shifted_exp_gives_the_portable_bits() {
         let x = inputs();
-        for scale in [None, Some(1.0 / 2048.0)] {
-            let mut y = x.clone();
-            if !exp_shift(&mut y, 1.25, scale) {
-                return;
-            }
-            for (i, (&got, &v)) in y.iter().zip(&x).enumerate() {
-                let e = exp_f32(v - 1.25);
-                let want = scale.map_or(e, |s| e * s);
-                assert_eq!(
-                    got.to_bits(),
-                    want.to_bits(),
-                    "at {i}: x = {v}, scale {scale:?}"
-                );
-            }
+        let mut y = x.clone();
+        if !exp_shift(&mut y, 1.25) {
+            return;
+        }
+        for (i, (&got, &v)) in y.iter().zip(&x).enumerate() {
+            let want = exp_f32(v - 1.25);
+            assert_eq!(got.to_bits(), want.to_bits(), "at {i}: x = {v}");
         }
     }
 
