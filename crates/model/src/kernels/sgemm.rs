@@ -83,6 +83,8 @@ mod avx512 {
     const MC: usize = 4200;
     // The column-major A packing copies a panel step with one 16-lane mask.
     const _: () = assert!(MR <= 16);
+    /// Steps per pass of the column-major A packing ([`pack_a_cols`]).
+    const PA_STEPS: usize = 16;
     /// How far ahead (floats) the k loop prefetches the B panel.
     const PF_B: usize = 8 * NR;
 
@@ -197,21 +199,18 @@ mod avx512 {
     /// `A[r*MR .. r*MR+MR, p]` contiguously; rows past `mc` are zero.
     #[target_feature(enable = "avx512f")]
     unsafe fn pack_a(mc: usize, kc: usize, a: *const f32, rsa: isize, csa: isize, pa: *mut f32) {
+        if rsa == 1 {
+            // SAFETY: forwarded contract.
+            unsafe { pack_a_cols(mc, kc, a, csa, pa) };
+            return;
+        }
         let mut dst = pa;
         for r0 in (0..mc).step_by(MR) {
             let mr = (mc - r0).min(MR);
             // SAFETY: reads stay in the mc x kc block, writes in MR*kc per panel.
             unsafe {
                 let ar = a.offset(r0 as isize * rsa);
-                if rsa == 1 && mr == MR {
-                    // Column-major A (the transposed operand): MR contiguous
-                    // floats per step, one masked vector copy.
-                    const M: __mmask16 = ((1u32 << MR) - 1) as __mmask16;
-                    for p in 0..kc {
-                        let x = _mm512_maskz_loadu_ps(M, ar.offset(p as isize * csa));
-                        _mm512_mask_storeu_ps(dst.add(p * MR), M, x);
-                    }
-                } else if csa == 1 {
+                if csa == 1 {
                     // Row-major A: 16 steps of the panel at a time,
                     // transposed in registers (rows past mr come out zero).
                     for p0 in (0..kc).step_by(16) {
@@ -233,6 +232,35 @@ mod avx512 {
                     }
                 }
                 dst = dst.add(MR * kc);
+            }
+        }
+    }
+
+    /// [`pack_a`] for a column-major A (the weight gradient's transposed `dout`): each step
+    /// of a panel is `MR` contiguous floats of one source column.
+    ///
+    /// Blocks of [`PA_STEPS`] steps outer, panels inner: the block's source columns are read
+    /// front to back side by side, each line serving the neighbouring panels while it is in
+    /// L1. Panel by panel instead, every step of a panel read a line of a different column
+    /// (the columns lie a row of `dout` apart, often a multiple of 4 KiB, so they share L1
+    /// sets), and the next panel read the same lines again from L2 or L3.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pack_a_cols(mc: usize, kc: usize, a: *const f32, csa: isize, pa: *mut f32) {
+        const PANEL: __mmask16 = ((1u32 << MR) - 1) as __mmask16;
+        for p0 in (0..kc).step_by(PA_STEPS) {
+            let steps = p0..(p0 + PA_STEPS).min(kc);
+            for (panel, r0) in (0..mc).step_by(MR).enumerate() {
+                // Lanes past the block's last row load as zero and are stored as zero.
+                let rows = ((1u32 << (mc - r0).min(MR)) - 1) as __mmask16;
+                // SAFETY: reads are rows r0.. < mc of columns p < kc; writes stay in
+                // the panel's MR*kc floats.
+                unsafe {
+                    let (src, dst) = (a.add(r0), pa.add(panel * MR * kc));
+                    for p in steps.clone() {
+                        let x = _mm512_maskz_loadu_ps(rows, src.offset(p as isize * csa));
+                        _mm512_mask_storeu_ps(dst.add(p * MR), PANEL, x);
+                    }
+                }
             }
         }
     }
