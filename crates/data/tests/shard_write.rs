@@ -20,7 +20,11 @@ fn a_shard_of_several_write_chunks_reads_back_exactly() {
         at += len;
     }
     let info = w.finish().unwrap();
-    assert!(info.bytes > 3 * (4 << 20), "{} bytes: not several chunks", info.bytes);
+    assert!(
+        info.bytes > 3 * (4 << 20),
+        "{} bytes: not several chunks",
+        info.bytes
+    );
     assert_eq!(Some(info.bytes), file_len(at, lens.len() as u64, 4));
     assert_eq!(std::fs::metadata(&path).unwrap().len(), info.bytes);
 

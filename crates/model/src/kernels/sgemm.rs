@@ -83,8 +83,8 @@ mod avx512 {
     const MC: usize = 4200;
     // The column-major A packing copies a panel step with one 16-lane mask.
     const _: () = assert!(MR <= 16);
-    /// Steps per pass of the column-major A packing ([`pack_a_cols`]).
-    const PA_STEPS: usize = 16;
+    /// Steps per pass of the packings that run panels inner ([`pack_a_cols`], [`pack_b_rows`]).
+    const PACK_STEPS: usize = 16;
     /// How far ahead (floats) the k loop prefetches the B panel.
     const PF_B: usize = 8 * NR;
 
@@ -239,7 +239,7 @@ mod avx512 {
     /// [`pack_a`] for a column-major A (the weight gradient's transposed `dout`): each step
     /// of a panel is `MR` contiguous floats of one source column.
     ///
-    /// Blocks of [`PA_STEPS`] steps outer, panels inner: the block's source columns are read
+    /// Blocks of [`PACK_STEPS`] steps outer, panels inner: the block's source columns are read
     /// front to back side by side, each line serving the neighbouring panels while it is in
     /// L1. Panel by panel instead, every step of a panel read a line of a different column
     /// (the columns lie a row of `dout` apart, often a multiple of 4 KiB, so they share L1
@@ -247,8 +247,8 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     unsafe fn pack_a_cols(mc: usize, kc: usize, a: *const f32, csa: isize, pa: *mut f32) {
         const PANEL: __mmask16 = ((1u32 << MR) - 1) as __mmask16;
-        for p0 in (0..kc).step_by(PA_STEPS) {
-            let steps = p0..(p0 + PA_STEPS).min(kc);
+        for p0 in (0..kc).step_by(PACK_STEPS) {
+            let steps = p0..(p0 + PACK_STEPS).min(kc);
             for (panel, r0) in (0..mc).step_by(MR).enumerate() {
                 // Lanes past the block's last row load as zero and are stored as zero.
                 let rows = ((1u32 << (mc - r0).min(MR)) - 1) as __mmask16;
@@ -269,33 +269,18 @@ mod avx512 {
     /// `B[p, s*NR .. s*NR+NR]` contiguously; columns past `nc` are zero.
     #[target_feature(enable = "avx512f")]
     unsafe fn pack_b(kc: usize, nc: usize, b: *const f32, rsb: isize, csb: isize, pb: *mut f32) {
+        if csb == 1 {
+            // SAFETY: forwarded contract.
+            unsafe { pack_b_rows(kc, nc, b, rsb, pb) };
+            return;
+        }
         let mut dst = pb;
         for s0 in (0..nc).step_by(NR) {
             let nr = (nc - s0).min(NR);
             // SAFETY: reads stay in the kc x nc block, writes in NR*kc per panel.
             unsafe {
                 let bs = b.offset(s0 as isize * csb);
-                if csb == 1 && nr == NR {
-                    // Row-major B, full panel: NV vector copies per step.
-                    for p in 0..kc {
-                        let src = bs.offset(p as isize * rsb);
-                        for v in 0..NV {
-                            _mm512_store_ps(
-                                dst.add(p * NR + 16 * v),
-                                _mm512_loadu_ps(src.add(16 * v)),
-                            );
-                        }
-                    }
-                } else if csb == 1 {
-                    for p in 0..kc {
-                        let src = bs.offset(p as isize * rsb);
-                        let d = dst.add(p * NR);
-                        std::ptr::copy_nonoverlapping(src, d, nr);
-                        for j in nr..NR {
-                            *d.add(j) = 0.0;
-                        }
-                    }
-                } else if rsb == 1 {
+                if rsb == 1 {
                     // Transposed B (column-major): each half-panel of 16
                     // columns, 16 steps at a time, transposed in registers
                     // (columns past nr come out zero).
@@ -322,6 +307,37 @@ mod avx512 {
                     }
                 }
                 dst = dst.add(NR * kc);
+            }
+        }
+    }
+
+    /// [`pack_b`] for a row-major B: each step of a panel is `NR` contiguous floats of one
+    /// source row (zeros past `nc` in the last panel).
+    ///
+    /// As [`pack_a_cols`], blocks of [`PACK_STEPS`] steps outer and panels inner: the block's
+    /// rows are read front to back side by side. Panel by panel, each step read 128 bytes of
+    /// a row a whole row of B away from the last (8 KiB at 2048 columns), a stride that no
+    /// hardware prefetcher follows.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pack_b_rows(kc: usize, nc: usize, b: *const f32, rsb: isize, pb: *mut f32) {
+        let cols = |n: usize| -> __mmask16 { ((1u32 << n.min(16)) - 1) as __mmask16 };
+        for p0 in (0..kc).step_by(PACK_STEPS) {
+            let steps = p0..(p0 + PACK_STEPS).min(kc);
+            for (panel, s0) in (0..nc).step_by(NR).enumerate() {
+                let masks: [__mmask16; NV] =
+                    std::array::from_fn(|v| cols((nc - s0).saturating_sub(16 * v)));
+                // SAFETY: reads are columns s0.. < nc of rows p < kc (masked lanes only);
+                // writes stay in the panel's NR*kc floats (64-byte aligned).
+                unsafe {
+                    let (src, dst) = (b.add(s0), pb.add(panel * NR * kc));
+                    for p in steps.clone() {
+                        let row = src.offset(p as isize * rsb);
+                        for (v, &m) in masks.iter().enumerate() {
+                            let x = _mm512_maskz_loadu_ps(m, row.wrapping_add(16 * v));
+                            _mm512_store_ps(dst.add(p * NR + 16 * v), x);
+                        }
+                    }
+                }
             }
         }
     }
