@@ -4,7 +4,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
-use xxhash_rust::xxh3::xxh3_128;
+use xxhash_rust::xxh3::Xxh3;
 
 use super::{END_MAGIC, FOOTER_LEN, HEADER_LEN, Header, combine, file_len, hex128, index_offset};
 use crate::error::{DataError, Result};
@@ -147,7 +147,7 @@ impl Shard {
     /// end at the token count.
     pub fn verify(&self, expected: Option<u128>) -> Result<()> {
         let body = &self.map[HEADER_LEN as usize..self.map.len() - FOOTER_LEN as usize];
-        let actual = combine(&self.map[..HEADER_LEN as usize], xxh3_128(body));
+        let actual = combine(&self.map[..HEADER_LEN as usize], hash_streamed(body));
         let mismatch = |recorded_in, want: u128| DataError::ChecksumMismatch {
             path: self.info.path.clone(),
             recorded_in,
@@ -226,14 +226,7 @@ impl Shard {
             return;
         };
         #[cfg(target_arch = "x86_64")]
-        for line in bytes.chunks(64) {
-            // SAFETY: prefetch is a hint on a valid address of a live mapping; it never faults.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    line.as_ptr().cast(),
-                )
-            };
-        }
+        prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T0 }>(bytes);
         #[cfg(not(target_arch = "x86_64"))]
         let _ = bytes;
     }
@@ -270,5 +263,71 @@ impl Shard {
             }
         }
         Ok(())
+    }
+}
+
+/// Bytes hashed between prefetches in [`hash_streamed`].
+const HASH_STEP: usize = 4 << 10;
+
+/// How far ahead of the bytes being hashed [`hash_streamed`] prefetches.
+const HASH_AHEAD: usize = 32 << 10;
+
+/// The xxh3-128 of `bytes` (the same value as `xxh3_128(bytes)`), hashed [`HASH_STEP`] bytes
+/// at a time with the lines [`HASH_AHEAD`] bytes further on prefetched into L2.
+///
+/// The hash is a memory stream, and one stream per core is bounded by the misses the core
+/// keeps in flight, not by the hash: one standalone core over 1 GiB hashed 6.9-7.8 GB/s
+/// plain and 9.0-10.8 GB/s with this prefetch (L1-resident it runs 47 GB/s). A verified first
+/// epoch hashes every byte once before copying its rows (docs/PERFORMANCE.md, data pipeline).
+fn hash_streamed(bytes: &[u8]) -> u128 {
+    let mut h = Xxh3::new();
+    for (i, chunk) in bytes.chunks(HASH_STEP).enumerate() {
+        let ahead = i * HASH_STEP + HASH_AHEAD;
+        #[cfg(target_arch = "x86_64")]
+        if let Some(next) = bytes.get(ahead..(ahead + HASH_STEP).min(bytes.len())) {
+            prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T1 }>(next);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = ahead;
+        h.update(chunk);
+    }
+    h.digest128()
+}
+
+/// Prefetches every 64-byte line of `bytes` with the hint `HINT` (`_MM_HINT_T0`: into L1,
+/// `_MM_HINT_T1`: into L2).
+#[cfg(target_arch = "x86_64")]
+fn prefetch_lines<const HINT: i32>(bytes: &[u8]) {
+    for line in bytes.chunks(64) {
+        // SAFETY: prefetch is a hint on a valid address of a live mapping; it never faults.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(line.as_ptr().cast()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_streamed_hash_is_xxh3_128() {
+        let bytes: Vec<u8> = (0..3 * HASH_AHEAD + 17)
+            .map(|i| (i * 31 % 251) as u8)
+            .collect();
+        for len in [
+            0,
+            1,
+            255,
+            HASH_STEP - 1,
+            HASH_STEP,
+            HASH_STEP + 1,
+            HASH_AHEAD + 5,
+            bytes.len(),
+        ] {
+            assert_eq!(
+                hash_streamed(&bytes[..len]),
+                xxhash_rust::xxh3::xxh3_128(&bytes[..len]),
+                "length {len}"
+            );
+        }
     }
 }
