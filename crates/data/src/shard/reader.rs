@@ -282,13 +282,13 @@ const HASH_AHEAD: usize = 32 << 10;
 fn hash_streamed(bytes: &[u8]) -> u128 {
     let mut h = Xxh3::new();
     for (i, chunk) in bytes.chunks(HASH_STEP).enumerate() {
-        let ahead = i * HASH_STEP + HASH_AHEAD;
         #[cfg(target_arch = "x86_64")]
-        if let Some(next) = bytes.get(ahead..(ahead + HASH_STEP).min(bytes.len())) {
-            prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T1 }>(next);
+        {
+            let ahead = i * HASH_STEP + HASH_AHEAD;
+            if let Some(next) = bytes.get(ahead..(ahead + HASH_STEP).min(bytes.len())) {
+                prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T1 }>(next);
+            }
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = ahead;
         h.update(chunk);
     }
     h.digest128()

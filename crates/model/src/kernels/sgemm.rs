@@ -81,9 +81,7 @@ mod avx512 {
     /// packed once per A block, so the cap sits above 2048 rows: a 2048^3
     /// product packs B once (with 2016 it packed B twice, 1-2 % of its time).
     const MC: usize = 4200;
-    // The column-major A packing copies a panel step with one 16-lane mask.
-    const _: () = assert!(MR <= 16);
-    /// Steps per pass of the packings that run panels inner ([`pack_a_cols`], [`pack_b_rows`]).
+    /// Steps per pass of [`pack_contiguous`] (panels inner).
     const PACK_STEPS: usize = 16;
     /// How far ahead (floats) the k loop prefetches the B panel.
     const PF_B: usize = 8 * NR;
@@ -201,7 +199,7 @@ mod avx512 {
     unsafe fn pack_a(mc: usize, kc: usize, a: *const f32, rsa: isize, csa: isize, pa: *mut f32) {
         if rsa == 1 {
             // SAFETY: forwarded contract.
-            unsafe { pack_a_cols(mc, kc, a, csa, pa) };
+            unsafe { pack_contiguous::<MR>(mc, kc, a, csa, pa) };
             return;
         }
         let mut dst = pa;
@@ -236,29 +234,45 @@ mod avx512 {
         }
     }
 
-    /// [`pack_a`] for a column-major A (the weight gradient's transposed `dout`): each step
-    /// of a panel is `MR` contiguous floats of one source column.
+    /// Packs a block whose panel steps are contiguous in the source: panel `q`, step `p` gets
+    /// the `W` floats at `src + q*W + p*stride` (zeros past `len`), stored at
+    /// `dst + q*W*kc + p*W`. Serves a column-major A (`W = MR`, the weight gradient's
+    /// transposed `dout`) and a row-major B (`W = NR`).
     ///
-    /// Blocks of [`PACK_STEPS`] steps outer, panels inner: the block's source columns are read
+    /// Blocks of [`PACK_STEPS`] steps outer, panels inner: the block's source rows are read
     /// front to back side by side, each line serving the neighbouring panels while it is in
-    /// L1. Panel by panel instead, every step of a panel read a line of a different column
-    /// (the columns lie a row of `dout` apart, often a multiple of 4 KiB, so they share L1
-    /// sets), and the next panel read the same lines again from L2 or L3.
+    /// L1. Panel by panel instead, each step read a piece of a row a whole source row away
+    /// from the last (often a multiple of 4 KiB, so the rows shared L1 sets and no hardware
+    /// prefetcher followed), and the next panel read the same lines again.
     #[target_feature(enable = "avx512f")]
-    unsafe fn pack_a_cols(mc: usize, kc: usize, a: *const f32, csa: isize, pa: *mut f32) {
-        const PANEL: __mmask16 = ((1u32 << MR) - 1) as __mmask16;
+    unsafe fn pack_contiguous<const W: usize>(
+        len: usize,
+        kc: usize,
+        src: *const f32,
+        stride: isize,
+        dst: *mut f32,
+    ) {
+        const { assert!(W <= 32) };
+        let lanes = |n: usize| -> __mmask16 { ((1u32 << n.min(16)) - 1) as __mmask16 };
+        let vectors = W.div_ceil(16);
+        let store: [__mmask16; 2] = std::array::from_fn(|v| lanes(W.saturating_sub(16 * v)));
         for p0 in (0..kc).step_by(PACK_STEPS) {
             let steps = p0..(p0 + PACK_STEPS).min(kc);
-            for (panel, r0) in (0..mc).step_by(MR).enumerate() {
-                // Lanes past the block's last row load as zero and are stored as zero.
-                let rows = ((1u32 << (mc - r0).min(MR)) - 1) as __mmask16;
-                // SAFETY: reads are rows r0.. < mc of columns p < kc; writes stay in
-                // the panel's MR*kc floats.
+            for (panel, j0) in (0..len).step_by(W).enumerate() {
+                // Lanes past `len` load as zero and are stored as zero.
+                let width = (len - j0).min(W);
+                let load: [__mmask16; 2] =
+                    std::array::from_fn(|v| lanes(width.saturating_sub(16 * v)));
+                // SAFETY: reads are the masked lanes, elements j0.. < len of rows p < kc;
+                // writes stay in the panel's W*kc floats.
                 unsafe {
-                    let (src, dst) = (a.add(r0), pa.add(panel * MR * kc));
+                    let (s, d) = (src.add(j0), dst.add(panel * W * kc));
                     for p in steps.clone() {
-                        let x = _mm512_maskz_loadu_ps(rows, src.offset(p as isize * csa));
-                        _mm512_mask_storeu_ps(dst.add(p * MR), PANEL, x);
+                        let row = s.offset(p as isize * stride);
+                        for v in 0..vectors {
+                            let x = _mm512_maskz_loadu_ps(load[v], row.wrapping_add(16 * v));
+                            _mm512_mask_storeu_ps(d.add(p * W + 16 * v), store[v], x);
+                        }
                     }
                 }
             }
@@ -271,7 +285,7 @@ mod avx512 {
     unsafe fn pack_b(kc: usize, nc: usize, b: *const f32, rsb: isize, csb: isize, pb: *mut f32) {
         if csb == 1 {
             // SAFETY: forwarded contract.
-            unsafe { pack_b_rows(kc, nc, b, rsb, pb) };
+            unsafe { pack_contiguous::<NR>(nc, kc, b, rsb, pb) };
             return;
         }
         let mut dst = pb;
@@ -307,37 +321,6 @@ mod avx512 {
                     }
                 }
                 dst = dst.add(NR * kc);
-            }
-        }
-    }
-
-    /// [`pack_b`] for a row-major B: each step of a panel is `NR` contiguous floats of one
-    /// source row (zeros past `nc` in the last panel).
-    ///
-    /// As [`pack_a_cols`], blocks of [`PACK_STEPS`] steps outer and panels inner: the block's
-    /// rows are read front to back side by side. Panel by panel, each step read 128 bytes of
-    /// a row a whole row of B away from the last (8 KiB at 2048 columns), a stride that no
-    /// hardware prefetcher follows.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn pack_b_rows(kc: usize, nc: usize, b: *const f32, rsb: isize, pb: *mut f32) {
-        let cols = |n: usize| -> __mmask16 { ((1u32 << n.min(16)) - 1) as __mmask16 };
-        for p0 in (0..kc).step_by(PACK_STEPS) {
-            let steps = p0..(p0 + PACK_STEPS).min(kc);
-            for (panel, s0) in (0..nc).step_by(NR).enumerate() {
-                let masks: [__mmask16; NV] =
-                    std::array::from_fn(|v| cols((nc - s0).saturating_sub(16 * v)));
-                // SAFETY: reads are columns s0.. < nc of rows p < kc (masked lanes only);
-                // writes stay in the panel's NR*kc floats (64-byte aligned).
-                unsafe {
-                    let (src, dst) = (b.add(s0), pb.add(panel * NR * kc));
-                    for p in steps.clone() {
-                        let row = src.offset(p as isize * rsb);
-                        for (v, &m) in masks.iter().enumerate() {
-                            let x = _mm512_maskz_loadu_ps(m, row.wrapping_add(16 * v));
-                            _mm512_store_ps(dst.add(p * NR + 16 * v), x);
-                        }
-                    }
-                }
             }
         }
     }
