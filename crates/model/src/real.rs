@@ -58,6 +58,57 @@ pub trait Real:
         rsc: isize,
         csc: isize,
     );
+
+    /// Single-threaded GEMM plus a bias row: `C = alpha * A(m x k) * B(k x n) + bias`,
+    /// `bias` (n) added to every row of C (the linear layer's forward). Each element gets
+    /// the bits of filling C with the bias and running [`Real::gemm`] with `beta = 1`,
+    /// which is what this default does; f32 adds the bias in the kernel's epilogue instead.
+    ///
+    /// # Safety
+    /// As [`Real::gemm`]; `bias` points to `n` values.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm_bias(
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: Self,
+        a: *const Self,
+        rsa: isize,
+        csa: isize,
+        b: *const Self,
+        rsb: isize,
+        csb: isize,
+        bias: *const Self,
+        c: *mut Self,
+        rsc: isize,
+        csc: isize,
+    ) {
+        for i in 0..m {
+            for j in 0..n {
+                // SAFETY: (i, j) is inside C and j inside the bias.
+                unsafe { *c.offset(i as isize * rsc + j as isize * csc) = *bias.add(j) };
+            }
+        }
+        // SAFETY: forwarded contract.
+        unsafe {
+            Self::gemm(
+                m,
+                k,
+                n,
+                alpha,
+                a,
+                rsa,
+                csa,
+                b,
+                rsb,
+                csb,
+                Self::one(),
+                c,
+                rsc,
+                csc,
+            )
+        }
+    }
 }
 
 impl Real for f64 {
@@ -139,6 +190,29 @@ impl Real for f32 {
         unsafe {
             crate::kernels::sgemm::sgemm(
                 m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc,
+            )
+        }
+    }
+    unsafe fn gemm_bias(
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: Self,
+        a: *const Self,
+        rsa: isize,
+        csa: isize,
+        b: *const Self,
+        rsb: isize,
+        csb: isize,
+        bias: *const Self,
+        c: *mut Self,
+        rsc: isize,
+        csc: isize,
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            crate::kernels::sgemm::sgemm_bias(
+                m, k, n, alpha, a, rsa, csa, b, rsb, csb, bias, c, rsc, csc,
             )
         }
     }

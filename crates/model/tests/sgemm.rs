@@ -1,7 +1,7 @@
 //! `kernels::sgemm` against a naive f64 reference: shapes across the
 //! micro-tile and cache-block edges, transposed and general strides,
 //! alpha/beta handling (beta 0 must ignore NaN in C) and determinism.
-use model::kernels::sgemm::sgemm;
+use model::kernels::sgemm::{sgemm, sgemm_bias};
 
 /// Deterministic values in [-1, 1).
 fn fill(len: usize, seed: u64) -> Vec<f32> {
@@ -127,6 +127,73 @@ fn matches_reference_on_edge_shapes() {
         check(m, k, n, Lay::Row, Lay::Row, true, -1.5, 0.25);
         check(m, k, n, Lay::Row, Lay::Col, false, 2.0, 1.0);
     }
+}
+
+/// `sgemm_bias` against filling C with the bias and `sgemm` with beta 1: the same bits,
+/// row-major and column-major C, across tile edges and several k-slices.
+fn check_bias(m: usize, k: usize, n: usize, la: Lay, lb: Lay, csc_col: bool, alpha: f32) {
+    let (alen, rsa, csa) = strides(la, m, k);
+    let (blen, rsb, csb) = strides(lb, k, n);
+    let a = fill(alen, (m * 7 + k) as u64);
+    let b = fill(blen, (k * 3 + n) as u64);
+    let bias = fill(n, n as u64 + 99);
+    let (rsc, csc) = if csc_col {
+        (1, m as isize)
+    } else {
+        (n as isize, 1)
+    };
+    let mut want = vec![0.0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            want[(i as isize * rsc + j as isize * csc) as usize] = bias[j];
+        }
+    }
+    let mut got = vec![f32::NAN; m * n];
+    // SAFETY: all views are in bounds of their buffers; C is distinct.
+    unsafe {
+        let (ap, bp) = (a.as_ptr(), b.as_ptr());
+        sgemm(
+            m,
+            k,
+            n,
+            alpha,
+            ap,
+            rsa,
+            csa,
+            bp,
+            rsb,
+            csb,
+            1.0,
+            want.as_mut_ptr(),
+            rsc,
+            csc,
+        );
+        let (bi, cp) = (bias.as_ptr(), got.as_mut_ptr());
+        sgemm_bias(m, k, n, alpha, ap, rsa, csa, bp, rsb, csb, bi, cp, rsc, csc);
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&got),
+        bits(&want),
+        "{m}x{k}x{n} {la:?} {lb:?} csc_col={csc_col} alpha={alpha}"
+    );
+}
+
+#[test]
+fn bias_epilogue_matches_fill_then_accumulate() {
+    for &(m, k, n) in &[
+        (1, 1, 1),
+        (13, 7, 33),
+        (29, 65, 47),
+        (33, 1100, 35),
+        (70, 0, 9),
+    ] {
+        check_bias(m, k, n, Lay::Row, Lay::Col, false, 1.0);
+        check_bias(m, k, n, Lay::Col, Lay::Row, false, 1.0);
+        check_bias(m, k, n, Lay::Padded, Lay::Padded, true, 0.5);
+    }
+    // Several n blocks (the bias offset per block and per tile) and several k-slices.
+    check_bias(40, 530, 1100, Lay::Row, Lay::Col, false, 1.0);
 }
 
 #[test]

@@ -66,6 +66,45 @@ pub fn gemm<T: Real>(
     beta: T,
     c: &mut [T],
 ) {
+    gemm_into(th, alpha, a, b, Init::Beta(beta), c);
+}
+
+/// `C(m x n) = alpha * A(m x k) * B(k x n) + bias` (bias: n, added to every row), split as
+/// [`gemm`]; bit-identical to filling C with the bias and calling [`gemm`] with `beta = 1`.
+pub fn gemm_bias<T: Real>(
+    th: &Threads,
+    alpha: T,
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    bias: &[T],
+    c: &mut [T],
+) {
+    assert!(
+        bias.len() >= b.cols,
+        "gemm bias of {} for {} columns",
+        bias.len(),
+        b.cols
+    );
+    gemm_into(th, alpha, a, b, Init::Bias(bias), c);
+}
+
+/// What a product is added to.
+#[derive(Clone, Copy)]
+enum Init<'a, T> {
+    /// `beta * C`.
+    Beta(T),
+    /// A bias row broadcast over C's rows.
+    Bias(&'a [T]),
+}
+
+fn gemm_into<T: Real>(
+    th: &Threads,
+    alpha: T,
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    init: Init<'_, T>,
+    c: &mut [T],
+) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     assert_eq!(b.rows, k, "gemm inner dimensions");
     assert!(
@@ -100,22 +139,23 @@ pub fn gemm<T: Real>(
         // SAFETY: views are in bounds (asserted above) and C does not alias
         // A or B (it is a distinct &mut slice).
         unsafe {
-            T::gemm(
-                rows,
-                k,
-                cols,
-                alpha,
-                ap,
-                a.rs as isize,
-                a.cs as isize,
-                bp,
-                b.rs as isize,
-                b.cs as isize,
-                beta,
-                cp,
-                n as isize,
-                1,
-            )
+            let (rsa, csa, rsb, csb) = (a.rs as isize, a.cs as isize, b.rs as isize, b.cs as isize);
+            match init {
+                Init::Beta(beta) => T::gemm(
+                    rows, k, cols, alpha, ap, rsa, csa, bp, rsb, csb, beta, cp, n as isize, 1,
+                ),
+                Init::Bias(bias) => {
+                    // This part's columns of the bias row.
+                    let bias = if along_rows {
+                        bias.as_ptr()
+                    } else {
+                        bias[r.start..].as_ptr()
+                    };
+                    T::gemm_bias(
+                        rows, k, cols, alpha, ap, rsa, csa, bp, rsb, csb, bias, cp, n as isize, 1,
+                    )
+                }
+            }
         }
     });
 }
@@ -135,26 +175,11 @@ pub fn matmul_fwd<T: Real>(
     oc: usize,
 ) {
     let out = &mut out[..n * oc];
-    let beta = match bias {
-        Some(b) => {
-            let b = &b[..oc];
-            th.rows(out, oc, |_, block| {
-                block
-                    .chunks_exact_mut(oc)
-                    .for_each(|row| row.copy_from_slice(b))
-            });
-            T::one()
-        }
-        None => T::zero(),
-    };
-    gemm(
-        th,
-        T::one(),
-        MatRef::new(inp, n, c),
-        MatRef::new(weight, oc, c).t(),
-        beta,
-        out,
-    );
+    let (inp, weight_t) = (MatRef::new(inp, n, c), MatRef::new(weight, oc, c).t());
+    match bias {
+        Some(b) => gemm_bias(th, T::one(), inp, weight_t, &b[..oc], out),
+        None => gemm(th, T::one(), inp, weight_t, T::zero(), out),
+    }
 }
 
 /// Linear backward, accumulating (`+=`) into every gradient:
@@ -285,6 +310,26 @@ mod tests {
                 for (x, y) in c.iter().zip(&want) {
                     assert!((x - y).abs() < 1e-12);
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn bias_product_matches_fill_then_accumulate_any_split() {
+        // Row splits (m >= n) and column splits (n > m, each part offsets the bias).
+        for th in [1, 2, 3] {
+            let th = Threads::new(th).unwrap();
+            for &(m, k, n) in &[(1, 3, 1), (70, 9, 33), (5, 40, 200), (64, 600, 97)] {
+                let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+                let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
+                let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.25 - 3.0).collect();
+                let (am, bm) = (MatRef::new(&a, m, k), MatRef::new(&b, n, k).t());
+                let mut want: Vec<f32> = (0..m * n).map(|i| bias[i % n]).collect();
+                gemm(&th, 1.0, am, bm, 1.0, &mut want);
+                let mut got = vec![f32::NAN; m * n];
+                gemm_bias(&th, 1.0, am, bm, &bias, &mut got);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{m}x{k}x{n}");
             }
         }
     }
