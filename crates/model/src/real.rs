@@ -83,12 +83,8 @@ pub trait Real:
         rsc: isize,
         csc: isize,
     ) {
-        for i in 0..m {
-            for j in 0..n {
-                // SAFETY: (i, j) is inside C and j inside the bias.
-                unsafe { *c.offset(i as isize * rsc + j as isize * csc) = *bias.add(j) };
-            }
-        }
+        // SAFETY: forwarded contract.
+        unsafe { crate::kernels::sgemm::fill_rows(m, n, bias, c, rsc, csc) };
         // SAFETY: forwarded contract.
         unsafe {
             Self::gemm(
