@@ -35,12 +35,12 @@ pub trait Real:
     fn erf_k(self) -> Self;
     /// Hyperbolic tangent, vectorisable.
     fn tanh_k(self) -> Self;
-    /// Single-threaded GEMM: `C = alpha * A(m x k) * B(k x n) + beta * C`,
-    /// every matrix given by a pointer and (row stride, column stride).
+    /// Single-threaded GEMM: `C = alpha * A(m x k) * B(k x n) + beta * C` (or `+ bias`, see
+    /// [`GemmInit`]), every matrix given by a pointer and (row stride, column stride).
     ///
     /// # Safety
     /// The pointers and strides must describe valid, non-overlapping
-    /// regions (C may not alias A or B).
+    /// regions (C may not alias A or B); a bias points to `n` values.
     #[allow(clippy::too_many_arguments)]
     unsafe fn gemm(
         m: usize,
@@ -53,56 +53,65 @@ pub trait Real:
         b: *const Self,
         rsb: isize,
         csb: isize,
-        beta: Self,
+        init: GemmInit<Self>,
         c: *mut Self,
         rsc: isize,
         csc: isize,
     );
+}
 
-    /// Single-threaded GEMM plus a bias row: `C = alpha * A(m x k) * B(k x n) + bias`,
-    /// `bias` (n) added to every row of C (the linear layer's forward). Each element gets
-    /// the bits of filling C with the bias and running [`Real::gemm`] with `beta = 1`,
-    /// which is what this default does; f32 adds the bias in the kernel's epilogue instead.
+/// What a GEMM adds its product to: `beta * C`, or a bias row (`n` values, one per column of
+/// C) broadcast over C's rows, the linear layer's forward. With a bias, each element gets the
+/// bits of filling C with the bias and using `beta = 1` (`1 * bias` is exact).
+#[derive(Clone, Copy, Debug)]
+pub enum GemmInit<T> {
+    /// `C = alpha * A * B + beta * C` (`beta == 0` never reads C).
+    Beta(T),
+    /// `C = alpha * A * B + bias[j]`; C is only written.
+    Bias(*const T),
+}
+
+impl<T: Real> GemmInit<T> {
+    /// For kernels without a bias epilogue: writes the bias into every row of C (m x n) and
+    /// returns the `beta` that then gives the same result (1 after a bias).
     ///
     /// # Safety
-    /// As [`Real::gemm`]; `bias` points to `n` values.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn gemm_bias(
+    /// C must be valid for writes at that shape and strides, a bias for `n` reads.
+    pub(crate) unsafe fn into_beta(
+        self,
         m: usize,
-        k: usize,
         n: usize,
-        alpha: Self,
-        a: *const Self,
-        rsa: isize,
-        csa: isize,
-        b: *const Self,
-        rsb: isize,
-        csb: isize,
-        bias: *const Self,
-        c: *mut Self,
+        c: *mut T,
         rsc: isize,
         csc: isize,
-    ) {
-        // SAFETY: forwarded contract.
-        unsafe { crate::kernels::sgemm::fill_rows(m, n, bias, c, rsc, csc) };
-        // SAFETY: forwarded contract.
-        unsafe {
-            Self::gemm(
-                m,
-                k,
-                n,
-                alpha,
-                a,
-                rsa,
-                csa,
-                b,
-                rsb,
-                csb,
-                Self::one(),
-                c,
-                rsc,
-                csc,
-            )
+    ) -> T {
+        match self {
+            GemmInit::Beta(beta) => beta,
+            GemmInit::Bias(bias) => {
+                // SAFETY: forwarded contract.
+                unsafe { fill_rows(m, n, bias, c, rsc, csc) };
+                T::one()
+            }
+        }
+    }
+}
+
+/// Every row of C (m x n, strides `rsc`, `csc`) set to the bias row (n values).
+///
+/// # Safety
+/// C must be valid for writes at those shape and strides, `bias` for `n` reads.
+unsafe fn fill_rows<T: Copy>(
+    m: usize,
+    n: usize,
+    bias: *const T,
+    c: *mut T,
+    rsc: isize,
+    csc: isize,
+) {
+    for i in 0..m {
+        for j in 0..n {
+            // SAFETY: (i, j) is inside C and j inside the bias.
+            unsafe { *c.offset(i as isize * rsc + j as isize * csc) = *bias.add(j) };
         }
     }
 }
@@ -136,13 +145,14 @@ impl Real for f64 {
         b: *const Self,
         rsb: isize,
         csb: isize,
-        beta: Self,
+        init: GemmInit<Self>,
         c: *mut Self,
         rsc: isize,
         csc: isize,
     ) {
         // SAFETY: forwarded contract.
         unsafe {
+            let beta = init.into_beta(m, n, c, rsc, csc);
             matrixmultiply::dgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
         }
     }
@@ -177,38 +187,15 @@ impl Real for f32 {
         b: *const Self,
         rsb: isize,
         csb: isize,
-        beta: Self,
+        init: GemmInit<Self>,
         c: *mut Self,
         rsc: isize,
         csc: isize,
     ) {
         // SAFETY: forwarded contract.
         unsafe {
-            crate::kernels::sgemm::sgemm(
-                m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc,
-            )
-        }
-    }
-    unsafe fn gemm_bias(
-        m: usize,
-        k: usize,
-        n: usize,
-        alpha: Self,
-        a: *const Self,
-        rsa: isize,
-        csa: isize,
-        b: *const Self,
-        rsb: isize,
-        csb: isize,
-        bias: *const Self,
-        c: *mut Self,
-        rsc: isize,
-        csc: isize,
-    ) {
-        // SAFETY: forwarded contract.
-        unsafe {
-            crate::kernels::sgemm::sgemm_bias(
-                m, k, n, alpha, a, rsa, csa, b, rsb, csb, bias, c, rsc, csc,
+            crate::kernels::sgemm::sgemm_init(
+                m, k, n, alpha, a, rsa, csa, b, rsb, csb, init, c, rsc, csc,
             )
         }
     }

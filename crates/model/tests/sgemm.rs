@@ -1,7 +1,8 @@
 //! `kernels::sgemm` against a naive f64 reference: shapes across the
 //! micro-tile and cache-block edges, transposed and general strides,
 //! alpha/beta handling (beta 0 must ignore NaN in C) and determinism.
-use model::kernels::sgemm::{sgemm, sgemm_bias};
+use model::kernels::sgemm::{sgemm, sgemm_init};
+use model::real::GemmInit;
 
 /// Deterministic values in [-1, 1).
 fn fill(len: usize, seed: u64) -> Vec<f32> {
@@ -129,7 +130,7 @@ fn matches_reference_on_edge_shapes() {
     }
 }
 
-/// `sgemm_bias` against filling C with the bias and `sgemm` with beta 1: the same bits,
+/// `sgemm_init` with a bias against filling C with the bias and `sgemm` with beta 1: the same bits,
 /// row-major and column-major C, across tile edges and several k-slices.
 fn check_bias(m: usize, k: usize, n: usize, la: Lay, lb: Lay, csc_col: bool, alpha: f32) {
     let (alen, rsa, csa) = strides(la, m, k);
@@ -169,7 +170,22 @@ fn check_bias(m: usize, k: usize, n: usize, la: Lay, lb: Lay, csc_col: bool, alp
             csc,
         );
         let (bi, cp) = (bias.as_ptr(), got.as_mut_ptr());
-        sgemm_bias(m, k, n, alpha, ap, rsa, csa, bp, rsb, csb, bi, cp, rsc, csc);
+        sgemm_init(
+            m,
+            k,
+            n,
+            alpha,
+            ap,
+            rsa,
+            csa,
+            bp,
+            rsb,
+            csb,
+            GemmInit::Bias(bi),
+            cp,
+            rsc,
+            csc,
+        );
     }
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(

@@ -47,7 +47,7 @@
 //! Measured (examples/attention_bench.rs, B=8 T=256 D=64, 2 threads, f32):
 //! 1.2-2x faster than PyTorch 2.15's CPU flash attention forward and
 //! backward at H=4..6, K=2..6.
-use crate::real::Real;
+use crate::real::{GemmInit, Real};
 use crate::threads::{SharedMut, Threads, part_range};
 
 /// Tile sizes.
@@ -630,7 +630,7 @@ unsafe fn gemm_km<T: Real>(
             b,
             ldb as isize,
             1,
-            beta,
+            GemmInit::Beta(beta),
             c,
             rsc as isize,
             1,
@@ -981,7 +981,7 @@ mod tests {
                         b.as_ptr(),
                         ldb as isize,
                         1,
-                        beta,
+                        GemmInit::Beta(beta),
                         c2.as_mut_ptr(),
                         rsc as isize,
                         1,

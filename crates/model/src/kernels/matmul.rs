@@ -9,7 +9,7 @@
 //! for a given thread count).
 //!
 //! Cost: 2*M*K*N flops forward; backward 4*M*K*N (input and weight grads).
-use crate::real::Real;
+use crate::real::{GemmInit, Real};
 use crate::threads::{SharedMut, Threads, part_range};
 
 /// A read-only matrix view: pointer, rows, cols, row stride, col stride.
@@ -66,7 +66,7 @@ pub fn gemm<T: Real>(
     beta: T,
     c: &mut [T],
 ) {
-    gemm_into(th, alpha, a, b, Init::Beta(beta), c);
+    gemm_into(th, alpha, a, b, beta, None, c);
 }
 
 /// `C(m x n) = alpha * A(m x k) * B(k x n) + bias` (bias: n, added to every row), split as
@@ -85,24 +85,17 @@ pub fn gemm_bias<T: Real>(
         bias.len(),
         b.cols
     );
-    gemm_into(th, alpha, a, b, Init::Bias(bias), c);
+    gemm_into(th, alpha, a, b, T::zero(), Some(bias), c);
 }
 
-/// What a product is added to.
-#[derive(Clone, Copy)]
-enum Init<'a, T> {
-    /// `beta * C`.
-    Beta(T),
-    /// A bias row broadcast over C's rows.
-    Bias(&'a [T]),
-}
-
+/// `C = alpha * A * B + beta * C`, or `+ bias` when one is given (`beta` then unused).
 fn gemm_into<T: Real>(
     th: &Threads,
     alpha: T,
     a: MatRef<'_, T>,
     b: MatRef<'_, T>,
-    init: Init<'_, T>,
+    beta: T,
+    bias: Option<&[T]>,
     c: &mut [T],
 ) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
@@ -140,22 +133,15 @@ fn gemm_into<T: Real>(
         // A or B (it is a distinct &mut slice).
         unsafe {
             let (rsa, csa, rsb, csb) = (a.rs as isize, a.cs as isize, b.rs as isize, b.cs as isize);
-            match init {
-                Init::Beta(beta) => T::gemm(
-                    rows, k, cols, alpha, ap, rsa, csa, bp, rsb, csb, beta, cp, n as isize, 1,
-                ),
-                Init::Bias(bias) => {
-                    // This part's columns of the bias row.
-                    let bias = if along_rows {
-                        bias.as_ptr()
-                    } else {
-                        bias[r.start..].as_ptr()
-                    };
-                    T::gemm_bias(
-                        rows, k, cols, alpha, ap, rsa, csa, bp, rsb, csb, bias, cp, n as isize, 1,
-                    )
-                }
-            }
+            // A bias row starts at this part's first column.
+            let init = match bias {
+                Some(bias) if along_rows => GemmInit::Bias(bias.as_ptr()),
+                Some(bias) => GemmInit::Bias(bias[r.start..].as_ptr()),
+                None => GemmInit::Beta(beta),
+            };
+            T::gemm(
+                rows, k, cols, alpha, ap, rsa, csa, bp, rsb, csb, init, cp, n as isize, 1,
+            )
         }
     });
 }

@@ -1,8 +1,8 @@
 //! The AVX-512 GEMM: cache blocking, the macro block and the `MR x NR` micro-kernel
 //! (design in [`super`]); the packing lives in [`super::pack`].
 
-use super::Init;
 use super::pack::{pack_a, pack_b};
+use crate::real::GemmInit;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
@@ -60,7 +60,7 @@ pub(super) unsafe fn sgemm(
     b: *const f32,
     rsb: isize,
     csb: isize,
-    init: Init,
+    init: GemmInit<f32>,
     c: *mut f32,
     rsc: isize,
     csc: isize,
@@ -68,22 +68,13 @@ pub(super) unsafe fn sgemm(
     if m == 0 || n == 0 {
         return;
     }
-    let beta = match init {
-        Init::Beta(beta) => beta,
-        Init::Bias(_) => 0.0,
+    let (beta, bias) = match init {
+        GemmInit::Beta(beta) => (beta, None),
+        GemmInit::Bias(bias) => (0.0, Some(bias)),
     };
-    let bias = match init {
-        Init::Bias(bias) => Some(bias),
-        Init::Beta(_) => None,
-    };
-    if let Some(bias) = bias.filter(|_| k == 0 || alpha == 0.0) {
-        // SAFETY: C is m x n with the given strides; bias holds n floats.
-        unsafe { super::fill_rows(m, n, bias, c, rsc, csc) };
-        return;
-    }
     if k == 0 || alpha == 0.0 {
-        // SAFETY: C is m x n with the given strides.
-        unsafe { scale_c(m, n, beta, c, rsc, csc) };
+        // SAFETY: C is m x n with the given strides (a bias holds n floats).
+        unsafe { scale_c(m, n, init.into_beta(m, n, c, rsc, csc), c, rsc, csc) };
         return;
     }
     // Equal blocks no larger than the caps (2048 rows in 2 blocks of

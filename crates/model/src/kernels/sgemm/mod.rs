@@ -22,7 +22,7 @@
 //! - Edges are computed as full tiles over the zero padding and only the
 //!   valid part is written (masked stores when C is row-major, a scratch
 //!   tile otherwise). `beta == 0` never reads C.
-//! - A bias row (the linear layer's forward, [`sgemm_bias`]) is added in the
+//! - A bias row (the linear layer's forward, [`sgemm_init`]) is added in the
 //!   first k-slice's epilogue, from two vectors loaded once per tile, so C
 //!   is written once and never read (filling C first cost a pass over C and
 //!   a read of it: 20-35 ms of a 1.5 s "small" training step).
@@ -36,6 +36,8 @@
 //! blocking (k ascending in `KC` slices), so results are deterministic.
 //!
 //! Other CPUs (no AVX-512F at run time) use `matrixmultiply::sgemm`.
+
+use crate::real::GemmInit;
 
 /// `C = alpha * A * B + beta * C` for f32 with arbitrary strides.
 ///
@@ -61,7 +63,7 @@ pub unsafe fn sgemm(
 ) {
     // SAFETY: forwarded contract; no bias.
     unsafe {
-        dispatch(
+        sgemm_init(
             m,
             k,
             n,
@@ -72,7 +74,7 @@ pub unsafe fn sgemm(
             b,
             rsb,
             csb,
-            Init::Beta(beta),
+            GemmInit::Beta(beta),
             c,
             rsc,
             csc,
@@ -80,15 +82,13 @@ pub unsafe fn sgemm(
     }
 }
 
-/// `C = alpha * A * B + bias` for f32, `bias` (n) added to every row of C: the linear
-/// layer's forward. The bias enters the first k-slice's epilogue, in place of `beta * C`,
-/// so C is written once and never read; each element gets the same bits as filling C
-/// with the bias and calling [`sgemm`] with `beta = 1` (`1 * bias` is exact).
+/// `C = alpha * A * B + init` for f32 (`beta * C`, or a bias row added in the first k-slice's
+/// epilogue, so C is written once and never read): the f32 `Real::gemm`.
 ///
 /// # Safety
-/// As [`sgemm`] with `beta == 0`; `bias` points to `n` floats.
+/// As [`sgemm`]; a bias points to `n` floats.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn sgemm_bias(
+pub unsafe fn sgemm_init(
     m: usize,
     k: usize,
     n: usize,
@@ -99,74 +99,7 @@ pub unsafe fn sgemm_bias(
     b: *const f32,
     rsb: isize,
     csb: isize,
-    bias: *const f32,
-    c: *mut f32,
-    rsc: isize,
-    csc: isize,
-) {
-    // SAFETY: forwarded contract.
-    unsafe {
-        dispatch(
-            m,
-            k,
-            n,
-            alpha,
-            a,
-            rsa,
-            csa,
-            b,
-            rsb,
-            csb,
-            Init::Bias(bias),
-            c,
-            rsc,
-            csc,
-        )
-    }
-}
-
-/// Every row of C (m x n, strides `rsc`, `csc`) set to the bias row (n values).
-///
-/// # Safety
-/// C must be valid for writes at those shape and strides, `bias` for `n` reads.
-pub(crate) unsafe fn fill_rows<T: Copy>(
-    m: usize,
-    n: usize,
-    bias: *const T,
-    c: *mut T,
-    rsc: isize,
-    csc: isize,
-) {
-    for i in 0..m {
-        for j in 0..n {
-            // SAFETY: (i, j) is inside C and j inside the bias.
-            unsafe { *c.offset(i as isize * rsc + j as isize * csc) = *bias.add(j) };
-        }
-    }
-}
-
-/// What the product is added to: `beta * C`, or a bias row (n floats) broadcast over C's rows.
-#[derive(Clone, Copy)]
-enum Init {
-    Beta(f32),
-    Bias(*const f32),
-}
-
-/// The AVX-512 kernel when the CPU has it, else `matrixmultiply` (a bias is then written
-/// into C first and added with `beta = 1`).
-#[allow(clippy::too_many_arguments)]
-unsafe fn dispatch(
-    m: usize,
-    k: usize,
-    n: usize,
-    alpha: f32,
-    a: *const f32,
-    rsa: isize,
-    csa: isize,
-    b: *const f32,
-    rsb: isize,
-    csb: isize,
-    init: Init,
+    init: GemmInit<f32>,
     c: *mut f32,
     rsc: isize,
     csc: isize,
@@ -177,16 +110,11 @@ unsafe fn dispatch(
         unsafe { avx512::sgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, init, c, rsc, csc) };
         return;
     }
-    let beta = match init {
-        Init::Beta(beta) => beta,
-        Init::Bias(bias) => {
-            // SAFETY: forwarded contract.
-            unsafe { fill_rows(m, n, bias, c, rsc, csc) };
-            1.0
-        }
-    };
-    // SAFETY: forwarded contract.
-    unsafe { matrixmultiply::sgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
+    // SAFETY: forwarded contract (a bias is written into C first, then added with beta 1).
+    unsafe {
+        let beta = init.into_beta(m, n, c, rsc, csc);
+        matrixmultiply::sgemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
