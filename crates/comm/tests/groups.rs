@@ -91,7 +91,8 @@ fn async_ops_progress_while_caller_computes_and_keep_order() {
         let mut c = vec![r as i64; 3];
         g.all_reduce(&mut c, ReduceOp::Max)?;
         let a = a.wait()?;
-        let b = b.wait()?;
+        let (b_in, b) = b.wait()?;
+        assert_eq!(b_in, vec![r as i32; 5], "the input comes back unchanged");
         Ok((a[12345], b, c))
     })
     .unwrap();

@@ -572,7 +572,15 @@ fn state_line(trainer: &Trainer) -> String {
         o * n / 1e6,
         match m.comm_buffers {
             0 => String::new(),
-            b => format!("; bucket buffers {:.1} MB", b as f64 / 1e6),
+            b => format!(
+                "; {} buffers {:.1} MB",
+                if stage.is_some() {
+                    "transfer"
+                } else {
+                    "bucket"
+                },
+                b as f64 / 1e6
+            ),
         }
     )
 }

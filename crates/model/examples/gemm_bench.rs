@@ -4,9 +4,9 @@
 //! GFLOP/s (median and best of `reps` timed calls after a warm-up).
 //!
 //! ```text
-//! CARGO_TARGET_DIR=/work/target-sgemm cargo run --release -p flotilla-model --example gemm_bench -- [threads] [big|train|all] [reps]
+//! CARGO_TARGET_DIR=/work/target-sgemm cargo run --release -p flotilla-model --example gemm_bench -- [threads] [big|train|all|N,N..] [reps]
 //! ```
-//! Shapes: `big` is 1024^3 and 2048^3 (A, B row-major); `train` the linear
+//! Shapes: `big` is 1024^3 and 2048^3 (A, B row-major), `N,N..` those squares; `train` the linear
 //! layers at 2048 tokens: forward `inp · Wᵀ` (B transposed), backward input
 //! `dout · W`, backward weight `doutᵀ · inp` (A transposed). Compare with
 //! torch at the same moment (`/root/.cache/flotilla-peers/venv/bin/python`):
@@ -50,6 +50,10 @@ fn main() {
     if set == "big" || set == "all" {
         shapes.push(("1024^3", Kind::Nn, 1024, 1024, 1024));
         shapes.push(("2048^3", Kind::Nn, 2048, 2048, 2048));
+    }
+    // A list of sizes ("2040,2048") runs those square products (A, B row-major).
+    for s in set.split(',').filter_map(|s| s.parse::<usize>().ok()) {
+        shapes.push(("square", Kind::Nn, s, s, s));
     }
     if set == "train" || set == "all" {
         for (d, h) in [(256, 1024), (384, 1536)] {

@@ -49,7 +49,8 @@ pub struct StateMemory {
     pub grads: usize,
     /// Optimizer state (AdamW's two moments).
     pub optimizer: usize,
-    /// Data-parallel bucket buffers kept between steps (0 for ZeRO, whose are transient).
+    /// Communication buffers kept between steps: the data-parallel bucket buffers, or ZeRO's
+    /// reused transfer buffers.
     pub comm_buffers: usize,
 }
 
@@ -520,7 +521,8 @@ impl Trainer {
             params: self.params.resident_bytes() + shard_params + bf16,
             grads: self.grads.resident_bytes() + shard_grads,
             optimizer: (m.len() + v.len()) * 4,
-            comm_buffers: self.sync.as_ref().map_or(0, |s| s.buffer_bytes()),
+            comm_buffers: self.sync.as_ref().map_or(0, |s| s.buffer_bytes())
+                + self.zero.as_ref().map_or(0, |z| z.buffer_bytes()),
         }
     }
 

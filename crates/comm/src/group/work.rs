@@ -99,14 +99,15 @@ impl ProcessGroup {
         })
     }
 
-    /// Background [`reduce_scatter`](Self::reduce_scatter): returns `output` on `wait`.
+    /// Background [`reduce_scatter`](Self::reduce_scatter): returns `(input, output)` on
+    /// `wait`, so that a caller can reuse both buffers.
     pub fn reduce_scatter_async<T: Element>(
         &self,
         input: Vec<T>,
         mut output: Vec<T>,
         op: ReduceOp,
         opts: OpOptions,
-    ) -> Result<Work<Vec<T>>> {
+    ) -> Result<Work<(Vec<T>, Vec<T>)>> {
         if input.len() != output.len() * self.size() {
             return Err(CommError::InvalidArgument(format!(
                 "reduce_scatter_async: input {} != size {} x output {}",
@@ -125,17 +126,18 @@ impl ProcessGroup {
                 op,
                 &opts,
             )?;
-            Ok(output)
+            Ok((input, output))
         })
     }
 
-    /// Background [`all_gather`](Self::all_gather) (equal sizes): returns `output` on `wait`.
+    /// Background [`all_gather`](Self::all_gather) (equal sizes): returns `(input, output)` on
+    /// `wait`, so that a caller can reuse both buffers.
     pub fn all_gather_async<T: Element>(
         &self,
         input: Vec<T>,
         mut output: Vec<T>,
         opts: OpOptions,
-    ) -> Result<Work<Vec<T>>> {
+    ) -> Result<Work<(Vec<T>, Vec<T>)>> {
         if output.len() != input.len() * self.size() {
             return Err(CommError::InvalidArgument(format!(
                 "all_gather_async: output {} != size {} x input {}",
@@ -155,7 +157,7 @@ impl ProcessGroup {
                 T::DTYPE,
                 &opts,
             )?;
-            Ok(output)
+            Ok((input, output))
         })
     }
 }

@@ -31,6 +31,7 @@
 //! stage 3 adds a second all-gather (the backward's), 1.5x data parallel's traffic.
 
 pub mod plan;
+pub mod spares;
 pub mod state;
 pub mod window;
 
@@ -47,7 +48,11 @@ use model::optim::{AdamW, StatePart, check_finite, clip_coef, grad_sum_sq, scale
 use crate::ddp::plan_buckets;
 use crate::error::{Result, TrainError};
 pub use plan::ShardPlan;
+pub use spares::Spares;
 pub use window::Window;
+
+/// A collective's (input, output) buffers, handed back by its [`Work`].
+type Buffers = (Vec<f32>, Vec<f32>);
 
 /// How much of the training state is sharded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,7 +123,9 @@ pub struct Zero {
     /// Weight-decay ranges in shard coordinates.
     decay: Vec<Range<usize>>,
     /// Reduce-scatters launched this micro-batch: segment and handle.
-    inflight: Vec<(usize, Work<Vec<f32>>)>,
+    inflight: Vec<(usize, Work<Buffers>)>,
+    /// Transfer buffers back from finished collectives, for the next ones.
+    spares: Spares,
     /// Lowest gradient index final in the current backward.
     ready_from: usize,
     /// An error raised inside the backward hook.
@@ -166,6 +173,7 @@ impl Zero {
             shard,
             grad_shard,
             inflight: Vec::new(),
+            spares: Spares::default(),
             failed: None,
             exposed: Duration::ZERO,
         }
@@ -195,6 +203,11 @@ impl Zero {
     /// windows): (parameters, gradients).
     pub fn shard_bytes(&self) -> (usize, usize) {
         (self.shard.capacity() * 4, self.grad_shard.capacity() * 4)
+    }
+
+    /// Bytes of the transfer buffers kept between steps for reuse ([`Spares`]).
+    pub fn buffer_bytes(&self) -> usize {
+        self.spares.bytes()
     }
 
     /// Stage 3: hands back every gathered parameter page (the shard keeps the values).
@@ -292,7 +305,7 @@ impl Zero {
         grads: &mut Window,
     ) -> Result<()> {
         let units: Vec<Unit> = model.layout().units().into_iter().rev().collect();
-        let mut pending: Option<Work<Vec<f32>>> = None;
+        let mut pending: Option<Work<Buffers>> = None;
         for (i, &unit) in units.iter().enumerate() {
             if let Some(work) = pending.take() {
                 self.place(model.layout(), params, unit, work)?;
@@ -301,6 +314,7 @@ impl Zero {
             if let Some(&next @ Unit::Block(_)) = units.get(i + 1) {
                 pending = Some(self.gather(model.layout(), next)?);
             }
+            grads.populate(model.layout().unit_range(unit));
             model.backward_unit(th, params, grads, unit)?;
             let range = model.layout().unit_range(unit);
             self.ready(range.clone(), grads);
@@ -317,10 +331,12 @@ impl Zero {
     }
 
     /// Starts the all-gather of `unit`'s parameters from every rank's shard.
-    fn gather(&self, layout: &Layout, unit: Unit) -> Result<Work<Vec<f32>>> {
+    fn gather(&mut self, layout: &Layout, unit: Unit) -> Result<Work<Buffers>> {
         let s = self.segment(layout, unit)?;
-        let input = self.shard[self.plan.part(s)].to_vec();
-        let output = vec![0f32; input.len() * self.plan.world()];
+        let part = self.plan.part(s);
+        let mut input = self.spares.take(part.len());
+        input.copy_from_slice(&self.shard[part]);
+        let output = self.spares.take(input.len() * self.plan.world());
         Ok(self
             .group
             .all_gather_async(input, output, OpOptions::default())?)
@@ -330,16 +346,19 @@ impl Zero {
     fn place(
         &mut self,
         layout: &Layout,
-        params: &mut [f32],
+        params: &mut Window,
         unit: Unit,
-        work: Work<Vec<f32>>,
+        work: Work<Buffers>,
     ) -> Result<()> {
-        let t = Instant::now();
-        let out = work.wait()?;
-        self.exposed += t.elapsed();
         let range = layout.unit_range(unit);
+        params.populate(range.clone());
+        let t = Instant::now();
+        let (input, out) = work.wait()?;
+        self.exposed += t.elapsed();
         let n = range.len();
         params[range].copy_from_slice(&out[..n]);
+        self.spares.put(input);
+        self.spares.put(out);
         Ok(())
     }
 
@@ -367,9 +386,10 @@ impl Zero {
                 break;
             }
             let part = self.plan.part_len(s);
-            let mut input = vec![0f32; part * self.plan.world()];
+            let mut input = self.spares.take(part * self.plan.world());
             input[..seg.len()].copy_from_slice(&grads[seg.clone()]);
-            let output = vec![0f32; part];
+            input[seg.len()..].fill(0.0);
+            let output = self.spares.take(part);
             match self.group.reduce_scatter_async(
                 input,
                 output,
@@ -395,7 +415,7 @@ impl Zero {
         let mut first_err = self.failed.take();
         for (s, work) in std::mem::take(&mut self.inflight) {
             match work.wait() {
-                Ok(out) => {
+                Ok((input, out)) => {
                     let dst = match self.stage {
                         Stage::One => &mut grads[self.plan.owned(s)],
                         _ => &mut self.grad_shard[self.plan.local(s)],
@@ -408,6 +428,8 @@ impl Zero {
                             x * scale
                         };
                     }
+                    self.spares.put(input);
+                    self.spares.put(out);
                 }
                 Err(e) => {
                     first_err.get_or_insert(e.into());
@@ -504,23 +526,28 @@ impl Zero {
         let mut works = Vec::with_capacity(self.plan.segments().len());
         for s in 0..self.plan.segments().len() {
             let part = self.plan.part_len(s);
-            let mut input = vec![0f32; part];
+            let mut input = self.spares.take(part);
             let n = self.plan.owned(s).len();
             match self.stage {
                 Stage::Three => input.copy_from_slice(&self.shard[self.plan.part(s)]),
-                _ => input[..n].copy_from_slice(&params[self.plan.owned(s)]),
+                _ => {
+                    input[..n].copy_from_slice(&params[self.plan.owned(s)]);
+                    input[n..].fill(0.0);
+                }
             }
-            let output = vec![0f32; part * self.plan.world()];
+            let output = self.spares.take(part * self.plan.world());
             works.push(
                 self.group
                     .all_gather_async(input, output, OpOptions::default())?,
             );
         }
         for (s, work) in works.into_iter().enumerate() {
-            let out = work.wait()?;
+            let (input, out) = work.wait()?;
             let seg = self.plan.segments()[s].clone();
             let n = seg.len();
             params[seg].copy_from_slice(&out[..n]);
+            self.spares.put(input);
+            self.spares.put(out);
         }
         self.exposed += t.elapsed();
         Ok(())
