@@ -572,15 +572,14 @@ fn state_line(trainer: &Trainer) -> String {
         o * n / 1e6,
         match m.comm_buffers {
             0 => String::new(),
-            b => format!(
-                "; {} buffers {:.1} MB",
-                if stage.is_some() {
+            b => {
+                let kind = if stage.is_some() {
                     "transfer"
                 } else {
                     "bucket"
-                },
-                b as f64 / 1e6
-            ),
+                };
+                format!("; {kind} buffers {:.1} MB", b as f64 / 1e6)
+            }
         }
     )
 }

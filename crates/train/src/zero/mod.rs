@@ -314,9 +314,9 @@ impl Zero {
             if let Some(&next @ Unit::Block(_)) = units.get(i + 1) {
                 pending = Some(self.gather(model.layout(), next)?);
             }
-            grads.populate(model.layout().unit_range(unit));
-            model.backward_unit(th, params, grads, unit)?;
             let range = model.layout().unit_range(unit);
+            grads.populate(range.clone());
+            model.backward_unit(th, params, grads, unit)?;
             self.ready(range.clone(), grads);
             match unit {
                 Unit::Head if self.tied => {
@@ -334,8 +334,7 @@ impl Zero {
     fn gather(&mut self, layout: &Layout, unit: Unit) -> Result<Work<Buffers>> {
         let s = self.segment(layout, unit)?;
         let part = self.plan.part(s);
-        let mut input = self.spares.take(part.len());
-        input.copy_from_slice(&self.shard[part]);
+        let input = self.spares.filled(part.len(), &self.shard[part]);
         let output = self.spares.take(input.len() * self.plan.world());
         Ok(self
             .group
@@ -357,8 +356,7 @@ impl Zero {
         self.exposed += t.elapsed();
         let n = range.len();
         params[range].copy_from_slice(&out[..n]);
-        self.spares.put(input);
-        self.spares.put(out);
+        self.spares.put_pair((input, out));
         Ok(())
     }
 
@@ -386,9 +384,9 @@ impl Zero {
                 break;
             }
             let part = self.plan.part_len(s);
-            let mut input = self.spares.take(part * self.plan.world());
-            input[..seg.len()].copy_from_slice(&grads[seg.clone()]);
-            input[seg.len()..].fill(0.0);
+            let input = self
+                .spares
+                .filled(part * self.plan.world(), &grads[seg.clone()]);
             let output = self.spares.take(part);
             match self.group.reduce_scatter_async(
                 input,
@@ -428,8 +426,7 @@ impl Zero {
                             x * scale
                         };
                     }
-                    self.spares.put(input);
-                    self.spares.put(out);
+                    self.spares.put_pair((input, out));
                 }
                 Err(e) => {
                     first_err.get_or_insert(e.into());
@@ -526,15 +523,11 @@ impl Zero {
         let mut works = Vec::with_capacity(self.plan.segments().len());
         for s in 0..self.plan.segments().len() {
             let part = self.plan.part_len(s);
-            let mut input = self.spares.take(part);
-            let n = self.plan.owned(s).len();
-            match self.stage {
-                Stage::Three => input.copy_from_slice(&self.shard[self.plan.part(s)]),
-                _ => {
-                    input[..n].copy_from_slice(&params[self.plan.owned(s)]);
-                    input[n..].fill(0.0);
-                }
-            }
+            let src = match self.stage {
+                Stage::Three => &self.shard[self.plan.part(s)],
+                _ => &params[self.plan.owned(s)],
+            };
+            let input = self.spares.filled(part, src);
             let output = self.spares.take(part * self.plan.world());
             works.push(
                 self.group
@@ -546,8 +539,7 @@ impl Zero {
             let seg = self.plan.segments()[s].clone();
             let n = seg.len();
             params[seg].copy_from_slice(&out[..n]);
-            self.spares.put(input);
-            self.spares.put(out);
+            self.spares.put_pair((input, out));
         }
         self.exposed += t.elapsed();
         Ok(())

@@ -26,9 +26,23 @@ impl Spares {
             .unwrap_or_else(|| vec![0.0; len])
     }
 
+    /// A buffer of `len` elements holding `src` first and zeros after it (`src.len() <= len`).
+    pub fn filled(&mut self, len: usize, src: &[f32]) -> Vec<f32> {
+        let mut buf = self.take(len);
+        buf[..src.len()].copy_from_slice(src);
+        buf[src.len()..].fill(0.0);
+        buf
+    }
+
     /// Keeps `buf` for a later [`take`](Self::take) of its length.
     pub fn put(&mut self, buf: Vec<f32>) {
         self.free.entry(buf.len()).or_default().push(buf);
+    }
+
+    /// Keeps both buffers a collective handed back (`(input, output)`).
+    pub fn put_pair(&mut self, (a, b): (Vec<f32>, Vec<f32>)) {
+        self.put(a);
+        self.put(b);
     }
 
     /// Bytes held by the spare buffers.
@@ -54,6 +68,15 @@ mod tests {
         assert_eq!(s.take(3), vec![0.0; 3]);
         let b = s.take(4);
         assert_eq!((b.as_ptr(), b[0]), (ptr, 7.0));
+        assert_eq!(s.bytes(), 0);
+    }
+
+    #[test]
+    fn a_filled_buffer_holds_the_source_then_zeros_whatever_it_held() {
+        let mut s = Spares::default();
+        s.put_pair((vec![9.0; 5], vec![9.0; 2]));
+        assert_eq!(s.filled(5, &[1.0, 2.0]), vec![1.0, 2.0, 0.0, 0.0, 0.0]);
+        assert_eq!(s.filled(2, &[3.0, 4.0]), vec![3.0, 4.0]);
         assert_eq!(s.bytes(), 0);
     }
 }
