@@ -32,3 +32,41 @@ fn ring_all_reduce_tcp_and_shm() {
         }
     }
 }
+
+/// A calibrated single-host group measures the cost per byte of the bandwidth-bound all-reduce
+/// candidates, the double tree among them (its formula is only an upper bound), and prices a
+/// large all-reduce with those figures, so the selector compares what each algorithm did here.
+#[test]
+fn calibration_measures_the_double_tree_and_the_selector_prices_with_it() {
+    use comm::OpKind;
+    use comm::model::{formula, predict, probe_key};
+    let cfg = GroupConfig {
+        transport: TransportPolicy::TcpOnly,
+        calibrate: true,
+        ..GroupConfig::default()
+    };
+    let res = run_threads(3, cfg, |g| {
+        Ok((g.topology().clone(), g.explain(OpKind::AllReduce, 64 << 20)))
+    })
+    .unwrap();
+    let n = 64 << 20;
+    let mut seen = Vec::new();
+    for r in res {
+        let (t, sel) = r.unwrap();
+        for algo in [Algo::Ring, Algo::DoubleTree] {
+            let k = t.per_byte[&probe_key(OpKind::AllReduce, algo)];
+            assert!(k > 0.0 && k.is_finite(), "{algo:?}: {k}");
+            let priced = formula(OpKind::AllReduce, algo, 0, &t).unwrap() + n as f64 * k;
+            let p = predict(OpKind::AllReduce, algo, n, &t).unwrap();
+            assert!(
+                (p - priced).abs() <= 1e-12 * priced,
+                "{algo:?}: {p} vs {priced}"
+            );
+            assert!(sel.predicted_s.unwrap() <= p, "{sel}");
+        }
+        assert_eq!(sel.source, "model");
+        seen.push(sel.algo);
+    }
+    // Every rank uses rank 0's figures, so all choose alike.
+    assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
+}

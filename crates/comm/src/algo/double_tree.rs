@@ -28,6 +28,12 @@
 //! (the ring's bandwidth) while keeping a logarithmic number of latency terms beyond the S
 //! pipeline rounds. S = ⌈(n/2) / [`DOUBLE_TREE_SEGMENT_BYTES`]⌉.
 //!
+//! That bound assumes the busiest rank's four segments of a round go one after another. With
+//! ranks sharing cores the rounds overlap far better than that: 4 ranks on 2 cores over TCP,
+//! 64 MiB, the tree ran 72-78 ms against the ring's 93-99 ms, where the bound says 115-124 ms.
+//! So on a single host its cost per byte is measured when the group is created
+//! (`group::calibrate`), as the ring's is, and the bound only prices it across hosts.
+//!
 //! Determinism: each segment's final value is computed on its tree's root in an order fixed by
 //! the tree and the schedule (a member's own data, then its children in the rounds they deliver,
 //! the second of a simultaneous pair last), and then broadcast, so every rank ends with the root's

@@ -170,8 +170,14 @@ const PER_BYTE_PROBE_BYTES: usize = 16 << 20;
 
 /// The bandwidth-bound candidates whose cost per byte is measured on a single host.
 /// (Halving-doubling is priced from the ring's figure, see `model::STORE_AND_FORWARD`.)
-const PROBED: [(OpKind, Algo); 6] = [
+///
+/// The double tree is probed because its formula is an upper bound (four segments per round
+/// on the busiest rank) that on an oversubscribed host is far from what it does: 4 ranks on
+/// 2 cores over TCP, 64 MiB, it ran 72-78 ms against the ring's 93-99 ms while the formula
+/// said 115-124 ms (docs/PERFORMANCE.md, "TCP only against Gloo, 2026-12-03").
+const PROBED: [(OpKind, Algo); 7] = [
     (OpKind::AllReduce, Algo::Ring),
+    (OpKind::AllReduce, Algo::DoubleTree),
     (OpKind::AllReduce, Algo::DirectRead),
     (OpKind::ReduceScatter, Algo::Ring),
     (OpKind::ReduceScatter, Algo::DirectRead),
@@ -181,7 +187,9 @@ const PROBED: [(OpKind, Algo); 6] = [
 
 /// Times each probed (op, algorithm) at [`PER_BYTE_PROBE_BYTES`] (best of two after a warm-up)
 /// and turns it into seconds per byte beyond the formula's latency part. Rank 0's figures are
-/// broadcast so every rank selects alike. About 0.2 s (shared memory) to 0.4 s (TCP) for 4 ranks on 2 cores.
+/// broadcast so every rank selects alike. A whole `flotilla bench comm --nproc 4 --sizes 8` job
+/// (spawn, connect, calibrate, one op) takes 0.3 s with shared memory and 0.3-0.4 s over TCP on
+/// 2 cores.
 fn measure_per_byte(g: &ProcessGroup, topo: &Topology) -> Result<BTreeMap<String, f64>> {
     let p = g.size();
     let n = PER_BYTE_PROBE_BYTES / 4 / p * 4 * p;
