@@ -31,8 +31,8 @@
 //! That bound assumes the busiest rank's four segments of a round go one after another. With
 //! ranks sharing cores the rounds overlap far better than that: 4 ranks on 2 cores over TCP,
 //! 64 MiB, the tree ran 72-78 ms against the ring's 93-99 ms, where the bound says 115-124 ms.
-//! So on a single host its cost per byte is measured when the group is created
-//! (`group::calibrate`), as the ring's is, and the bound only prices it across hosts.
+//! So on a single host whose ranks talk over TCP its cost per byte is measured when the group
+//! is created (`group::calibrate`), as the ring's is; elsewhere the bound prices it.
 //!
 //! Determinism: each segment's final value is computed on its tree's root in an order fixed by
 //! the tree and the schedule (a member's own data, then its children in the rounds they deliver,

@@ -168,13 +168,9 @@ pub(crate) fn calibrate(g: &ProcessGroup) -> Result<Topology> {
 /// others).
 const PER_BYTE_PROBE_BYTES: usize = 16 << 20;
 
-/// The bandwidth-bound candidates whose cost per byte is measured on a single host.
-/// (Halving-doubling is priced from the ring's figure, see `model::STORE_AND_FORWARD`.)
-///
-/// The double tree is probed because its formula is an upper bound (four segments per round
-/// on the busiest rank) that on an oversubscribed host is far from what it does: 4 ranks on
-/// 2 cores over TCP, 64 MiB, it ran 72-78 ms against the ring's 93-99 ms while the formula
-/// said 115-124 ms (docs/PERFORMANCE.md, "TCP only against Gloo, 2026-12-03").
+/// The bandwidth-bound candidates whose cost per byte is measured on a single host, where
+/// [`worth_probing`] says so. (Halving-doubling is priced from the ring's figure, see
+/// `model::STORE_AND_FORWARD`; why the double tree is measured: `algo::double_tree`.)
 const PROBED: [(OpKind, Algo); 7] = [
     (OpKind::AllReduce, Algo::Ring),
     (OpKind::AllReduce, Algo::DoubleTree),
@@ -188,7 +184,7 @@ const PROBED: [(OpKind, Algo); 7] = [
 /// Times each probed (op, algorithm) at [`PER_BYTE_PROBE_BYTES`] (best of two after a warm-up)
 /// and turns it into seconds per byte beyond the formula's latency part. Rank 0's figures are
 /// broadcast so every rank selects alike. A whole `flotilla bench comm --nproc 4 --sizes 8` job
-/// (spawn, connect, calibrate, one op) takes 0.3 s with shared memory and 0.3-0.4 s over TCP on
+/// (spawn, connect, calibrate, one op) takes 0.2 s with shared memory and 0.3-0.4 s over TCP on
 /// 2 cores.
 fn measure_per_byte(g: &ProcessGroup, topo: &Topology) -> Result<BTreeMap<String, f64>> {
     let p = g.size();
@@ -197,7 +193,7 @@ fn measure_per_byte(g: &ProcessGroup, topo: &Topology) -> Result<BTreeMap<String
     let mut b = HostBuffer::zeroed(n);
     let mut out = BTreeMap::new();
     for (op, algo) in PROBED {
-        if algo == Algo::DirectRead && topo.direct_read.is_none() {
+        if !worth_probing(algo, topo) {
             continue;
         }
         let opts = OpOptions {
@@ -232,6 +228,18 @@ fn measure_per_byte(g: &ProcessGroup, topo: &Topology) -> Result<BTreeMap<String
         );
     }
     Ok(out)
+}
+
+/// Whether probing `algo` can change a choice on this host: the single-copy reads need
+/// cross-memory attach, and the double tree only beats the ring where local ranks talk over
+/// TCP (over shared memory, 4 ranks at 16 MiB, it ran 15.3 ms against the ring's 8.4 and
+/// `direct_read`'s 4.6), so shared-memory groups skip its probe at start-up.
+fn worth_probing(algo: Algo, topo: &Topology) -> bool {
+    match algo {
+        Algo::DirectRead => topo.direct_read.is_some(),
+        Algo::DoubleTree => topo.intra == LinkKind::Tcp,
+        _ => true,
+    }
 }
 
 /// Seconds per synchronised round of the whole group: the median of 60 barriers (after 5 to
