@@ -34,6 +34,7 @@ mod saved;
 mod spawn;
 mod train_ckpt;
 mod train_cmd;
+mod train_lines;
 mod train_mesh;
 mod train_plan;
 

@@ -3,6 +3,7 @@
 use crate::model_args::{ModelArgs, TrainArgs};
 use crate::spawn::{NodePlan, NodeSpec, Supervision, Worker, agent_config};
 use crate::train_ckpt::{open_checkpoints, saved_line, slowest_rank};
+use crate::train_lines::{comm_note, say, split_note, state_line};
 use anyhow::{Context, Result, bail};
 use comm::group::{GroupConfig, ProcessGroup};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -550,76 +551,8 @@ fn train(
     Ok(())
 }
 
-/// The state-memory line of a data-parallel run: what this rank holds, measured, beside the
-/// formula of its ZeRO stage (`train::zero::expected_bytes`).
-fn state_line(trainer: &Trainer) -> String {
-    let m = trainer.state_memory();
-    let stage = trainer.zero_stage();
-    let (p, g, o) = train::zero::expected_bytes(stage, trainer.world());
-    let n = trainer.model().n_params() as f64;
-    format!(
-        "# state per rank ({}): parameters {:.1} MB, gradients {:.1} MB, optimizer {:.1} MB \
-         (formula {p:.2} + {g:.2} + {o:.2} bytes/param: {:.1} + {:.1} + {:.1} MB){}",
-        stage.map_or("data parallel".to_string(), |s| format!(
-            "ZeRO-{}",
-            s.number()
-        )),
-        m.params as f64 / 1e6,
-        m.grads as f64 / 1e6,
-        m.optimizer as f64 / 1e6,
-        p * n / 1e6,
-        g * n / 1e6,
-        o * n / 1e6,
-        match m.comm_buffers {
-            0 => String::new(),
-            b => {
-                let kind = if stage.is_some() {
-                    "transfer"
-                } else {
-                    "bucket"
-                };
-                format!("; {kind} buffers {:.1} MB", b as f64 / 1e6)
-            }
-        }
-    )
-}
-
-/// Prints a line above the progress bar (or plainly when it is hidden).
-fn say(pb: &ProgressBar, line: String) {
-    if pb.is_hidden() {
-        println!("{line}")
-    } else {
-        pb.println(line)
-    }
-}
-
 fn cfg_dir(a: &Args) -> &std::path::Path {
     a.ckpt_dir.as_deref().unwrap_or(std::path::Path::new("."))
-}
-
-/// The exposed-communication part of a line, for data-parallel runs.
-fn comm_note(comm_s: f64, step_s: f64, world: usize) -> String {
-    if world == 1 {
-        return String::new();
-    }
-    format!(
-        " comm {:.1}% ({world} ranks)",
-        100.0 * comm_s / step_s.max(1e-9)
-    )
-}
-
-/// The summary's split of the lead rank's waits (`train::peer_wait`): what communication the
-/// schedule left exposed, and what was waiting for slower ranks.
-fn split_note(split: Option<train::peer_wait::WaitSplit>, step_s: f64) -> String {
-    let Some(s) = split else {
-        return String::new();
-    };
-    let pct = |x: f64| 100.0 * x / step_s.max(1e-9);
-    format!(
-        ": exposed {:.1}% after the slowest rank's compute, {:.1}% waiting for slower ranks",
-        pct(s.exposed_s),
-        pct(s.peer_wait_s)
-    )
 }
 
 /// Flotilla's logits for one fixed sequence, next to an HF export, so

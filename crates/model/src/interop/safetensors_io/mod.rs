@@ -8,17 +8,21 @@
 //! [`config_to_metadata`]). Every read checks the tensor's presence, shape and
 //! dtype and names the tensor and file on failure; f16 and bf16 tensors are
 //! widened to f32 on read.
-use crate::config::{Activation, ModelConfig, Norm, Positions};
+mod metadata;
+#[cfg(test)]
+mod tests;
+
+pub use metadata::{CONFIG_PREFIX, config_from_metadata, config_to_metadata};
+
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layout::Layout;
+use metadata::config_diff;
 use safetensors::tensor::Metadata;
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-
-/// Prefix of the metadata keys that hold a [`ModelConfig`].
-pub const CONFIG_PREFIX: &str = "flotilla.";
 
 /// File name [`write_reference`] writes inside its directory.
 pub const REFERENCE_FILE: &str = "flotilla_reference.safetensors";
@@ -408,149 +412,6 @@ impl TensorWriter {
     }
 }
 
-fn norm_name(n: Norm) -> &'static str {
-    match n {
-        Norm::LayerNorm => "layernorm",
-        Norm::RmsNorm => "rmsnorm",
-    }
-}
-
-fn activation_name(a: Activation) -> &'static str {
-    match a {
-        Activation::Gelu => "gelu",
-        Activation::GeluTanh => "gelu_tanh",
-        Activation::SwiGlu => "swiglu",
-    }
-}
-
-/// The config as metadata: one `flotilla.<field>` key per [`ModelConfig`]
-/// field (`positions` is `learned` or `rope`, with `rope_theta` for the
-/// latter; `norm` is `layernorm` or `rmsnorm`; `activation` is `gelu`,
-/// `gelu_tanh` or `swiglu`; floats in Rust's shortest round-trip form, so
-/// reading them back is exact).
-pub fn config_to_metadata(cfg: &ModelConfig) -> BTreeMap<String, String> {
-    let mut m = BTreeMap::new();
-    let mut put = |k: &str, v: String| {
-        m.insert(format!("{CONFIG_PREFIX}{k}"), v);
-    };
-    put("layers", cfg.layers.to_string());
-    put("d_model", cfg.d_model.to_string());
-    put("heads", cfg.heads.to_string());
-    put("kv_heads", cfg.kv_heads.to_string());
-    put("ffn", cfg.ffn.to_string());
-    put("vocab", cfg.vocab.to_string());
-    put("seq_len", cfg.seq_len.to_string());
-    put("norm", norm_name(cfg.norm).into());
-    put("activation", activation_name(cfg.activation).into());
-    match cfg.positions {
-        Positions::Learned => put("positions", "learned".into()),
-        Positions::Rope { theta } => {
-            put("positions", "rope".into());
-            put("rope_theta", theta.to_string());
-        }
-    }
-    put("tied_embeddings", cfg.tied_embeddings.to_string());
-    put("bias", cfg.bias.to_string());
-    put("norm_eps", cfg.norm_eps.to_string());
-    put("dropout", cfg.dropout.to_string());
-    m
-}
-
-/// The config stored by [`config_to_metadata`]; `get` looks a metadata key
-/// up, `path` names the file in errors. The result is validated.
-pub fn config_from_metadata<'a>(
-    path: &str,
-    get: impl Fn(&str) -> Option<&'a str>,
-) -> Result<ModelConfig> {
-    let raw = |k: &str| -> Result<&'a str> {
-        get(&format!("{CONFIG_PREFIX}{k}")).ok_or_else(|| {
-            io_err(
-                path,
-                format!("metadata key `{CONFIG_PREFIX}{k}` is missing"),
-            )
-        })
-    };
-    let bad = |k: &str, v: &str, what: &str| {
-        io_err(
-            path,
-            format!("metadata key `{CONFIG_PREFIX}{k}` = {v:?}: {what}"),
-        )
-    };
-    let int = |k: &str| -> Result<usize> {
-        let v = raw(k)?;
-        v.trim()
-            .parse()
-            .map_err(|_| bad(k, v, "not a non-negative integer"))
-    };
-    let float = |k: &str| -> Result<f64> {
-        let v = raw(k)?;
-        v.trim().parse().map_err(|_| bad(k, v, "not a number"))
-    };
-    let boolean = |k: &str| -> Result<bool> {
-        let v = raw(k)?;
-        match v.trim() {
-            "true" | "True" => Ok(true),
-            "false" | "False" => Ok(false),
-            _ => Err(bad(k, v, "not true or false")),
-        }
-    };
-    let norm = match raw("norm")? {
-        "layernorm" => Norm::LayerNorm,
-        "rmsnorm" => Norm::RmsNorm,
-        v => return Err(bad("norm", v, "expected layernorm or rmsnorm")),
-    };
-    let activation = match raw("activation")? {
-        "gelu" => Activation::Gelu,
-        "gelu_tanh" => Activation::GeluTanh,
-        "swiglu" => Activation::SwiGlu,
-        v => return Err(bad("activation", v, "expected gelu, gelu_tanh or swiglu")),
-    };
-    let positions = match raw("positions")? {
-        "learned" => Positions::Learned,
-        "rope" => Positions::Rope {
-            theta: float("rope_theta")?,
-        },
-        v => return Err(bad("positions", v, "expected learned or rope")),
-    };
-    let cfg = ModelConfig {
-        layers: int("layers")?,
-        d_model: int("d_model")?,
-        heads: int("heads")?,
-        kv_heads: int("kv_heads")?,
-        ffn: int("ffn")?,
-        vocab: int("vocab")?,
-        seq_len: int("seq_len")?,
-        norm,
-        activation,
-        positions,
-        tied_embeddings: boolean("tied_embeddings")?,
-        bias: boolean("bias")?,
-        norm_eps: float("norm_eps")?,
-        dropout: float("dropout")?,
-    };
-    cfg.validate()
-        .map_err(|e| io_err(path, format!("stored config is invalid: {e}")))?;
-    Ok(cfg)
-}
-
-/// The first field where `a` and `b` differ, as `(name, a's value, b's value)`.
-pub(crate) fn config_diff(a: &ModelConfig, b: &ModelConfig) -> Option<(String, String, String)> {
-    let (ma, mb) = (config_to_metadata(a), config_to_metadata(b));
-    let keys: std::collections::BTreeSet<&String> = ma.keys().chain(mb.keys()).collect();
-    for k in keys {
-        let (va, vb) = (ma.get(k), mb.get(k));
-        if va != vb {
-            let s = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(none)".into());
-            return Some((
-                k.trim_start_matches(CONFIG_PREFIX).to_string(),
-                s(va),
-                s(vb),
-            ));
-        }
-    }
-    None
-}
-
 /// Check that `cfg` is valid and `layout` is its layout.
 pub(crate) fn check_layout(path: &str, cfg: &ModelConfig, layout: &Layout) -> Result<()> {
     cfg.validate()?;
@@ -694,134 +555,4 @@ pub fn read_reference(dir: impl AsRef<Path>) -> Result<(usize, Vec<u32>, Vec<f32
         ));
     }
     Ok((ts[0], tokens, logits, ls[1]))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tmp(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("flotilla-st-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-
-    fn reason(e: ModelError) -> String {
-        match e {
-            ModelError::Io { reason, .. } => reason,
-            other => panic!("expected an Io error, got {other:?}"),
-        }
-    }
-
-    fn sample(cfg: &ModelConfig) -> (Layout, Vec<f32>) {
-        let layout = Layout::new(cfg);
-        let params = (0..layout.total).map(|i| (i as f32 * 0.37).sin()).collect();
-        (layout, params)
-    }
-
-    #[test]
-    fn flotilla_round_trip_is_exact() {
-        let d = tmp("rt");
-        for cfg in [
-            ModelConfig::gpt2(2, 4, 32, 16, 64),
-            ModelConfig::llama(2, 4, 2, 32, 48, 16, 64),
-        ] {
-            let (layout, params) = sample(&cfg);
-            let p = d.join("m.safetensors");
-            save_flotilla(&p, &cfg, &layout, &params).unwrap();
-            let back = load_flotilla(&p, &cfg, &layout).unwrap();
-            assert!(
-                back.iter()
-                    .zip(&params)
-                    .all(|(a, b)| a.to_bits() == b.to_bits())
-            );
-            let (c2, p2) = load_flotilla_with_config(&p).unwrap();
-            assert_eq!(c2, cfg);
-            assert_eq!(p2, params);
-        }
-        std::fs::remove_dir_all(d).unwrap();
-    }
-
-    #[test]
-    fn bad_files_are_named() {
-        let d = tmp("bad");
-        let cfg = ModelConfig::gpt2(2, 4, 32, 16, 64);
-        let (layout, params) = sample(&cfg);
-        let p = d.join("m.safetensors");
-        save_flotilla(&p, &cfg, &layout, &params).unwrap();
-        // Truncated.
-        let bytes = std::fs::read(&p).unwrap();
-        let t = d.join("t.safetensors");
-        std::fs::write(&t, &bytes[..bytes.len() - 10]).unwrap();
-        assert!(reason(load_flotilla(&t, &cfg, &layout).unwrap_err()).contains("truncated"));
-        std::fs::write(&t, &bytes[..5]).unwrap();
-        assert!(reason(load_flotilla(&t, &cfg, &layout).unwrap_err()).contains("too short"));
-        // Missing file.
-        assert!(
-            reason(load_flotilla(d.join("nope"), &cfg, &layout).unwrap_err())
-                .contains("cannot read")
-        );
-        // Different config.
-        let other = ModelConfig::gpt2(3, 4, 32, 16, 64);
-        let r = reason(load_flotilla(&p, &other, &Layout::new(&other)).unwrap_err());
-        assert!(r.contains("layers"), "{r}");
-        // Wrong shape, missing tensor, wrong dtype.
-        let mut w = TensorWriter::new(&t);
-        for e in &layout.entries {
-            match e.name.as_str() {
-                "wpe" => w.add_f32("wpe", &[8, 64], &params[e.range()]).unwrap(),
-                "ln_f.bias" => {}
-                "h.1.ln2.weight" => w.add_ids(&e.name, &e.shape, &vec![1; e.numel()]).unwrap(),
-                _ => w.add_f32(&e.name, &e.shape, &params[e.range()]).unwrap(),
-            }
-        }
-        w.write().unwrap();
-        let f = TensorFile::open(&t).unwrap();
-        let r = reason(f.read_flat(&layout, "").unwrap_err());
-        assert!(
-            r.contains("`wpe`") && r.contains("[8, 64]") && r.contains("[16, 32]"),
-            "{r}"
-        );
-        assert!(reason(f.read_f32("ln_f.bias").unwrap_err()).contains("`ln_f.bias` is missing"));
-        let r = reason(f.read_f32("h.1.ln2.weight").unwrap_err());
-        assert!(r.contains("`h.1.ln2.weight`") && r.contains("I64"), "{r}");
-        let r = reason(load_flotilla_with_config(&t).unwrap_err());
-        assert!(r.contains("no model config"), "{r}");
-        std::fs::remove_dir_all(d).unwrap();
-    }
-
-    #[test]
-    fn half_precision_is_widened() {
-        let d = tmp("half");
-        let p = d.join("h.safetensors");
-        let vals = [1.5f32, -0.25, 3.0];
-        let f16: Vec<u8> = vals
-            .iter()
-            .flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes())
-            .collect();
-        let bf16: Vec<u8> = vals
-            .iter()
-            .flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes())
-            .collect();
-        let mut w = TensorWriter::new(&p);
-        w.push("a", Dtype::F16, &[3], 3, f16).unwrap();
-        w.push("b", Dtype::BF16, &[3], 3, bf16).unwrap();
-        w.write().unwrap();
-        let f = TensorFile::open(&p).unwrap();
-        assert_eq!(f.read_f32("a").unwrap().1, vals);
-        assert_eq!(f.read_f32_shaped("b", &[3]).unwrap(), vals);
-        std::fs::remove_dir_all(d).unwrap();
-    }
-
-    #[test]
-    fn reference_round_trip() {
-        let d = tmp("ref");
-        let tokens = [1u32, 2, 3, 4, 5, 6];
-        let logits: Vec<f32> = (0..6 * 5).map(|i| i as f32).collect();
-        write_reference(&d, 2, &tokens, &logits).unwrap();
-        let (b, t, l, v) = read_reference(&d).unwrap();
-        assert_eq!((b, t.as_slice(), &l, v), (2, &tokens[..], &logits, 5));
-        assert!(write_reference(&d, 4, &tokens, &logits).is_err());
-        std::fs::remove_dir_all(d).unwrap();
-    }
 }
