@@ -127,6 +127,43 @@ pub fn state_metas(layout: &Layout) -> Vec<TensorMeta> {
     out
 }
 
+/// The non-tensor state every engine records in a checkpoint (the module doc lists it);
+/// `collective::saved_run` reads it back.
+pub struct RunState<'a> {
+    /// Steps done.
+    pub step: u64,
+    /// AdamW's step count.
+    pub optimizer_step: u64,
+    /// Batches drawn from the data source.
+    pub batches_drawn: u64,
+    /// Rows drawn: the global cursor of the built-in corpora.
+    pub rows_drawn: u64,
+    /// The token-dataset loader's own state ([`data::LoaderState::to_json`]), if any.
+    pub loader: Option<String>,
+    /// The run's seed.
+    pub seed: u64,
+    /// Data-parallel replicas that drew the rows.
+    pub world: usize,
+    /// The run's training config (its model config is recorded).
+    pub config: &'a TrainConfig,
+}
+
+impl RunState<'_> {
+    /// The state as the manifest stores it.
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({
+            "step": self.step,
+            "optimizer_step": self.optimizer_step,
+            "batches_drawn": self.batches_drawn,
+            "rows_drawn": self.rows_drawn,
+            "loader": self.loader,
+            "seed": self.seed,
+            "world": self.world,
+            "model_config": model::interop::config_to_metadata(&self.config.model),
+        })
+    }
+}
+
 impl Trainer {
     /// The tensors of a checkpoint of the current step, each with its bytes (whole-state
     /// trainers; a ZeRO rank holds only parts: [`Trainer::checkpoint_pieces`]).
@@ -150,16 +187,17 @@ impl Trainer {
     pub fn checkpoint_meta(&mut self, run_id: &str) -> CheckpointMeta {
         let tensors = state_metas(self.model().layout());
         let loader = self.source_mut().loader_state().map(|s| s.to_json());
-        let state = json!({
-            "step": self.steps_done(),
-            "optimizer_step": self.optimizer().step_count(),
-            "batches_drawn": self.batches_drawn(),
-            "rows_drawn": self.rows_drawn(),
-            "loader": loader,
-            "seed": self.config().seed,
-            "world": self.world(),
-            "model_config": model::interop::config_to_metadata(&self.config().model),
-        });
+        let state = RunState {
+            step: self.steps_done(),
+            optimizer_step: self.optimizer().step_count(),
+            batches_drawn: self.batches_drawn(),
+            rows_drawn: self.rows_drawn(),
+            loader,
+            seed: self.config().seed,
+            world: self.world(),
+            config: self.config(),
+        }
+        .to_json();
         CheckpointMeta {
             run_id: run_id.to_string(),
             world_size: 1,

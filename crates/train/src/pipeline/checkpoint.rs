@@ -48,8 +48,8 @@ use super::build::{intersect, replica_share};
 use super::engine::PipelineStage;
 use super::update::replica_part;
 use crate::checkpoint::{
-    check_state_tensors, config_hash, piece_refs, read_state_range, save_collectively, saved_run,
-    state_metas,
+    RunState, check_state_tensors, config_hash, piece_refs, read_state_range, save_collectively,
+    saved_run, state_metas,
 };
 use crate::error::{Result, TrainError};
 use crate::source::Source;
@@ -82,16 +82,17 @@ impl PipelineStage {
     pub fn checkpoint_meta(&mut self, run_id: &str) -> CheckpointMeta {
         let loader = self.source.loader_state().map(|s| s.to_json());
         let optimizer_step = self.updates.first().map_or(0, |u| u.opt.step_count());
-        let state = json!({
-            "step": self.step,
-            "optimizer_step": optimizer_step,
-            "batches_drawn": self.drawn,
-            "rows_drawn": self.rows_drawn(),
-            "loader": loader,
-            "seed": self.cfg.seed,
-            "world": self.replicas(),
-            "model_config": model::interop::config_to_metadata(&self.cfg.model),
-        });
+        let state = RunState {
+            step: self.step,
+            optimizer_step,
+            batches_drawn: self.drawn,
+            rows_drawn: self.rows_drawn(),
+            loader,
+            seed: self.cfg.seed,
+            world: self.replicas(),
+            config: &self.cfg,
+        }
+        .to_json();
         let layout = json!({
             "dp": self.replicas(),
             "tp": self.tensor_parallel(),

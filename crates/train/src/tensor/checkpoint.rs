@@ -35,8 +35,8 @@ use serde_json::json;
 use super::data_parallel::failures;
 use super::trainer::TpTrainer;
 use crate::checkpoint::{
-    check_state_tensors, config_hash, piece_refs, read_whole_state, rows_pieces, save_collectively,
-    saved_run, state_metas, state_views,
+    RunState, check_state_tensors, config_hash, piece_refs, read_whole_state, rows_pieces,
+    save_collectively, saved_run, state_metas, state_views,
 };
 use crate::error::{Result, TrainError};
 
@@ -47,16 +47,17 @@ impl TpTrainer {
     pub fn checkpoint_meta(&mut self, run_id: &str) -> CheckpointMeta {
         let tensors = state_metas(&self.layout().whole);
         let loader = self.loader_state().map(|s| s.to_json());
-        let state = json!({
-            "step": self.steps_done(),
-            "optimizer_step": self.optimizer().step_count(),
-            "batches_drawn": self.batches_drawn(),
-            "rows_drawn": self.rows_drawn(),
-            "loader": loader,
-            "seed": self.config().seed,
-            "world": self.replicas(),
-            "model_config": model::interop::config_to_metadata(&self.config().model),
-        });
+        let state = RunState {
+            step: self.steps_done(),
+            optimizer_step: self.optimizer().step_count(),
+            batches_drawn: self.batches_drawn(),
+            rows_drawn: self.rows_drawn(),
+            loader,
+            seed: self.config().seed,
+            world: self.replicas(),
+            config: self.config(),
+        }
+        .to_json();
         CheckpointMeta {
             run_id: run_id.to_string(),
             world_size: 1,
