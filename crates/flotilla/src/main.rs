@@ -98,7 +98,7 @@ fn main() {
     let args = match config_file::expand(&Cli::command(), std::env::args_os()) {
         Ok(args) => args,
         Err(e) => {
-            eprintln!("flotilla: error: {e:#}");
+            eprintln!("flotilla: error: {}", error_chain(&e));
             std::process::exit(2);
         }
     };
@@ -117,11 +117,28 @@ fn main() {
         Command::Generate(a) => generate_cmd::run(a),
     };
     if let Err(e) = result {
-        eprintln!("flotilla: error: {e:#}");
+        eprintln!("flotilla: error: {}", error_chain(&e));
         // A refused configuration is not worth a restart (the agent reads this exit code).
         let refused = e.downcast_ref::<train_mesh::Refused>().is_some();
         std::process::exit(if refused { launch::EXIT_REFUSED } else { 1 });
     }
+}
+
+/// An error and its causes, joined by ": " as anyhow's `{:#}` does, leaving out a cause whose
+/// text the message before it already ends with (the crates' error enums print their I/O source
+/// in their own message too, so `{:#}` said "No such file or directory" twice).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.is_empty() {
+            out = text;
+        } else if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -133,5 +150,18 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn error_chain_says_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let inner = anyhow::Error::new(io).context("/d/manifest.json: no such file");
+        let e = inner.context("opening dataset /d");
+        assert_eq!(
+            error_chain(&e),
+            "opening dataset /d: /d/manifest.json: no such file"
+        );
+        let plain = anyhow::anyhow!("root cause").context("outer");
+        assert_eq!(error_chain(&plain), "outer: root cause");
     }
 }
