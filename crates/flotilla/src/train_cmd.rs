@@ -489,9 +489,10 @@ fn train(
     pb.finish_and_clear();
     let tps = timed_tokens as f64 / measured.step_s.max(1e-9);
     if first >= steps {
+        let whence = if first > 0 { " (resumed)" } else { "" };
         out!(
             lead,
-            "# done: already at step {first} of {steps} (resumed); nothing left to train"
+            "# done: already at step {first} of {steps}{whence}; nothing left to train"
         );
     } else {
         out!(
