@@ -2,7 +2,7 @@
 //! format (`../shared/peers/ddp_gpt_bench.py`, mode single), and the GEMM
 //! kernel's rate at 1024^3 and 2048^3.
 use crate::model_args::{ModelArgs, TrainArgs};
-use anyhow::Result;
+use anyhow::{Result, bail};
 use train::Trainer;
 use train::metrics::{gemm_gflops, mfu};
 
@@ -29,6 +29,9 @@ pub struct Args {
 
 /// Run `flotilla bench model`.
 pub fn run(a: Args) -> Result<()> {
+    if a.train.steps == 0 {
+        bail!("--steps 0: the benchmark needs at least one timed step");
+    }
     let mut targs = a.train.clone();
     targs.steps += a.untimed;
     let cfg = targs.build(a.model.build()?, a.model.vocab.is_some())?;

@@ -162,5 +162,13 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         print!("{}", render(&report, a.explain));
     }
+    if let Some(sr) = report.search.as_ref().filter(|sr| sr.top.is_empty()) {
+        bail!(
+            "no layout fits: {} evaluated, {} within memory; skipped {:?}",
+            sr.evaluated,
+            sr.feasible,
+            sr.rejected
+        );
+    }
     Ok(())
 }

@@ -297,11 +297,20 @@ pub fn render(r: &Report, explain: bool) -> String {
             "search: {} layouts evaluated, {} fit; skipped {:?}",
             sr.evaluated, sr.feasible, sr.rejected
         );
-        let _ = writeln!(
-            o,
-            "\n{:<4} {:<44} {:>12} {:>6} {:>10} {:>9} {:>8} {:<16}",
-            "rank", "layout", "tokens/s", "MFU", "step", "mem GB", "bubble", "bound"
-        );
+        if sr.top.is_empty() {
+            let _ = writeln!(
+                o,
+                "no layout fits this job on this cluster: {} evaluated, {} within memory \
+                 (the layouts skipped and why are in the line above)",
+                sr.evaluated, sr.feasible
+            );
+        } else {
+            let _ = writeln!(
+                o,
+                "\n{:<4} {:<44} {:>12} {:>6} {:>10} {:>9} {:>8} {:<16}",
+                "rank", "layout", "tokens/s", "MFU", "step", "mem GB", "bubble", "bound"
+            );
+        }
         for (i, e) in sr.top.iter().enumerate() {
             let _ = writeln!(
                 o,
