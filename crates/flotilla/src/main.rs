@@ -119,9 +119,22 @@ fn main() {
     if let Err(e) = result {
         eprintln!("flotilla: error: {}", error_chain(&e));
         // A refused configuration is not worth a restart (the agent reads this exit code).
-        let refused = e.downcast_ref::<train_mesh::Refused>().is_some();
+        let refused = e.downcast_ref::<train_mesh::Refused>().is_some() || needs_more_memory(&e);
         std::process::exit(if refused { launch::EXIT_REFUSED } else { 1 });
     }
+}
+
+/// Whether `e` is the model's refusal of a config too large for this machine's memory: a
+/// restart would only be refused again.
+fn needs_more_memory(e: &anyhow::Error) -> bool {
+    use model::ModelError::Memory;
+    e.chain().any(|c| {
+        matches!(c.downcast_ref(), Some(Memory { .. }))
+            || matches!(
+                c.downcast_ref(),
+                Some(train::TrainError::Model(Memory { .. }))
+            )
+    })
 }
 
 /// An error and its causes, joined by ": " as anyhow's `{:#}` does, leaving out a cause whose

@@ -61,3 +61,46 @@ fn bad_settings_are_named() {
     assert!(!ok);
     assert!(err.contains("/nonexistent/model"), "{err}");
 }
+
+/// A config whose buffers cannot fit in this machine's memory is refused up front, naming what
+/// needs how much, instead of aborting in the allocator; under the launcher it is not restarted.
+#[test]
+fn a_config_too_large_for_memory_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().to_str().unwrap();
+    // 8 x 256 x 1e8 logits alone are 819 GB of f32.
+    let huge_vocab = ["--vocab", "100000000", "--steps", "1", "--ckpt-dir", ckpt];
+    let (ok, _, err) = flotilla(&[&["train", "--nproc", "1"], &huge_vocab[..]].concat());
+    assert!(!ok);
+    assert!(
+        err.contains("the activations of a batch of 8 x 256 tokens need") && err.contains("GB"),
+        "{err}"
+    );
+    assert!(!err.contains("memory allocation of"), "{err}");
+    let (ok, _, err) = flotilla(&[&["train", "--nproc", "2"], &huge_vocab[..]].concat());
+    assert!(!ok);
+    assert!(err.contains("not restarted"), "{err}");
+    assert!(!err.contains("restart 1/"), "{err}");
+    // 33.9e9 parameters: the weights, gradients and moments alone are 542 GB.
+    let (ok, _, err) = flotilla(&[
+        "train",
+        "--nproc",
+        "1",
+        "--d-model",
+        "8192",
+        "--heads",
+        "16",
+        "--layers",
+        "48",
+        "--batch",
+        "1",
+        "--seq-len",
+        "16",
+        "--steps",
+        "1",
+        "--ckpt-dir",
+        ckpt,
+    ]);
+    assert!(!ok);
+    assert!(err.contains("the training state of"), "{err}");
+}

@@ -43,6 +43,18 @@ pub enum ModelError {
         value: String,
         reason: String,
     },
+    /// A config's buffers need more memory than this machine has available.
+    #[error(
+        "{what} need {:.2} GB, but this machine has {:.2} GB available: {hint}",
+        *.need as f64 / 1e9,
+        *.available as f64 / 1e9
+    )]
+    Memory {
+        what: String,
+        need: u64,
+        available: u64,
+        hint: String,
+    },
     /// Import or export of a weights file failed.
     #[error("{path}: {reason}")]
     Io { path: String, reason: String },

@@ -18,6 +18,7 @@
 pub mod error;
 pub mod gradcheck;
 pub mod kernels;
+pub mod memory;
 pub mod optim;
 pub mod real;
 pub mod rng;

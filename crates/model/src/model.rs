@@ -176,6 +176,15 @@ impl<T: Real> Model<T> {
         let layout = Layout::new(cfg);
         let dims = Dims::new(cfg, batch, seq_len);
         let acts = ActLayout::new(&dims, &recompute);
+        let floats = acts.total + dims.block_scratch_len() + dims.n * dims.c;
+        crate::memory::check_fits(
+            &format!("the activations of a batch of {batch} x {seq_len} tokens"),
+            crate::memory::bytes_of::<T>(floats)
+                .saturating_add(crate::memory::bytes_of::<u32>(2 * dims.n)),
+            crate::memory::available_bytes(),
+            "lower the batch or the sequence length (the logits alone hold batch x seq_len x vocab \
+             floats), or recompute activations",
+        )?;
         let rope = match cfg.positions {
             Positions::Rope { theta } => Some(RopeTable::new(cfg.seq_len, cfg.head_dim(), theta)),
             Positions::Learned => None,

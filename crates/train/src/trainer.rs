@@ -132,6 +132,11 @@ impl Trainer {
         cfg.validate()?;
         let th = Threads::new(cfg.threads)?;
         let model = Model::<f32>::new(&cfg.model, cfg.batch, cfg.seq_len, cfg.recompute)?;
+        check_state_fits(
+            model.n_params(),
+            stage,
+            dp.as_ref().map_or(1, |(g, _)| g.size()),
+        )?;
         let mut params = Window::new(model.n_params())?;
         init_params(&cfg.model, model.layout(), cfg.seed, &mut params);
         let bf16 = match cfg.bf16 {
@@ -568,4 +573,19 @@ fn share(cfg: &TrainConfig, group: Option<&ProcessGroup>) -> Share {
         },
         None => Share::whole(cfg.batch),
     }
+}
+
+/// Refuses a model whose training state on this rank (weights, gradients and AdamW's moments,
+/// as ZeRO `stage` shards them over `world` ranks: [`crate::zero::expected_bytes`]) cannot fit
+/// in the memory this machine has available, before any of it is allocated.
+fn check_state_fits(n_params: usize, stage: Option<Stage>, world: usize) -> Result<()> {
+    let (p, g, o) = crate::zero::expected_bytes(stage, world);
+    let need = (p + g + o) * n_params as f64;
+    model::memory::check_fits(
+        &format!("the training state of {n_params} parameters (weights, gradients, AdamW moments)"),
+        need as u64,
+        model::memory::available_bytes(),
+        "use fewer layers or a smaller d_model, or shard the state over more ranks (--zero)",
+    )?;
+    Ok(())
 }
