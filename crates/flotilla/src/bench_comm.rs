@@ -138,11 +138,27 @@ fn sizes(a: &Args) -> Result<Vec<usize>> {
     Ok(v)
 }
 
+/// Refuses sizes whose buffers cannot fit in this machine's memory, before any rank starts
+/// (a refused allocation aborts a rank): each of the `nproc` local ranks holds an op's input
+/// and output (up to twice the size, for all-to-all) and the algorithms' scratch (up to the
+/// size again).
+fn check_memory(sizes: &[usize], nproc: usize) -> Result<()> {
+    let biggest = sizes.iter().copied().max().unwrap_or(0) as u64;
+    model::memory::check_fits(
+        &format!("{nproc} local ranks with 3 buffers of {biggest} bytes each"),
+        (nproc as u64).saturating_mul(3).saturating_mul(biggest),
+        model::memory::available_bytes(),
+        "give smaller --sizes (or --max-bytes), or fewer --nproc",
+    )?;
+    Ok(())
+}
+
 /// Entry point: in the launching process, spawn the workers; in a worker, run the sweep.
 pub fn run(a: Args) -> Result<()> {
     // Validate everything before starting processes.
     let ops: Vec<OpKind> = a.ops.iter().map(|o| op_kind(o)).collect::<Result<_>>()?;
     let sizes = sizes(&a)?;
+    check_memory(&sizes, a.nproc)?;
     let dtype = DType::parse(&a.dtype)?;
     let algo = a
         .algo

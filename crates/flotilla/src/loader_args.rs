@@ -112,6 +112,30 @@ impl LoaderArgs {
             );
         }
         c.timeout = Duration::from_secs_f64(self.data_timeout);
+        check_memory(&c)?;
         Ok(c)
     }
+}
+
+/// Refuses a loader whose batches in flight cannot fit in this machine's memory: up to the
+/// prefetch depth of filed batches, one being built per reader and the consumer's, each of
+/// `global_batch / world` rows of `seq_len + 1` token ids (4 bytes at most).
+fn check_memory(c: &LoaderConfig) -> Result<()> {
+    let depth = match c.prefetch {
+        Prefetch::Fixed(n) => n,
+        Prefetch::Auto { max } => max,
+    };
+    let batches = (depth as u64).saturating_add(c.workers as u64 + 1);
+    let rows = c.global_batch / c.world.max(1);
+    let batch_bytes = rows.saturating_mul(c.seq_len as u64 + 1).saturating_mul(4);
+    model::memory::check_fits(
+        &format!(
+            "{batches} batches in flight of {rows} rows x {} tokens",
+            c.seq_len + 1
+        ),
+        batches.saturating_mul(batch_bytes),
+        model::memory::available_bytes(),
+        "lower the global batch, the sequence length or --prefetch",
+    )?;
+    Ok(())
 }

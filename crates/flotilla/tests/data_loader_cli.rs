@@ -108,3 +108,51 @@ fn train_reads_a_dataset_and_reports_the_stall() {
     assert!(!ok);
     assert!(err.contains("vocab") && err.contains("256"), "{err}");
 }
+
+/// Batches in flight that cannot fit in memory are refused before the loader starts, naming
+/// the need (they were built until the kernel killed the process); so are collective sizes
+/// whose buffers cannot fit (a rank aborted in the allocator).
+#[test]
+fn loads_too_large_for_memory_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    synth(dir.path());
+    let ds = dir.path().to_str().unwrap();
+    let (ok, _, err) = flotilla(&[
+        "data",
+        "stress",
+        "--dataset",
+        ds,
+        "--seq-len",
+        "64",
+        "--global-batch",
+        "100000000",
+        "--duration",
+        "1",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("batches in flight of 100000000 rows x 65 tokens need"),
+        "{err}"
+    );
+    let (ok, _, err) = flotilla(&[
+        "data",
+        "bench",
+        "--dataset",
+        ds,
+        "--seq-len",
+        "64",
+        "--global-batch",
+        "4",
+        "--prefetch",
+        "100000000",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("batches in flight"), "{err}");
+    let (ok, _, err) = flotilla(&["bench", "comm", "--nproc", "2", "--sizes", "64G"]);
+    assert!(!ok);
+    assert!(
+        err.contains("2 local ranks with 3 buffers of 68719476736 bytes"),
+        "{err}"
+    );
+    assert!(!err.contains("memory allocation of"), "{err}");
+}

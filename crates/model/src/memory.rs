@@ -1,4 +1,6 @@
-//! Up-front memory checks: a config whose buffers cannot fit is refused with an error that
+//! Up-front memory checks (the model's and trainer's buffers here; the CLI also checks a loader's
+//! batches in flight and `bench comm`'s buffers with them): a config whose buffers cannot fit
+//! is refused with an error that
 //! names what needs how much, before anything is allocated (an allocation the kernel refuses
 //! aborts the process; one it overcommits is killed later, when first touched).
 
