@@ -1,9 +1,8 @@
-//! Up-front memory checks (the model's and trainer's buffers here; the CLI also checks a loader's
-//! batches in flight and `bench comm`'s buffers with them): a config whose buffers cannot fit
-//! is refused with an error that
+//! Up-front memory checks: a config whose buffers cannot fit is refused with an error that
 //! names what needs how much, before anything is allocated (an allocation the kernel refuses
-//! aborts the process; one it overcommits is killed later, when first touched).
-
+//! aborts the process; one it overcommits is killed later, when first touched). The model's
+//! activations and the trainer's state are checked here; the CLI checks a loader's batches in
+//! flight and `bench comm`'s buffers with the same functions.
 use crate::error::{ModelError, Result};
 
 /// Bytes this machine can still give a process without swapping: `MemAvailable` of
