@@ -344,7 +344,15 @@ impl Checkpointer {
                 Err(TrainError::Ckpt(e)) => {
                     // Set aside so the resumed run can commit this step again.
                     let moved = ckpt::quarantine(dir, step)?;
-                    rejected.push(format!("step {step}: {e} (moved to {})", moved.display()));
+                    // Most checkpoint errors name their step already.
+                    let why = e.to_string();
+                    let named = why.starts_with(&format!("step {step}"));
+                    let why = if named {
+                        why
+                    } else {
+                        format!("step {step}: {why}")
+                    };
+                    rejected.push(format!("{why} (moved to {})", moved.display()));
                 }
                 Err(other) => return Err(other),
             }
