@@ -78,6 +78,20 @@ pub(crate) fn fraction(field: &'static str, value: f64) -> Result<f64> {
     }
 }
 
+/// Checks `value <= max`, naming the field and the bound's reason: it keeps absurd inputs
+/// from overflowing the arithmetic or printing figures hundreds of digits long.
+pub(crate) fn at_most(field: &'static str, value: f64, max: f64, why: &str) -> Result<f64> {
+    if value <= max {
+        Ok(value)
+    } else {
+        Err(PlanError::Invalid {
+            field,
+            value: value.to_string(),
+            reason: format!("must be <= {max:e} ({why})"),
+        })
+    }
+}
+
 /// Refuses a zero count.
 pub(crate) fn at_least_one(field: &'static str, value: u64) -> Result<u64> {
     if value >= 1 {

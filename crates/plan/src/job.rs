@@ -1,7 +1,7 @@
 //! The job input: a model (preset or custom), batch, precision, optimizer, tokens to train, and
 //! optional layout, checkpoint and data-pipeline sections. [`JobFile`] is the TOML form.
 
-use crate::error::{PlanError, Result, at_least_one, fraction, non_negative, positive};
+use crate::error::{PlanError, Result, at_least_one, at_most, fraction, non_negative, positive};
 use crate::hardware::Precision;
 use crate::layout::Layout;
 use crate::model::{ModelShape, model_preset};
@@ -259,12 +259,24 @@ pub struct Job {
     pub data: Option<DataSpec>,
 }
 
+/// Largest global batch accepted, in sequences (2^32: far beyond any job, and small enough
+/// that tokens per step stay exact in f64).
+pub const MAX_GLOBAL_BATCH: f64 = 4_294_967_296.0;
+/// Largest number of tokens to train accepted (1e18: about 10^5 times Llama 3's 15e12).
+pub const MAX_TOKENS: f64 = 1e18;
+
 impl Job {
     /// Resolves the model and validates every number.
     pub fn from_file(f: &JobFile) -> Result<Job> {
         let model = f.model.resolve()?;
         let t = &f.training;
         at_least_one("training.global_batch", t.global_batch)?;
+        at_most(
+            "training.global_batch",
+            t.global_batch as f64,
+            MAX_GLOBAL_BATCH,
+            "sequences per step",
+        )?;
         let optimizer_bytes = match t.optimizer_bytes_per_param {
             Some(k) => non_negative("training.optimizer_bytes_per_param", k)?,
             None => t.optimizer.state_bytes(t.precision),
@@ -273,6 +285,7 @@ impl Job {
         fraction("training.efficiency", t.efficiency)?;
         fraction("training.dp_overlap", t.dp_overlap)?;
         non_negative("training.tokens", t.tokens)?;
+        at_most("training.tokens", t.tokens, MAX_TOKENS, "tokens to train")?;
         if let Some(b) = t.critical_batch {
             positive("training.critical_batch", b)?;
         }

@@ -256,3 +256,18 @@ fn degenerate_layouts_never_panic() {
     let r = plan::search::search(&j, &big, &plan::search::SearchOptions::default()).unwrap();
     assert!(r.top.is_empty() || r.top[0].memory.fits());
 }
+
+#[test]
+fn absurd_batch_and_token_counts_are_refused_by_field() {
+    let e = Job::from_file(&JobFile::preset("llama2-7b", u64::MAX)).unwrap_err();
+    assert!(e.to_string().starts_with("training.global_batch = "), "{e}");
+    let mut f = JobFile::preset("llama2-7b", 1024);
+    f.training.tokens = 1e300;
+    let e = Job::from_file(&f).unwrap_err();
+    assert!(
+        e.to_string().contains("training.tokens") && e.to_string().contains("<= 1e18"),
+        "{e}"
+    );
+    f.training.tokens = 15e12;
+    assert!(Job::from_file(&f).is_ok());
+}
