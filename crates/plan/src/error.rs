@@ -86,7 +86,7 @@ pub(crate) fn at_most(field: &'static str, value: f64, max: f64, why: &str) -> R
     } else {
         Err(PlanError::Invalid {
             field,
-            value: value.to_string(),
+            value: format!("{value:e}"),
             reason: format!("must be <= {max:e} ({why})"),
         })
     }
