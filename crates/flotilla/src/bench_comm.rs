@@ -138,10 +138,10 @@ fn sizes(a: &Args) -> Result<Vec<usize>> {
     Ok(v)
 }
 
-/// Refuses sizes whose buffers cannot fit in this machine's memory, before any rank starts
-/// (a refused allocation aborts a rank): each of the `nproc` local ranks holds an op's input
-/// and output (up to twice the size, for all-to-all) and the algorithms' scratch (up to the
-/// size again).
+/// Refuses sizes whose buffers cannot fit in this machine's memory, in the launching process
+/// before any rank starts (a refused allocation aborts a rank): each of the `nproc` local ranks
+/// holds an op's input and output (up to twice the size, for all-to-all) and the algorithms'
+/// scratch (up to the size again).
 fn check_memory(sizes: &[usize], nproc: usize) -> Result<()> {
     let biggest = sizes.iter().copied().max().unwrap_or(0) as u64;
     model::memory::check_fits(
@@ -158,7 +158,6 @@ pub fn run(a: Args) -> Result<()> {
     // Validate everything before starting processes.
     let ops: Vec<OpKind> = a.ops.iter().map(|o| op_kind(o)).collect::<Result<_>>()?;
     let sizes = sizes(&a)?;
-    check_memory(&sizes, a.nproc)?;
     let dtype = DType::parse(&a.dtype)?;
     let algo = a
         .algo
@@ -172,6 +171,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     match Worker::from_env()? {
         None => {
+            check_memory(&sizes, a.nproc)?;
             let spec = NodeSpec {
                 nproc: a.nproc,
                 nnodes: a.nnodes,

@@ -104,3 +104,23 @@ fn a_config_too_large_for_memory_is_refused_by_name() {
     assert!(!ok);
     assert!(err.contains("the training state of"), "{err}");
 }
+
+/// A worker's memory check counts only its share of the node (`LOCAL_WORLD_SIZE`, which the
+/// launcher sets): a micro model that fits a whole machine is refused when a billion workers
+/// would share it.
+#[test]
+fn the_memory_check_uses_this_workers_share_of_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().to_str().unwrap();
+    let args = [&["train"], MICRO, &["--steps", "1", "--ckpt-dir", ckpt]].concat();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(&args)
+        .env("LOCAL_WORLD_SIZE", "1000000000")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("but this process has"), "{err}");
+    let (ok, _, err) = flotilla(&args);
+    assert!(ok, "{err}");
+}

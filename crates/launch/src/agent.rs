@@ -17,7 +17,8 @@
 use crate::chaos::{self, Chaos, Fault};
 use crate::elastic::{LeaseKeeper, Membership, NodeRange};
 use crate::env::{
-    ENV_CHAOS, ENV_GENERATION, ENV_HEARTBEAT_MS, ENV_RANK, ENV_RDZV, ENV_SECRET, ENV_WORLD,
+    ENV_CHAOS, ENV_GENERATION, ENV_HEARTBEAT_MS, ENV_LOCAL_WORLD, ENV_RANK, ENV_RDZV, ENV_SECRET,
+    ENV_WORLD,
 };
 use crate::error::{LaunchError, Result};
 use crate::gang::{Admitted, Decision, Gang, Next};
@@ -372,6 +373,7 @@ fn spawn_generation(
     })?;
     let mut env = vec![
         (ENV_WORLD.to_string(), world.to_string()),
+        (ENV_LOCAL_WORLD.to_string(), cfg.nproc.to_string()),
         (ENV_RDZV.to_string(), addr.to_string()),
         (ENV_GENERATION.to_string(), g.to_string()),
         (ENV_SECRET.to_string(), secret.to_env_value()?),

@@ -20,6 +20,9 @@ pub const ENV_GENERATION: &str = "FLOTILLA_GENERATION";
 pub const ENV_SECRET: &str = "FLOTILLA_SECRET";
 /// Heartbeat period in milliseconds; absent: the worker publishes no heartbeats.
 pub const ENV_HEARTBEAT_MS: &str = "FLOTILLA_HEARTBEAT_MS";
+/// Workers on this worker's node, under torchrun's name (`model::memory` gives each its share
+/// of the node's memory by it).
+pub const ENV_LOCAL_WORLD: &str = "LOCAL_WORLD_SIZE";
 /// The resolved chaos plan for this worker (see [`crate::chaos::Chaos`]); absent: none.
 pub const ENV_CHAOS: &str = "FLOTILLA_CHAOS";
 

@@ -45,7 +45,7 @@ pub enum ModelError {
     },
     /// A config's buffers need more memory than this machine has available.
     #[error(
-        "{what} need {:.2} GB, but this machine has {:.2} GB available: {hint}",
+        "{what} need {:.2} GB, but this process has {:.2} GB available: {hint}",
         *.need as f64 / 1e9,
         *.available as f64 / 1e9
     )]

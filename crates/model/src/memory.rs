@@ -5,11 +5,22 @@
 //! flight and `bench comm`'s buffers with the same functions.
 use crate::error::{ModelError, Result};
 
-/// Bytes this machine can still give a process without swapping: `MemAvailable` of
-/// `/proc/meminfo` (None where that cannot be read, e.g. off Linux).
+/// Bytes this machine can still give this process without swapping: `MemAvailable` of
+/// `/proc/meminfo`, shared equally among the node's workers when a launcher says how many there
+/// are (`LOCAL_WORLD_SIZE`, torchrun's name, which Flotilla's agent sets too); None where
+/// `/proc/meminfo` cannot be read (e.g. off Linux).
 pub fn available_bytes() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    parse_mem_available(&text)
+    let local = std::env::var("LOCAL_WORLD_SIZE").ok();
+    Some(parse_mem_available(&text)? / local_workers(local.as_deref()))
+}
+
+/// The node's worker count from `LOCAL_WORLD_SIZE` (1 when absent or not a positive number).
+fn local_workers(value: Option<&str>) -> u64 {
+    value
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(1)
 }
 
 /// The `MemAvailable:` line of a `/proc/meminfo` text, in bytes.
@@ -49,6 +60,14 @@ mod tests {
         assert_eq!(parse_mem_available(text), Some(23_000_000 * 1024));
         assert_eq!(parse_mem_available("MemTotal: 5 kB\n"), None);
         assert_eq!(parse_mem_available("MemAvailable: lots kB\n"), None);
+    }
+
+    #[test]
+    fn the_node_memory_is_shared_among_its_workers() {
+        assert_eq!(local_workers(None), 1);
+        assert_eq!(local_workers(Some("4")), 4);
+        assert_eq!(local_workers(Some("0")), 1);
+        assert_eq!(local_workers(Some("many")), 1);
     }
 
     #[test]
