@@ -144,13 +144,12 @@ fn sizes(a: &Args) -> Result<Vec<usize>> {
 /// scratch (up to the size again).
 fn check_memory(sizes: &[usize], nproc: usize) -> Result<()> {
     let biggest = sizes.iter().copied().max().unwrap_or(0) as u64;
-    model::memory::check_fits(
+    Ok(model::memory::check_fits(
         &format!("{nproc} local ranks with 3 buffers of {biggest} bytes each"),
         (nproc as u64).saturating_mul(3).saturating_mul(biggest),
         model::memory::available_bytes(),
         "give smaller --sizes (or --max-bytes), or fewer --nproc",
-    )?;
-    Ok(())
+    )?)
 }
 
 /// Entry point: in the launching process, spawn the workers; in a worker, run the sweep.

@@ -128,7 +128,7 @@ fn check_memory(c: &LoaderConfig) -> Result<()> {
     let batches = (depth as u64).saturating_add(c.workers as u64 + 1);
     let rows = c.global_batch / c.world.max(1);
     let batch_bytes = rows.saturating_mul(c.seq_len as u64 + 1).saturating_mul(4);
-    model::memory::check_fits(
+    Ok(model::memory::check_fits(
         &format!(
             "{batches} batches in flight of {rows} rows x {} tokens",
             c.seq_len + 1
@@ -136,6 +136,5 @@ fn check_memory(c: &LoaderConfig) -> Result<()> {
         batches.saturating_mul(batch_bytes),
         model::memory::available_bytes(),
         "lower the global batch, the sequence length or --prefetch",
-    )?;
-    Ok(())
+    )?)
 }

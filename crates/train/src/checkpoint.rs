@@ -140,11 +140,9 @@ pub struct RunState<'a> {
     pub rows_drawn: u64,
     /// The token-dataset loader's own state ([`data::LoaderState::to_json`]), if any.
     pub loader: Option<String>,
-    /// The run's seed.
-    pub seed: u64,
     /// Data-parallel replicas that drew the rows.
     pub world: usize,
-    /// The run's training config (its model config is recorded).
+    /// The run's training config (its seed and model config are recorded).
     pub config: &'a TrainConfig,
 }
 
@@ -157,7 +155,7 @@ impl RunState<'_> {
             "batches_drawn": self.batches_drawn,
             "rows_drawn": self.rows_drawn,
             "loader": self.loader,
-            "seed": self.seed,
+            "seed": self.config.seed,
             "world": self.world,
             "model_config": model::interop::config_to_metadata(&self.config.model),
         })
@@ -193,7 +191,6 @@ impl Trainer {
             batches_drawn: self.batches_drawn(),
             rows_drawn: self.rows_drawn(),
             loader,
-            seed: self.config().seed,
             world: self.world(),
             config: self.config(),
         }
@@ -345,13 +342,10 @@ impl Checkpointer {
                     // Set aside so the resumed run can commit this step again.
                     let moved = ckpt::quarantine(dir, step)?;
                     // Most checkpoint errors name their step already.
-                    let why = e.to_string();
-                    let named = why.starts_with(&format!("step {step}"));
-                    let why = if named {
-                        why
-                    } else {
-                        format!("step {step}: {why}")
-                    };
+                    let mut why = e.to_string();
+                    if !why.starts_with(&format!("step {step}:")) {
+                        why = format!("step {step}: {why}");
+                    }
                     rejected.push(format!("{why} (moved to {})", moved.display()));
                 }
                 Err(other) => return Err(other),

@@ -581,11 +581,10 @@ fn share(cfg: &TrainConfig, group: Option<&ProcessGroup>) -> Share {
 fn check_state_fits(n_params: usize, stage: Option<Stage>, world: usize) -> Result<()> {
     let (p, g, o) = crate::zero::expected_bytes(stage, world);
     let need = (p + g + o) * n_params as f64;
-    model::memory::check_fits(
+    Ok(model::memory::check_fits(
         &format!("the training state of {n_params} parameters (weights, gradients, AdamW moments)"),
         need as u64,
         model::memory::available_bytes(),
         "use fewer layers or a smaller d_model, or shard the state over more ranks (--zero)",
-    )?;
-    Ok(())
+    )?)
 }

@@ -88,7 +88,6 @@ impl PipelineStage {
             batches_drawn: self.drawn,
             rows_drawn: self.rows_drawn(),
             loader,
-            seed: self.cfg.seed,
             world: self.replicas(),
             config: &self.cfg,
         }

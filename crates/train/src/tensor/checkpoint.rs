@@ -53,7 +53,6 @@ impl TpTrainer {
             batches_drawn: self.batches_drawn(),
             rows_drawn: self.rows_drawn(),
             loader,
-            seed: self.config().seed,
             world: self.replicas(),
             config: self.config(),
         }
