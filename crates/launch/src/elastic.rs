@@ -148,15 +148,18 @@ pub struct LeaseKeeper {
 }
 
 impl LeaseKeeper {
-    /// Starts renewing `node`'s lease through a clone of `store`.
+    /// Starts renewing `node`'s lease through a clone of `store`. The first renewal is made
+    /// here, before the caller registers for a generation, so the lease exists by the time node 0
+    /// admits this node.
     pub fn start(store: &StoreClient, node: usize) -> Result<LeaseKeeper> {
         let client = store.try_clone()?;
         let (tx, rx) = mpsc::channel::<()>();
         let key = lease_key(node);
+        let mut count: u64 = 1;
+        client.set(&key, count.to_string().as_bytes())?;
         std::thread::Builder::new()
             .name(format!("lease-{node}"))
             .spawn(move || {
-                let mut count: u64 = 0;
                 // Sleeps between renewals; a message or a dropped sender ends the thread.
                 while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(LEASE_PERIOD) {
                     count += 1;
@@ -224,8 +227,17 @@ impl Leases {
         }
     }
 
-    /// How long `node`'s lease has stood still, if it is lost (seen once, then silent for the
-    /// timeout). A node never seen is not judged here: admission's deadline covers it.
+    /// Starts the clock of a node admitted at `now` whose lease was never seen: if no renewal
+    /// arrives within the timeout, it is lost. (A job can fail within a few hundred milliseconds
+    /// of admission, before node 0 has read a member's lease; without this, such a member
+    /// would never be judged and only a collective's timeout would notice it.)
+    pub fn admitted(&mut self, node: usize, now: Instant) {
+        self.seen.entry(node).or_insert((Vec::new(), now));
+    }
+
+    /// How long `node`'s lease has stood still, if it is lost (seen or admitted, then silent for
+    /// the timeout). A node neither seen nor admitted is not judged here: admission's deadline
+    /// covers it.
     pub fn lost(&self, node: usize, now: Instant) -> Option<Duration> {
         let (_, at) = self.seen.get(&node)?;
         let still = now.saturating_duration_since(*at);
@@ -272,6 +284,26 @@ mod tests {
         assert_eq!(l.lost(1, t0 + Duration::from_secs(4)), None);
         assert_eq!(
             l.lost(1, t0 + Duration::from_secs(5)),
+            Some(Duration::from_secs(3))
+        );
+    }
+
+    #[test]
+    fn an_admitted_node_whose_lease_never_arrives_is_lost() {
+        let mut l = Leases::new(Duration::from_secs(3));
+        let t0 = Instant::now();
+        l.admitted(2, t0);
+        assert_eq!(l.lost(2, t0 + Duration::from_secs(2)), None);
+        assert_eq!(
+            l.lost(2, t0 + Duration::from_secs(3)),
+            Some(Duration::from_secs(3))
+        );
+        // A renewal restarts the clock; admitting again does not.
+        l.observe(2, b"1".to_vec(), t0 + Duration::from_secs(3));
+        l.admitted(2, t0 + Duration::from_secs(10));
+        assert_eq!(l.lost(2, t0 + Duration::from_secs(5)), None);
+        assert_eq!(
+            l.lost(2, t0 + Duration::from_secs(6)),
             Some(Duration::from_secs(3))
         );
     }

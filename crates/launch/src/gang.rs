@@ -145,6 +145,9 @@ impl<'a> Gang<'a> {
             let enough = registered.len() >= self.nodes.min;
             let all_lost = missing.iter().all(|&i| leases.lost(i, now).is_some());
             if missing.is_empty() || (enough && (all_lost || now >= deadline)) {
+                for &n in registered.iter().filter(|&&n| n != 0) {
+                    leases.admitted(n, now);
+                }
                 let m = Membership { nodes: registered };
                 self.store.set(&key(g, "members"), m.encode().as_bytes())?;
                 return Ok(Admitted::Member(m));
