@@ -193,6 +193,38 @@ fn prefetch_never_exceeds_its_depth() {
 }
 
 #[test]
+fn a_consumer_that_outpaces_its_worker_builds_batches_itself_in_the_same_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = write_dataset(dir.path(), &[vec![5000], vec![3000]]);
+    let setup = Setup {
+        t: 16,
+        g: 4,
+        seed: 7,
+        window: 64,
+        workers: 1,
+    };
+    // A consumer that takes each batch at once (it builds some itself), and one that computes
+    // between batches (its batches are ready when it asks).
+    let mut fast = [loader(&ds, setup, 1, 0, None)];
+    let quick = global_batches(&mut fast, 300, setup.t);
+    let mut slow = loader(&ds, setup, 1, 0, None);
+    let paced: Vec<Vec<SampleRef>> = (0..300)
+        .map(|_| {
+            std::thread::sleep(Duration::from_micros(300));
+            slow.next().unwrap().samples
+        })
+        .collect();
+    assert_eq!(quick, paced);
+    let m = fast[0].metrics();
+    assert!(
+        m.consumer_built > 0 && m.consumer_built <= m.batches,
+        "{m:?}"
+    );
+    // Automatic depth, at most 16 (LoaderConfig::new): the consumer claims under the same bound.
+    assert!(m.max_outstanding <= 16, "{m:?}");
+}
+
+#[test]
 fn bad_settings_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let ds = write_dataset(dir.path(), &[vec![100]]);

@@ -115,6 +115,7 @@ pub fn run(args: Args) -> Result<()> {
         "loader_seconds": report.elapsed.as_secs_f64(),
         "loader_stall_pct": report.metrics.stall_pct(),
         "build_p99_ms": report.metrics.p99_latency.as_secs_f64() * 1e3,
+        "consumer_built": report.metrics.consumer_built,
         "resume_position": cursor,
         "resume_step": first.step,
         "resume_open_ms": t_open.as_secs_f64() * 1e3,
@@ -138,9 +139,10 @@ pub fn run(args: Args) -> Result<()> {
         raw_after.bytes_per_s / 1e9
     );
     println!(
-        "  loader ({} workers, {} batches)    {:.2} GB/s of tokens = {:.0} % of raw; {:.3e} tokens/s",
+        "  loader ({} workers, {} batches, {} built by the consumer)    {:.2} GB/s of tokens = {:.0} % of raw; {:.3e} tokens/s",
         config.workers,
         report.batches,
+        report.metrics.consumer_built,
         loader_bps / 1e9,
         100.0 * loader_bps / raw_bps,
         report.tokens_per_s

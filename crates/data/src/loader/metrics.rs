@@ -26,6 +26,10 @@ pub struct LoaderMetrics {
     pub depth: usize,
     /// Most batches ever ready or in flight at once (never above the depth at that time).
     pub max_outstanding: usize,
+    /// Batches built by the consumer's own thread: a `next` call that finds its batch not
+    /// ready builds the next unclaimed one instead of sleeping. Many means the workers are
+    /// the bottleneck (more `workers` would help, if cores are free).
+    pub consumer_built: u64,
     /// Median time to build one batch (read, verify on first use, assemble).
     pub p50_latency: Duration,
     /// 99th-percentile time to build one batch.

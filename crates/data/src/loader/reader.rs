@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::verify_ahead;
-use super::{Batch, BatchTokens, OPEN_PER_WORKER, PREFETCH_BYTES, PREFETCH_ROWS, Shared};
+use super::{Batch, BatchTokens, OPEN_PER_WORKER, PREFETCH_BYTES, PREFETCH_ROWS, Queue, Shared};
 use crate::dataset::Dataset;
 use crate::error::{DataError, Result};
 use crate::sampler::{RankShare, SampleRef, Sampler};
@@ -105,6 +105,53 @@ impl Builder {
     }
 }
 
+/// Claims the next batch number if the queue has room (invariant iii) and nothing before it
+/// failed, with a recycled buffer to build it in.
+pub(super) fn try_claim(shared: &Shared, q: &mut Queue) -> Option<(u64, Option<BatchTokens>)> {
+    let blocked = q.failed_at.is_some_and(|f| q.next_claim >= f);
+    let full = q.next_claim >= q.delivered + q.depth as u64;
+    if blocked || full {
+        return None;
+    }
+    let n = q.next_claim;
+    q.next_claim += 1;
+    if q.next_claim.is_multiple_of(verify_ahead::NOTIFY_EVERY) {
+        shared.ahead.notify_one();
+    }
+    q.max_outstanding = q.max_outstanding.max((q.next_claim - q.delivered) as usize);
+    Some((n, q.pool.pop()))
+}
+
+/// Builds batch `n`; a panic in the build becomes that batch's error (invariant iv).
+pub(super) fn build_guarded(
+    builder: &mut Builder,
+    n: u64,
+    buffer: Option<BatchTokens>,
+) -> Result<Batch> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| builder.build(n, buffer)))
+        .unwrap_or_else(|panic| {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(DataError::Loader(format!(
+                "reader thread panicked building batch {n}: {why}"
+            )))
+        })
+}
+
+/// Files batch `n`'s result under its number, with its build latency; says whether the
+/// consumer sleeps waiting for exactly this batch (the caller wakes it after unlocking).
+pub(super) fn file(q: &mut Queue, n: u64, result: Result<Batch>, started: Instant) -> bool {
+    q.latencies.push(started.elapsed());
+    if result.is_err() {
+        q.failed_at = Some(q.failed_at.map_or(n, |f| f.min(n)));
+    }
+    q.ready.insert(n, result);
+    q.consumer_waiting && n == q.delivered
+}
+
 /// A reader thread: claim the next batch number while the queue has room, build, file.
 pub(super) fn worker(shared: &Shared, mut builder: Builder) {
     loop {
@@ -114,10 +161,8 @@ pub(super) fn worker(shared: &Shared, mut builder: Builder) {
                 if q.shutdown {
                     return;
                 }
-                let blocked = q.failed_at.is_some_and(|f| q.next_claim >= f);
-                let full = q.next_claim >= q.delivered + q.depth as u64;
-                if !blocked && !full {
-                    break;
+                if let Some(claim) = try_claim(shared, &mut q) {
+                    break claim;
                 }
                 // Woken by a delivery or shutdown; the timeout only bounds a lost wake-up.
                 q.workers_waiting += 1;
@@ -128,35 +173,10 @@ pub(super) fn worker(shared: &Shared, mut builder: Builder) {
                     .0;
                 q.workers_waiting -= 1;
             }
-            let n = q.next_claim;
-            q.next_claim += 1;
-            if q.next_claim.is_multiple_of(verify_ahead::NOTIFY_EVERY) {
-                shared.ahead.notify_one();
-            }
-            q.max_outstanding = q.max_outstanding.max((q.next_claim - q.delivered) as usize);
-            (n, q.pool.pop())
         };
         let started = Instant::now();
-        let result =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| builder.build(n, buffer)))
-                .unwrap_or_else(|panic| {
-                    let why = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "unknown panic".into());
-                    Err(DataError::Loader(format!(
-                        "reader thread panicked building batch {n}: {why}"
-                    )))
-                });
-        let mut q = shared.lock();
-        q.latencies.push(started.elapsed());
-        if result.is_err() {
-            q.failed_at = Some(q.failed_at.map_or(n, |f| f.min(n)));
-        }
-        q.ready.insert(n, result);
-        let wake = q.consumer_waiting && n == q.delivered;
-        drop(q);
+        let result = build_guarded(&mut builder, n, buffer);
+        let wake = file(&mut shared.lock(), n, result, started);
         if wake {
             shared.filed.notify_one();
         }
