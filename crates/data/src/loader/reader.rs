@@ -17,7 +17,7 @@ pub(super) struct Builder {
     /// The mixture's datasets.
     pub(super) datasets: Vec<Arc<Dataset>>,
     /// This worker's handles on the shards it used last, most recent first (at most
-    /// [`OPEN_PER_WORKER`]); older ones are let go, so unused shards get unmapped.
+    /// [`OPEN_PER_WORKER`]); older ones are let go (the dataset decides which stay mapped).
     pub(super) open: Vec<(usize, usize, Arc<Shard>)>,
     /// Bytes per token id.
     pub(super) width: u32,
