@@ -24,6 +24,8 @@ pub struct Dataset {
     dir: PathBuf,
     manifest: Manifest,
     slots: Vec<Mutex<Slot>>,
+    /// Shards whose hash has been checked in this process.
+    verified: std::sync::atomic::AtomicUsize,
     recent: Mutex<Recent<Shard>>,
 }
 
@@ -122,6 +124,7 @@ impl Dataset {
             dir: dir.to_path_buf(),
             manifest,
             slots,
+            verified: Default::default(),
             recent: Mutex::new(Recent::default()),
         })
     }
@@ -173,6 +176,8 @@ impl Dataset {
         } else {
             let shard = self.open_verified(i)?;
             slot.verified = true;
+            self.verified
+                .fetch_add(1, std::sync::atomic::Ordering::Release);
             shard
         };
         slot.mapped = Arc::downgrade(&shard);
@@ -183,6 +188,11 @@ impl Dataset {
     /// false while another thread holds its slot (it is being mapped or verified right now).
     pub fn needs_verification(&self, i: usize) -> bool {
         self.slots[i].try_lock().is_ok_and(|slot| !slot.verified)
+    }
+
+    /// Whether every shard has been verified in this process (nothing is left to hash ahead).
+    pub fn all_verified(&self) -> bool {
+        self.verified.load(std::sync::atomic::Ordering::Acquire) == self.slots.len()
     }
 
     /// Maps and verifies shard `i` afresh, without caching it (what `flotilla data verify` does).

@@ -225,6 +225,25 @@ fn a_consumer_that_outpaces_its_worker_builds_batches_itself_in_the_same_order()
 }
 
 #[test]
+fn a_dataset_counts_as_verified_once_an_epoch_has_touched_every_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = write_dataset(dir.path(), &[vec![700], vec![500], vec![300]]);
+    assert!(!ds.all_verified());
+    let setup = Setup {
+        t: 16,
+        g: 4,
+        seed: 3,
+        window: 32,
+        workers: 2,
+    };
+    let mut l = [loader(&ds, setup, 1, 0, None)];
+    let epoch = SequenceSpace::new(&[700, 500, 300], setup.t).total() as usize;
+    global_batches(&mut l, epoch.div_ceil(4), setup.t);
+    // The verifier thread stops once this holds (later epochs cost it nothing).
+    assert!(ds.all_verified());
+}
+
+#[test]
 fn bad_settings_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let ds = write_dataset(dir.path(), &[vec![100]]);

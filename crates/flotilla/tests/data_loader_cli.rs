@@ -78,12 +78,19 @@ fn stress_and_bench_report_their_figures() {
         "64",
         "--global-batch",
         "8",
+        "--epochs",
+        "2.5",
         "--json",
     ]);
     assert!(ok, "{err}");
     let r = json(&out);
     assert_eq!(r["dataset_tokens"], 200000);
     assert!(r["loader_vs_raw"].as_f64().unwrap() > 0.0, "{r}");
+    // 2.5 epochs of 3121 sequences in batches of 8: the first epoch's 391, then the rest.
+    assert_eq!(r["loader_batches"], 976, "{r}");
+    let gbps = |k: &str| r[k].as_f64().unwrap_or(-1.0);
+    assert!(gbps("loader_first_epoch_gbps") > 0.0, "{r}");
+    assert!(gbps("loader_later_epochs_gbps") > 0.0, "{r}");
     // Half an epoch of 3121 sequences of 64 tokens, rounded down to whole global batches.
     assert_eq!(r["resume_position"], 1560);
     assert_eq!(r["resume_step"], 195);
