@@ -33,8 +33,9 @@ pub struct Dataset {
 ///
 /// Mapping a shard again costs its page tables again: `MADV_POPULATE_READ` takes about 1.6 ms
 /// per 64 MiB shard on the Zen 5 machine, and unmapping flushes TLBs on every core that ran a
-/// reader. Keeping a 2 GB dataset mapped across epochs took the loader from 11.9-12.4 to
-/// 14.4-15.0 GB/s there (docs/PERFORMANCE.md, data pipeline). The price is page tables:
+/// reader. Keeping a 2 GB dataset mapped across epochs took the loader (one worker, four
+/// epochs) from 11.2-12.0 to 13.5-14.0 GB/s there (docs/PERFORMANCE.md, ninth look). The
+/// price is page tables:
 /// at most 1/512 of the mapped bytes (128 MiB for 64 GiB) with 4 KiB pages.
 pub const KEEP_MAPPED_BYTES: u64 = 64 << 30;
 

@@ -99,6 +99,7 @@ pub fn run(args: Args) -> Result<()> {
     let elapsed = first.elapsed + later.as_ref().map_or(Duration::ZERO, |r| r.elapsed);
     let loader_bps = payload(all_batches) / elapsed.as_secs_f64();
     let (first_bps, later_bps) = (bps(&first), later.as_ref().map(bps));
+    let tokens_per_s = loader_bps / f64::from(width);
     let raw_bps = raw_before.bytes_per_s.max(raw_after.bytes_per_s);
     let stall_pct = later.as_ref().unwrap_or(&first).metrics.stall_pct();
     let build_p99 = later.as_ref().unwrap_or(&first).metrics.p99_latency;
@@ -132,7 +133,7 @@ pub fn run(args: Args) -> Result<()> {
         "loader_first_epoch_vs_raw": first_bps / raw_bps,
         "loader_later_epochs_gbps": later_bps.map(|b| b / 1e9),
         "loader_later_epochs_vs_raw": later_bps.map(|b| b / raw_bps),
-        "loader_tokens_per_s": (all_batches * local * args.run.seq_len as u64) as f64 / elapsed.as_secs_f64(),
+        "loader_tokens_per_s": tokens_per_s,
         "loader_batches": all_batches,
         "loader_seconds": elapsed.as_secs_f64(),
         "loader_stall_pct": stall_pct,
@@ -167,7 +168,7 @@ pub fn run(args: Args) -> Result<()> {
         consumer_built,
         loader_bps / 1e9,
         100.0 * loader_bps / raw_bps,
-        payload(all_batches) / f64::from(width) / elapsed.as_secs_f64()
+        tokens_per_s
     );
     if let Some(later_bps) = later_bps {
         println!(

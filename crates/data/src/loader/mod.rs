@@ -10,8 +10,8 @@
 //! invariants:
 //!
 //! - (iii) ready + in-flight batches never exceed `K`: a batch `n` is claimed only when
-//!   `n < delivered + K`; a worker waits on a condition variable otherwise (no unbounded prefetch, no
-//!   spinning);
+//!   `n < delivered + K`; a worker waits on a condition variable otherwise (no unbounded
+//!   prefetch, no spinning);
 //! - (iv) a batch that fails (a corrupt shard, an I/O error, a panicking worker) is returned as
 //!   that batch's error, in its place in the order, and nothing after it is delivered: a failure
 //!   is never skipped;
@@ -368,9 +368,9 @@ impl Loader {
             }
             // Rather than sleep until a worker files it, build the next unclaimed batch here:
             // a consumer that outpaces the workers adds a builder instead of a wake-up per
-            // batch (on 2 cores, 2 workers: 10.4 -> 12.4-12.9 GB/s, a third of the context
-            // switches; docs/PERFORMANCE.md). A consumer that computes between calls finds
-            // its batch ready and never gets here.
+            // batch (2 cores, 2 workers, 4 epochs: 10.7-11.2 -> 11.3-12.6 GB/s, a third of the
+            // context switches; docs/PERFORMANCE.md, ninth look). A consumer that computes
+            // between calls finds its batch ready and never gets here.
             if let Some((n, buffer)) = reader::try_claim(&self.shared, &mut q) {
                 drop(q);
                 let started = Instant::now();

@@ -136,7 +136,7 @@ pub(super) fn build_guarded(
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".into());
             Err(DataError::Loader(format!(
-                "reader thread panicked building batch {n}: {why}"
+                "a loader thread panicked building batch {n}: {why}"
             )))
         })
 }
