@@ -83,7 +83,8 @@ pub fn run(args: Args) -> Result<()> {
         0 => None,
         n => Some(drive(&mut loader, n)?),
     };
-    let consumer_built = later.as_ref().unwrap_or(&first).metrics.consumer_built;
+    // The loader's own counters, over both phases.
+    let metrics = loader.metrics().clone();
     let mut state = loader.state();
     drop(loader);
     if args.cold {
@@ -101,8 +102,6 @@ pub fn run(args: Args) -> Result<()> {
     let (first_bps, later_bps) = (bps(&first), later.as_ref().map(bps));
     let tokens_per_s = loader_bps / f64::from(width);
     let raw_bps = raw_before.bytes_per_s.max(raw_after.bytes_per_s);
-    let stall_pct = later.as_ref().unwrap_or(&first).metrics.stall_pct();
-    let build_p99 = later.as_ref().unwrap_or(&first).metrics.p99_latency;
 
     // Resume: a fresh process's work, from opening the datasets to holding the first batch.
     let cursor =
@@ -136,9 +135,9 @@ pub fn run(args: Args) -> Result<()> {
         "loader_tokens_per_s": tokens_per_s,
         "loader_batches": all_batches,
         "loader_seconds": elapsed.as_secs_f64(),
-        "loader_stall_pct": stall_pct,
-        "build_p99_ms": build_p99.as_secs_f64() * 1e3,
-        "consumer_built": consumer_built,
+        "loader_stall_pct": metrics.stall_pct(),
+        "build_p99_ms": metrics.p99_latency.as_secs_f64() * 1e3,
+        "consumer_built": metrics.consumer_built,
         "resume_position": cursor,
         "resume_step": first.step,
         "resume_open_ms": t_open.as_secs_f64() * 1e3,
@@ -165,7 +164,7 @@ pub fn run(args: Args) -> Result<()> {
         "  loader ({} workers, {} batches, {} built by the consumer)    {:.2} GB/s of tokens = {:.0} % of raw; {:.3e} tokens/s",
         config.workers,
         all_batches,
-        consumer_built,
+        metrics.consumer_built,
         loader_bps / 1e9,
         100.0 * loader_bps / raw_bps,
         tokens_per_s
