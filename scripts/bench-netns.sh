@@ -7,7 +7,10 @@
 # Usage: scripts/bench-netns.sh [extra bench comm args...]   (appended to every run; change the
 #        sizes with SIZES=..., since a repeated --sizes adds to the list)
 # Env:   FLOTILLA_BIN (default: $CARGO_TARGET_DIR or target, /release/flotilla), RATE (1gbit),
-#        SIZES (4K,1M,16M,64M), NPROC (2), HOSTS (2), PORT (29500).
+#        SIZES (4K,1M,16M,64M), NPROC (2), HOSTS (2), PORT (29500),
+#        HOST_CPUS (split: each host's ranks run on their own share of the machine's cores, as
+#        on separate machines, where there are at least as many cores as hosts; shared: the
+#        scheduler places every rank anywhere).
 # Build first: cargo build --release -p flotilla
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +21,7 @@ SIZES="${SIZES:-4K,1M,16M,64M}"
 NPROC="${NPROC:-2}"
 HOSTS="${HOSTS:-2}"
 PORT="${PORT:-29500}"
+HOST_CPUS="${HOST_CPUS:-split}"
 [ -x "$BIN" ] || { echo "bench-netns: no binary at $BIN (cargo build --release -p flotilla)" >&2; exit 1; }
 
 export FLOTILLA_NETNS_PREFIX="flb$$"
@@ -31,7 +35,16 @@ export FLOTILLA_SECRET
 
 echo "# machine: $(nproc) cores, $(uname -srm); load: $(cut -d' ' -f1-3 /proc/loadavg)"
 if [ -n "$RATE" ]; then LINK="tbf rate $RATE burst 256kb latency 50ms on every host egress"; else LINK="unlimited (veth + bridge)"; fi
-echo "# $HOSTS netns hosts x $NPROC ranks; inter-host link: $LINK"
+echo "# $HOSTS netns hosts x $NPROC ranks; inter-host link: $LINK; host cpus: $HOST_CPUS"
+
+# The command prefix that keeps host $1's process tree on its own cores (empty when shared).
+cpus_of() {
+  local c h="$1"
+  c="$(nproc)"
+  if [ "$HOST_CPUS" = split ] && [ "$c" -ge "$HOSTS" ]; then
+    echo "taskset -c $((h * c / HOSTS))-$(((h + 1) * c / HOSTS - 1))"
+  fi
+}
 
 run() {
   local tag="$1"
@@ -40,12 +53,12 @@ run() {
   echo "## flotilla bench comm --ops all_reduce --sizes $SIZES --calibrate $*"
   local pids=() i rc=0
   for ((i = 1; i < HOSTS; i++)); do
-    $NETNS exec "$i" "$BIN" bench comm --nnodes "$HOSTS" --node-rank "$i" --nproc "$NPROC" \
+    $NETNS exec "$i" $(cpus_of "$i") "$BIN" bench comm --nnodes "$HOSTS" --node-rank "$i" --nproc "$NPROC" \
       --rdzv "$RDZV" --ops all_reduce --sizes "$SIZES" --calibrate --job-timeout-s 600 "$@" \
       >/dev/null &
     pids+=($!)
   done
-  $NETNS exec 0 "$BIN" bench comm --nnodes "$HOSTS" --node-rank 0 --nproc "$NPROC" \
+  $NETNS exec 0 $(cpus_of 0) "$BIN" bench comm --nnodes "$HOSTS" --node-rank 0 --nproc "$NPROC" \
     --rdzv "$RDZV" --ops all_reduce --sizes "$SIZES" --calibrate --job-timeout-s 600 "$@" \
     | tee "$OUT/$tag" || rc=$?
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done

@@ -87,6 +87,17 @@ pub struct Topology {
     /// formula's β and γ terms, which cannot capture cache and core-sharing effects.
     #[serde(default)]
     pub per_byte: BTreeMap<String, f64>,
+    /// Seconds of a [`LATENCY_PROBE_BYTES`] op, measured per `op/algorithm` when a group is
+    /// created (see `group::calibrate`): the latency part of those predictions, replacing the
+    /// formula's α terms, which price every step at one link's α (or the group round) while a
+    /// step's real cost depends on the algorithm's pattern of wake-ups across shared cores.
+    #[serde(default)]
+    pub latency: BTreeMap<String, f64>,
+    /// Bytes/s of short bursts per link kind, where calibration found a link passing them
+    /// clearly faster than it sustains (a token-bucket shaper such as `tc tbf`, or a cloud
+    /// instance's burst allowance): see [`predict`].
+    #[serde(default)]
+    pub burst: BTreeMap<String, f64>,
     /// Single-core cross-memory-attach copy rate (bytes/s), when every rank may read its local
     /// peers' memory (the [`Algo::DirectRead`] algorithms); None where it is not permitted.
     pub direct_read: Option<f64>,
@@ -110,6 +121,36 @@ impl Topology {
         }
     }
 
+    /// This topology with every bursting link at its burst rate, when the group spans hosts and
+    /// some inter-host link bursts (on one host every byte is CPU work, which does not burst).
+    pub fn bursting(&self) -> Option<Topology> {
+        if self.hosts < 2 || self.burst.is_empty() {
+            return None;
+        }
+        let mut t = self.clone();
+        for (kind, &rate) in &self.burst {
+            if let Some(l) = t.links.get_mut(kind) {
+                l.beta = l.beta.max(rate);
+            }
+        }
+        Some(t)
+    }
+
+    /// Per-rank bytes/s of a link whose two ranks alone move `beta` bytes/s, once every rank is
+    /// busy and ranks share cores. On one host every byte is CPU work, so the rate divides by the
+    /// oversubscription. Between hosts the wire may be the limit instead: the per-byte cost is
+    /// the larger of the link's (1/β) and the CPU's (oversubscription / the CPU's own rate, which
+    /// is at least β and at least the host's copy rate, the shared-memory β: a copy in and a copy
+    /// out, as a TCP send and receive). Without a shared-memory figure the link is taken as
+    /// CPU-bound.
+    pub fn shared_rate(&self, beta: f64) -> f64 {
+        let ov = self.oversubscription();
+        match self.links.get(LinkKind::Shm.name()) {
+            Some(cpu) if self.hosts > 1 => beta.min(beta.max(cpu.beta) / ov),
+            _ => beta / ov,
+        }
+    }
+
     /// Ranks sharing one core on the busiest host (at least 1): every copy, reduction and
     /// socket transfer is CPU work, so per-rank rates divide by this when ranks outnumber cores.
     pub fn oversubscription(&self) -> f64 {
@@ -127,8 +168,16 @@ fn log2_ceil(p: usize) -> f64 {
 /// Predicted seconds for `algo` running `op` over `bytes` (the per-rank buffer of all-reduce,
 /// broadcast and reduce; the whole gathered/scattered buffer of all-gather, reduce-scatter and
 /// all-to-all), or None if the algorithm does not apply.
+///
+/// Where this group measured the algorithm's latency ([`Topology::latency`]), that figure stands
+/// for the formula's latency part, and the bytes beyond (or short of) the probe's are priced by
+/// the bandwidth part. Where a link bursts ([`Topology::burst`]) those bytes go at its burst
+/// rate, but no faster on average than the sustained rate: back to back, an op cannot take less
+/// than its bytes at the sustained rate, and while its bytes fit the burst it takes its latency
+/// plus the bytes at the burst rate, so the prediction is the larger of the two. Without a burst
+/// this is the additive `α + n/β` of 004 eq. 28.10.
 pub fn predict(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64> {
-    let f = formula(op, algo, bytes, t)?;
+    formula(op, algo, bytes, t)?;
     let measured = match algo {
         // Halving-doubling moves the ring's bytes without its pipelining.
         Algo::HalvingDoubling => t
@@ -137,12 +186,24 @@ pub fn predict(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64
             .map(|k| k * STORE_AND_FORWARD),
         _ => t.per_byte.get(&probe_key(op, algo)).copied(),
     };
-    match measured {
-        // Measured on this group: the formula's latency part plus the measured cost per byte.
-        Some(k) => Some(formula(op, algo, 0, t)? + bytes as f64 * k),
-        None => Some(f),
-    }
+    // The bandwidth part: measured on this group where probed, else the formula's.
+    let bw = |t: &Topology, n: usize| match measured {
+        Some(k) => n as f64 * k,
+        None => formula(op, algo, n, t).unwrap_or(0.0) - formula(op, algo, 0, t).unwrap_or(0.0),
+    };
+    let sustained = bw(t, bytes);
+    Some(match t.latency.get(&probe_key(op, algo)) {
+        Some(&l) => {
+            let fast = t.bursting();
+            let fast = fast.as_ref().unwrap_or(t);
+            (l + bw(fast, bytes) - bw(fast, LATENCY_PROBE_BYTES)).max(sustained)
+        }
+        None => formula(op, algo, 0, t)? + sustained,
+    })
 }
+
+/// Per-rank buffer of the latency probes (see [`Topology::latency`]).
+pub const LATENCY_PROBE_BYTES: usize = 4096;
 
 /// Key of a measured per-byte cost in [`Topology::per_byte`].
 pub fn probe_key(op: OpKind, algo: Algo) -> String {
@@ -164,7 +225,7 @@ pub fn formula(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64
     let mut l = t.flat();
     l.beta = match t.concurrent {
         Some(b) if t.hosts == 1 => b,
-        _ => l.beta / ov,
+        _ => t.shared_rate(l.beta),
     };
     // A step of a collective needs every rank scheduled, so its latency is at least the
     // measured per-round time of the whole group (see `Topology::round`).
@@ -379,6 +440,8 @@ mod tests {
             round: 0.0,
             concurrent: None,
             per_byte: BTreeMap::new(),
+            latency: BTreeMap::new(),
+            burst: BTreeMap::new(),
         }
     }
 
@@ -443,6 +506,74 @@ mod tests {
         );
         let s = select(OpKind::AllReduce, 64 << 20, &t, None);
         assert_eq!(s.algo, Algo::Hierarchical, "{s}");
+    }
+
+    /// 2 hosts x 2 ranks on a 125 MB/s link; one core per host.
+    fn shaped(latency: Option<f64>, burst: Option<f64>) -> Topology {
+        let mut t = topo(
+            4,
+            2,
+            LinkParams {
+                alpha: 7e-6,
+                beta: 125e6,
+            },
+        );
+        t.cores = 1;
+        if let Some(l) = latency {
+            t.latency
+                .insert(probe_key(OpKind::AllReduce, Algo::Ring), l);
+        }
+        if let Some(b) = burst {
+            t.burst.insert("tcp".into(), b);
+        }
+        t
+    }
+
+    #[test]
+    fn a_wire_bound_link_is_not_slowed_by_core_sharing() {
+        // Two ranks per core would halve a CPU-bound rate; the 125 MB/s wire is far below the
+        // host's copy rate (shared memory, 6 GB/s), so it stays the limit.
+        let t = shaped(None, None);
+        assert_eq!(t.oversubscription(), 2.0);
+        assert_eq!(t.shared_rate(125e6), 125e6);
+        // On one host every byte is the CPU's.
+        let one = topo(4, 1, DEFAULT_TCP);
+        let mut one = one;
+        one.cores = 1;
+        assert_eq!(one.shared_rate(1e9), 0.25e9);
+    }
+
+    #[test]
+    fn a_measured_latency_replaces_the_formulas_latency_part() {
+        let (op, ring) = (OpKind::AllReduce, Algo::Ring);
+        let t = shaped(Some(80e-6), None);
+        let n = 1 << 20;
+        let bw = |x| formula(op, ring, x, &t).unwrap() - formula(op, ring, 0, &t).unwrap();
+        let p = predict(op, ring, n, &t).unwrap();
+        let want = 80e-6 + bw(n) - bw(LATENCY_PROBE_BYTES);
+        assert!((p - want).abs() < 1e-12, "{p} vs {want}");
+        // Algorithms that were not probed keep their formula.
+        let tree = predict(op, Algo::Tree, n, &t).unwrap();
+        assert_eq!(tree, formula(op, Algo::Tree, n, &t).unwrap());
+    }
+
+    #[test]
+    fn a_bursting_link_prices_small_ops_at_latency_and_large_ones_at_the_sustained_rate() {
+        let (op, ring) = (OpKind::AllReduce, Algo::Ring);
+        let t = shaped(Some(80e-6), Some(2e9));
+        // 4 KiB: the ring's 6 KiB per host cross at 2 GB/s inside the burst, so the op costs its
+        // measured latency plus about 2 us, not the 49 us of 6 KiB at 125 MB/s.
+        let small = predict(op, ring, 4096, &t).unwrap();
+        assert!((80e-6..84e-6).contains(&small), "{small}");
+        // 64 KiB back to back: 96 KiB per host per op cannot average more than 125 MB/s.
+        let large = predict(op, ring, 64 << 10, &t).unwrap();
+        let wire = 1.5 * 65536.0 / 125e6;
+        assert!((large - wire).abs() / wire < 0.02, "{large} vs {wire}");
+        // Without the burst the same op is additive: the latency plus the bytes beyond the
+        // probe's at 125 MB/s.
+        let plain = predict(op, ring, 64 << 10, &shaped(Some(80e-6), None)).unwrap();
+        let want = 80e-6 + wire - 1.5 * LATENCY_PROBE_BYTES as f64 / 125e6;
+        assert!((plain - want).abs() < 1e-9, "{plain} vs {want}");
     }
 
     #[test]

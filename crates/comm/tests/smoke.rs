@@ -34,12 +34,13 @@ fn ring_all_reduce_tcp_and_shm() {
 }
 
 /// A calibrated single-host group measures the cost per byte of the bandwidth-bound all-reduce
-/// candidates, the double tree among them (its formula is only an upper bound), and prices a
-/// large all-reduce with those figures, so the selector compares what each algorithm did here.
+/// candidates, the double tree among them (its formula is only an upper bound), and the latency
+/// of a small all-reduce with every algorithm, and prices a large all-reduce with those figures,
+/// so the selector compares what each algorithm did here.
 #[test]
 fn calibration_measures_the_double_tree_and_the_selector_prices_with_it() {
     use comm::OpKind;
-    use comm::model::{formula, predict, probe_key};
+    use comm::model::{LATENCY_PROBE_BYTES, predict, probe_key};
     let cfg = GroupConfig {
         transport: TransportPolicy::TcpOnly,
         calibrate: true,
@@ -51,12 +52,16 @@ fn calibration_measures_the_double_tree_and_the_selector_prices_with_it() {
     .unwrap();
     let n = 64 << 20;
     let mut seen = Vec::new();
+    let mut latencies = Vec::new();
     for r in res {
         let (t, sel) = r.unwrap();
         for algo in [Algo::Ring, Algo::DoubleTree] {
-            let k = t.per_byte[&probe_key(OpKind::AllReduce, algo)];
+            let key = probe_key(OpKind::AllReduce, algo);
+            let k = t.per_byte[&key];
             assert!(k > 0.0 && k.is_finite(), "{algo:?}: {k}");
-            let priced = formula(OpKind::AllReduce, algo, 0, &t).unwrap() + n as f64 * k;
+            let l = t.latency[&key];
+            assert!(l > 0.0 && l < 1.0, "{algo:?}: latency {l}");
+            let priced = l + (n - LATENCY_PROBE_BYTES) as f64 * k;
             let p = predict(OpKind::AllReduce, algo, n, &t).unwrap();
             assert!(
                 (p - priced).abs() <= 1e-12 * priced,
@@ -66,7 +71,9 @@ fn calibration_measures_the_double_tree_and_the_selector_prices_with_it() {
         }
         assert_eq!(sel.source, "model");
         seen.push(sel.algo);
+        latencies.push(t.latency);
     }
     // Every rank uses rank 0's figures, so all choose alike.
     assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
+    assert!(latencies.windows(2).all(|w| w[0] == w[1]), "{latencies:?}");
 }

@@ -16,7 +16,7 @@ use comm::algo::Algo;
 use comm::buffer::HostBuffer;
 use comm::group::{GroupConfig, OpOptions, ProcessGroup, TransportPolicy};
 use comm::{DType, OpKind, ReduceOp};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Options of `flotilla bench comm`.
 #[derive(clap::Args, Debug, Clone)]
@@ -229,8 +229,11 @@ fn sweep(
     if lead && a.calibrate {
         let t = g.topology();
         for (kind, p) in &t.links {
+            let burst = t.burst.get(kind).map_or(String::new(), |b| {
+                format!("; bursts at {:.3} GB/s", b / 1e9)
+            });
             println!(
-                "# calibrated {kind}: alpha {:.2} us, beta {:.3} GB/s (n* = alpha*beta = {:.0} B)",
+                "# calibrated {kind}: alpha {:.2} us, beta {:.3} GB/s (n* = alpha*beta = {:.0} B){burst}",
                 p.alpha * 1e6,
                 p.beta / 1e9,
                 p.alpha * p.beta
@@ -246,6 +249,18 @@ fn sweep(
             t.size,
             t.cores
         );
+        if !t.latency.is_empty() {
+            let probes: Vec<String> = t
+                .latency
+                .iter()
+                .map(|(k, s)| format!("{k} {:.1}", s * 1e6))
+                .collect();
+            println!(
+                "# latency probes ({} B, median us): {}",
+                comm::model::LATENCY_PROBE_BYTES,
+                probes.join(", ")
+            );
+        }
     }
     if lead && !a.json {
         println!(
@@ -426,15 +441,15 @@ fn measure(
         algo,
         timeout: None,
     };
-    // Warm-up: five calls; the last one's time sizes the run.
-    let mut warm = 0.0;
-    for _ in 0..5 {
-        g.barrier()?;
-        let t0 = Instant::now();
+    // The algorithm the op ran (read before the timing's own all-reduce replaces it).
+    let mut algo_name = "-";
+    let mut run = || {
         call(g, op, &mut bufs, dtype, &opts)?;
-        warm = t0.elapsed().as_secs_f64();
-    }
-    let algo_name = g.last_selection().map_or("-", |s| s.algo.name());
+        algo_name = g.last_selection().map_or("-", |s| s.algo.name());
+        Ok(())
+    };
+    // Warm-up: five calls; the last one's time sizes the run.
+    let warm = *g.timed_calls(5, &mut run)?.last().expect("five calls");
     if a.check {
         bench_check::check_once(g, op, size, dtype, &opts)?;
     }
@@ -442,14 +457,6 @@ fn measure(
         [((a.target_seconds / warm.max(1e-7)) as i64)
             .clamp(a.min_iters as i64, a.max_iters as i64)];
     g.broadcast(&mut iters, 0)?;
-    let n = iters[0] as usize;
-    let mut times = vec![0f64; n];
-    for t in times.iter_mut() {
-        g.barrier()?;
-        let t0 = Instant::now();
-        call(g, op, &mut bufs, dtype, &opts)?;
-        *t = t0.elapsed().as_secs_f64();
-    }
-    g.all_reduce(&mut times, ReduceOp::Max)?;
+    let times = g.timed_calls(iters[0] as usize, &mut run)?;
     Ok((times, algo_name))
 }
