@@ -177,6 +177,25 @@ fn log2_ceil(p: usize) -> f64 {
 /// plus the bytes at the burst rate, so the prediction is the larger of the two. Without a burst
 /// this is the additive `α + n/β` of 004 eq. 28.10.
 pub fn predict(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64> {
+    estimate(op, algo, bytes, t, true)
+}
+
+/// What [`select`] ranks by: [`predict`] without the measured latencies, so that the choice at
+/// a given size rests on the α-β formulas (and the measured bandwidths of large ops), not on a
+/// small op's timing. Those timings differ by 10-40 % from one group creation to the next, where
+/// several algorithms lie close together, and a choice that flipped with them would change the
+/// order of a sum, and with it the bits of every run with more than two ranks.
+pub fn rank_cost(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64> {
+    estimate(op, algo, bytes, t, false)
+}
+
+fn estimate(
+    op: OpKind,
+    algo: Algo,
+    bytes: usize,
+    t: &Topology,
+    measured_latency: bool,
+) -> Option<f64> {
     formula(op, algo, bytes, t)?;
     let measured = match algo {
         // Halving-doubling moves the ring's bytes without its pipelining.
@@ -192,7 +211,10 @@ pub fn predict(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64
         None => formula(op, algo, n, t).unwrap_or(0.0) - formula(op, algo, 0, t).unwrap_or(0.0),
     };
     let sustained = bw(t, bytes);
-    Some(match t.latency.get(&probe_key(op, algo)) {
+    let latency = measured_latency
+        .then(|| t.latency.get(&probe_key(op, algo)))
+        .flatten();
+    Some(match latency {
         Some(&l) => {
             let fast = t.bursting();
             let fast = fast.as_ref().unwrap_or(t);
@@ -347,7 +369,10 @@ pub fn formula(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Candidate {
     pub algo: Algo,
+    /// The best estimate of its time ([`predict`]).
     pub predicted_s: f64,
+    /// What the selector ranked it by ([`rank_cost`]).
+    pub ranked_s: f64,
 }
 
 /// The algorithm chosen for one call, and why.
@@ -360,7 +385,8 @@ pub struct Selection {
     pub predicted_s: Option<f64>,
     /// `forced` (by the call, config or env) or `model`.
     pub source: &'static str,
-    /// Every applicable candidate with its prediction, cheapest first.
+    /// Every applicable candidate with its prediction, in the selector's order (least
+    /// [`rank_cost`] first).
     pub candidates: Vec<Candidate>,
 }
 
@@ -387,18 +413,19 @@ impl serde::Serialize for OpKind {
     }
 }
 
-/// Picks the cheapest applicable algorithm for `op`, unless `forced` names one.
+/// Picks the applicable algorithm of least [`rank_cost`] for `op`, unless `forced` names one.
 pub fn select(op: OpKind, bytes: usize, t: &Topology, forced: Option<Algo>) -> Selection {
     let mut candidates: Vec<Candidate> = Algo::ALL
         .into_iter()
         .filter_map(|a| {
-            predict(op, a, bytes, t).map(|s| Candidate {
+            Some(Candidate {
                 algo: a,
-                predicted_s: s,
+                predicted_s: predict(op, a, bytes, t)?,
+                ranked_s: rank_cost(op, a, bytes, t)?,
             })
         })
         .collect();
-    candidates.sort_by(|a, b| a.predicted_s.total_cmp(&b.predicted_s));
+    candidates.sort_by(|a, b| a.ranked_s.total_cmp(&b.ranked_s));
     let (algo, source) = match forced {
         Some(a) => (a, "forced"),
         None => (
@@ -574,6 +601,24 @@ mod tests {
         let plain = predict(op, ring, 64 << 10, &shaped(Some(80e-6), None)).unwrap();
         let want = 80e-6 + wire - 1.5 * LATENCY_PROBE_BYTES as f64 / 125e6;
         assert!((plain - want).abs() < 1e-9, "{plain} vs {want}");
+    }
+
+    #[test]
+    fn a_measured_latency_refines_the_prediction_but_not_the_choice() {
+        let (op, n) = (OpKind::AllReduce, 4096);
+        let before = select(op, n, &shaped(None, None), None);
+        // The ring measured far below every other algorithm: its prediction follows, the
+        // choice stays the formulas' (a timing that moves between runs must not move the bits).
+        let t = shaped(Some(1e-6), None);
+        let after = select(op, n, &t, None);
+        assert_eq!(after.algo, before.algo, "{after}");
+        let ring = after
+            .candidates
+            .iter()
+            .find(|c| c.algo == Algo::Ring)
+            .unwrap();
+        assert_eq!(ring.predicted_s, predict(op, Algo::Ring, n, &t).unwrap());
+        assert!(ring.predicted_s < ring.ranked_s, "{ring:?}");
     }
 
     #[test]

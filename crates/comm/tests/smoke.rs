@@ -67,7 +67,14 @@ fn calibration_measures_the_double_tree_and_the_selector_prices_with_it() {
                 (p - priced).abs() <= 1e-12 * priced,
                 "{algo:?}: {p} vs {priced}"
             );
-            assert!(sel.predicted_s.unwrap() <= p, "{sel}");
+            let ranked = |a: Algo| {
+                sel.candidates
+                    .iter()
+                    .find(|c| c.algo == a)
+                    .unwrap()
+                    .ranked_s
+            };
+            assert!(ranked(sel.algo) <= ranked(algo), "{sel}");
         }
         assert_eq!(sel.source, "model");
         seen.push(sel.algo);
