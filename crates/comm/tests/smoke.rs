@@ -84,3 +84,31 @@ fn calibration_measures_the_double_tree_and_the_selector_prices_with_it() {
     assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
     assert!(latencies.windows(2).all(|w| w[0] == w[1]), "{latencies:?}");
 }
+
+/// A calibrated group spins for three of its measured rounds (within 20-100 us) unless the
+/// configuration names a spin, which is kept.
+#[test]
+fn the_spin_follows_the_measured_round_unless_configured() {
+    use comm::group::config::{DEFAULT_SPIN, MAX_SPIN, auto_spin};
+    use std::time::Duration;
+    let calibrated = GroupConfig {
+        calibrate: true,
+        ..GroupConfig::default()
+    };
+    for r in run_threads(3, calibrated.clone(), |g| {
+        Ok((g.spin(), g.topology().round))
+    })
+    .unwrap()
+    {
+        let (spin, round) = r.unwrap();
+        assert_eq!(spin, auto_spin(round));
+        assert!((DEFAULT_SPIN..=MAX_SPIN).contains(&spin), "{spin:?}");
+    }
+    let fixed = GroupConfig {
+        spin: Some(Duration::ZERO),
+        ..calibrated
+    };
+    for r in run_threads(3, fixed, |g| Ok(g.spin())).unwrap() {
+        assert_eq!(r.unwrap(), Duration::ZERO);
+    }
+}

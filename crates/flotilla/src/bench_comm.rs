@@ -240,9 +240,10 @@ fn sweep(
             );
         }
         println!(
-            "# reduction gamma: {:.3} GB/s; group round {:.2} us; direct read {}; hosts {}, ranks {}, cores {}",
+            "# reduction gamma: {:.3} GB/s; group round {:.2} us (spin {} us); direct read {}; hosts {}, ranks {}, cores {}",
             1.0 / t.gamma / 1e9,
             t.round * 1e6,
+            g.spin().as_micros(),
             t.direct_read
                 .map_or("off".to_string(), |b| format!("{:.3} GB/s", b / 1e9)),
             t.hosts,

@@ -166,6 +166,10 @@ pub(crate) fn calibrate(g: &ProcessGroup) -> Result<Topology> {
     topo.cores = hc.cores;
     topo.direct_read = hc.direct_read;
     topo.round = measure_round(g)?;
+    // Every later op (the probes below included) spins as the measured round says.
+    if inner.cfg.spin.is_none() {
+        inner.set_spin(super::config::auto_spin(topo.round));
+    }
     if topo.hosts == 1 && g.size() > 1 {
         topo.per_byte = measure_per_byte(g, &topo)?;
         // The all-gather probes also give the per-rank bandwidth with every rank moving data
@@ -365,7 +369,7 @@ fn pingpong(g: &ProcessGroup, peer: usize, initiator: bool) -> Result<Vec<(f64, 
         links: core.links.as_mut_slice(),
         op,
     };
-    ctx.op.spin = inner.cfg.spin;
+    ctx.op.spin = inner.spin();
     let mut buf = vec![0u8; PINGPONG.iter().map(|p| p.0).max().unwrap_or(0)];
     let mut points = Vec::new();
     for (bytes, reps) in PINGPONG {

@@ -21,6 +21,22 @@ pub enum TransportPolicy {
 /// microseconds), shorter than waking a halted vCPU (tens of microseconds on the reference VM).
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(20);
 
+/// An automatic spin covers this many measured group rounds ([`crate::model::Topology::round`]):
+/// a rank that starts to wait mid-step hears from its peer within about one round, and a spin
+/// that ends just before the answer costs a sleep and a wake-up (on 2 netns hosts x 2 ranks,
+/// rounds of 18-23 us: a 20 us spin left the 4 KiB ring and hierarchical times jumping between
+/// about 90 and 130-180 us from run to run; 60 us kept them at 73-116 us in four runs of four).
+pub const SPIN_ROUNDS: u32 = 3;
+
+/// Longest automatic spin.
+pub const MAX_SPIN: Duration = Duration::from_micros(100);
+
+/// The automatic spin for a group whose measured round is `round` seconds: [`SPIN_ROUNDS`]
+/// rounds, within [`DEFAULT_SPIN`]..=[`MAX_SPIN`].
+pub fn auto_spin(round: f64) -> Duration {
+    Duration::from_secs_f64((round * SPIN_ROUNDS as f64).max(0.0)).clamp(DEFAULT_SPIN, MAX_SPIN)
+}
+
 /// Configuration of a process group. `Default` plus [`GroupConfig::from_env`] is what a job gets.
 #[derive(Debug, Clone)]
 pub struct GroupConfig {
@@ -47,11 +63,19 @@ pub struct GroupConfig {
     /// Ops kept by the flight recorder.
     pub flight_capacity: usize,
     /// Spin (yielding the CPU) this long before sleeping when an op waits; zero sleeps at once.
-    /// Env `FLOTILLA_SPIN_US`.
-    pub spin: Duration,
+    /// Env `FLOTILLA_SPIN_US`. None: automatic, [`DEFAULT_SPIN`] until the group is calibrated,
+    /// then [`auto_spin`] of its measured round.
+    pub spin: Option<Duration>,
     /// Allow single-copy reads of local peers' memory (cross-memory attach) where the OS
     /// permits it. Env `FLOTILLA_DIRECT_READ=0|1`.
     pub direct_read: bool,
+}
+
+impl GroupConfig {
+    /// The spin an op uses now (see [`GroupConfig::spin`]).
+    pub fn spin_now(&self) -> Duration {
+        self.spin.unwrap_or(DEFAULT_SPIN)
+    }
 }
 
 impl Default for GroupConfig {
@@ -68,7 +92,7 @@ impl Default for GroupConfig {
             calibrate: true,
             flight_capacity: crate::flight::DEFAULT_CAPACITY,
             direct_read: true,
-            spin: DEFAULT_SPIN,
+            spin: None,
         }
     }
 }
@@ -129,7 +153,7 @@ impl GroupConfig {
                     "FLOTILLA_SPIN_US='{v}' is not a whole number of microseconds"
                 ))
             })?;
-            self.spin = Duration::from_micros(us);
+            self.spin = Some(Duration::from_micros(us));
         }
         if let Some(v) = get("FLOTILLA_DIRECT_READ") {
             self.direct_read = !is_off(&v);
@@ -182,6 +206,15 @@ pub fn parse_algo_overrides(v: &str) -> Result<HashMap<OpKind, Algo>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_automatic_spin_covers_three_rounds_within_bounds() {
+        assert_eq!(auto_spin(4e-6), DEFAULT_SPIN);
+        assert_eq!(auto_spin(20e-6), Duration::from_micros(60));
+        assert_eq!(auto_spin(1e-3), MAX_SPIN);
+        assert_eq!(auto_spin(f64::NAN), DEFAULT_SPIN);
+        assert_eq!(GroupConfig::default().spin_now(), DEFAULT_SPIN);
+    }
 
     #[test]
     fn env_overrides_and_errors_name_the_variable() {

@@ -108,6 +108,9 @@ pub(crate) struct Inner {
     /// Process id of every rank.
     pub pids: Vec<i32>,
     pub topo: Topology,
+    /// Nanoseconds an op spins before it sleeps: the configured spin, or until calibration
+    /// measures the group round, [`super::config::DEFAULT_SPIN`] (see `GroupConfig::spin`).
+    pub spin_ns: AtomicU64,
     pub core: Mutex<Core>,
     pub gate: Gate,
     /// Next collective sequence number (identical on every rank).
@@ -118,6 +121,19 @@ pub(crate) struct Inner {
     pub flight: FlightRecorder,
     pub last: Mutex<Option<Selection>>,
     pub worker: Mutex<Option<std::sync::mpsc::Sender<Job>>>,
+}
+
+impl Inner {
+    /// How long an op spins before it sleeps (see [`Inner::spin_ns`]).
+    pub fn spin(&self) -> Duration {
+        Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed))
+    }
+
+    /// Sets the spin of every later op.
+    pub fn set_spin(&self, spin: Duration) {
+        self.spin_ns
+            .store(spin.as_nanos() as u64, Ordering::Relaxed);
+    }
 }
 
 /// A set of ranks that run collectives together. Cheap to clone (shared handle).
@@ -197,6 +213,7 @@ impl ProcessGroup {
             host_names: w.host_names,
             pids: w.pids,
             topo,
+            spin_ns: AtomicU64::new(cfg.spin_now().as_nanos() as u64),
             core: Mutex::new(Core {
                 links: w.links,
                 scratch: Scratch::default(),
@@ -220,6 +237,12 @@ impl ProcessGroup {
         }
         tracing::debug!(group = name, rank, size, topology = ?g.inner.topo, "group ready");
         Ok(g)
+    }
+
+    /// How long an op spins (yielding the CPU) before it sleeps: the configured
+    /// `GroupConfig::spin`, or the automatic one from the measured group round.
+    pub fn spin(&self) -> Duration {
+        self.inner.spin()
     }
 
     /// This rank's index in the group.
@@ -422,7 +445,7 @@ impl ProcessGroup {
             links: links.as_mut_slice(),
             op,
         };
-        ctx.op.spin = inner.cfg.spin;
+        ctx.op.spin = inner.spin();
         let result = body(&mut ctx, algo, scratch);
         let sent = ctx.op.bytes_sent;
         drop(core);
