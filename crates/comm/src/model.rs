@@ -413,7 +413,24 @@ impl serde::Serialize for OpKind {
     }
 }
 
-/// Picks the applicable algorithm of least [`rank_cost`] for `op`, unless `forced` names one.
+/// The algorithm an op runs: `forced` if given, else the applicable one of least [`rank_cost`]
+/// (the first in [`Algo::ALL`] among equals). What every op calls, so it prices each candidate
+/// once and keeps nothing; [`select`] explains the same choice.
+pub fn choose(op: OpKind, bytes: usize, t: &Topology, forced: Option<Algo>) -> Algo {
+    forced.unwrap_or_else(|| {
+        Algo::ALL
+            .into_iter()
+            .filter_map(|a| Some((a, rank_cost(op, a, bytes, t)?)))
+            .fold(None, |best: Option<(Algo, f64)>, c| match best {
+                Some(b) if b.1.total_cmp(&c.1).is_le() => Some(b),
+                _ => Some(c),
+            })
+            .map_or(Algo::Direct, |b| b.0)
+    })
+}
+
+/// The choice of [`choose`] with every candidate's prediction and rank, unless `forced` names
+/// the algorithm.
 pub fn select(op: OpKind, bytes: usize, t: &Topology, forced: Option<Algo>) -> Selection {
     let mut candidates: Vec<Candidate> = Algo::ALL
         .into_iter()
@@ -426,13 +443,8 @@ pub fn select(op: OpKind, bytes: usize, t: &Topology, forced: Option<Algo>) -> S
         })
         .collect();
     candidates.sort_by(|a, b| a.ranked_s.total_cmp(&b.ranked_s));
-    let (algo, source) = match forced {
-        Some(a) => (a, "forced"),
-        None => (
-            candidates.first().map(|c| c.algo).unwrap_or(Algo::Direct),
-            "model",
-        ),
-    };
+    let algo = choose(op, bytes, t, forced);
+    let source = if forced.is_some() { "forced" } else { "model" };
     let predicted_s = candidates
         .iter()
         .find(|c| c.algo == algo)

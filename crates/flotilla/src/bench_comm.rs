@@ -442,13 +442,9 @@ fn measure(
         algo,
         timeout: None,
     };
-    // The algorithm the op ran (read before the timing's own all-reduce replaces it).
-    let mut algo_name = "-";
-    let mut run = || {
-        call(g, op, &mut bufs, dtype, &opts)?;
-        algo_name = g.last_selection().map_or("-", |s| s.algo.name());
-        Ok(())
-    };
+    // The algorithm the op runs: the forced one, or the group's choice (the same on every call).
+    let algo_name = algo.unwrap_or_else(|| g.explain(op, size).algo).name();
+    let mut run = || call(g, op, &mut bufs, dtype, &opts);
     // Warm-up: five calls; the last one's time sizes the run.
     let warm = *g.timed_calls(5, &mut run)?.last().expect("five calls");
     if a.check {

@@ -9,7 +9,7 @@ use crate::engine::OpCtx;
 use crate::error::{CommError, OpDesc, Result};
 use crate::flight::FlightRecorder;
 use crate::frame::OpKind;
-use crate::model::{Selection, Topology, select};
+use crate::model::{Selection, Topology, choose, select};
 use crate::store::{Secret, StoreClient};
 use crate::transport::shm::ShmDomain;
 use crate::transport::{Link, LinkKind};
@@ -119,7 +119,9 @@ pub(crate) struct Inner {
     pub p2p_send: Mutex<Vec<u64>>,
     pub p2p_recv: Mutex<Vec<u64>>,
     pub flight: FlightRecorder,
-    pub last: Mutex<Option<Selection>>,
+    /// The most recent op's kind, bytes and forced algorithm (its [`Selection`] is rebuilt on
+    /// demand, so an op only prices what its choice needs).
+    pub last: Mutex<Option<(OpKind, usize, Option<Algo>)>>,
     pub worker: Mutex<Option<std::sync::mpsc::Sender<Job>>>,
 }
 
@@ -293,11 +295,8 @@ impl ProcessGroup {
 
     /// The selection made for the most recent op.
     pub fn last_selection(&self) -> Option<Selection> {
-        self.inner
-            .last
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        let last = *self.inner.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.map(|(op, bytes, forced)| select(op, bytes, &self.inner.topo, forced))
     }
 
     /// The flight recorder's table of recent ops.
@@ -381,8 +380,7 @@ impl ProcessGroup {
         let inner = &self.inner;
         let timeout = opts.timeout.unwrap_or(inner.cfg.timeout);
         let forced = opts.algo.or_else(|| inner.cfg.algo.get(&kind).copied());
-        let sel = select(kind, bytes, &inner.topo, forced);
-        let algo = sel.algo;
+        let algo = choose(kind, bytes, &inner.topo, forced);
         let desc = OpDesc {
             group: inner.name.clone(),
             kind: kind.name(),
@@ -425,8 +423,9 @@ impl ProcessGroup {
                 return Err(e);
             }
         }
-        tracing::debug!(target: "flotilla::select", group = %inner.name, seq, "{sel}");
-        *inner.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(sel);
+        tracing::debug!(target: "flotilla::select", group = %inner.name, seq, "{}",
+            select(kind, bytes, &inner.topo, forced));
+        *inner.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((kind, bytes, forced));
         inner.flight.start(fid, algo.name());
         let mut core = inner.core.lock().unwrap_or_else(|p| p.into_inner());
         let Core { links, scratch, .. } = &mut *core;
