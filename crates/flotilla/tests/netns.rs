@@ -140,6 +140,19 @@ fn two_hosts_two_ranks_check_every_op() {
         stdout.contains("# calibrated tcp:"),
         "tcp between hosts:\n{stdout}"
     );
+    // The group timed a small all-reduce with every algorithm, the hierarchical one included
+    // (it spans hosts), and its spin follows the measured round.
+    let probes = stdout
+        .lines()
+        .find(|l| l.starts_with("# latency probes (4096 B, median us): "))
+        .unwrap_or_else(|| panic!("latency probes printed:\n{stdout}"));
+    for algo in ["ring", "tree", "hierarchical"] {
+        assert!(
+            probes.contains(&format!("all_reduce/{algo} ")),
+            "{algo}: {probes}"
+        );
+    }
+    assert!(stdout.contains(" us (spin "), "spin printed:\n{stdout}");
     let rows = json_rows(stdout);
     assert_eq!(rows.len(), 6 * 4, "one row per op and size:\n{stdout}");
     let ar_1m = rows
