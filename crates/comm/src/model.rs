@@ -196,7 +196,8 @@ fn estimate(
     t: &Topology,
     measured_latency: bool,
 ) -> Option<f64> {
-    formula(op, algo, bytes, t)?;
+    let f = formula(op, algo, bytes, t)?;
+    let f0 = formula(op, algo, 0, t)?;
     let measured = match algo {
         // Halving-doubling moves the ring's bytes without its pipelining.
         Algo::HalvingDoubling => t
@@ -205,23 +206,26 @@ fn estimate(
             .map(|k| k * STORE_AND_FORWARD),
         _ => t.per_byte.get(&probe_key(op, algo)).copied(),
     };
-    // The bandwidth part: measured on this group where probed, else the formula's.
-    let bw = |t: &Topology, n: usize| match measured {
-        Some(k) => n as f64 * k,
-        None => formula(op, algo, n, t).unwrap_or(0.0) - formula(op, algo, 0, t).unwrap_or(0.0),
-    };
-    let sustained = bw(t, bytes);
+    // The formula, with the bandwidth part measured on this group where probed: all the
+    // selector needs (two formula evaluations per candidate on every op).
+    let sustained = measured.map_or(f - f0, |k| bytes as f64 * k);
     let latency = measured_latency
         .then(|| t.latency.get(&probe_key(op, algo)))
         .flatten();
-    Some(match latency {
-        Some(&l) => {
-            let fast = t.bursting();
-            let fast = fast.as_ref().unwrap_or(t);
-            (l + bw(fast, bytes) - bw(fast, LATENCY_PROBE_BYTES)).max(sustained)
+    let Some(&l) = latency else {
+        return Some(measured.map_or(f, |k| f0 + bytes as f64 * k));
+    };
+    // The bandwidth part of the bytes beyond (or short of) the probe's, at the burst rate where
+    // a link bursts.
+    let fast = t.bursting();
+    let fast = fast.as_ref().unwrap_or(t);
+    let bw = |n: usize| match measured {
+        Some(k) => n as f64 * k,
+        None => {
+            formula(op, algo, n, fast).unwrap_or(0.0) - formula(op, algo, 0, fast).unwrap_or(0.0)
         }
-        None => formula(op, algo, 0, t)? + sustained,
-    })
+    };
+    Some((l + bw(bytes) - bw(LATENCY_PROBE_BYTES)).max(sustained))
 }
 
 /// Per-rank buffer of the latency probes (see [`Topology::latency`]).
