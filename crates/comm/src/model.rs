@@ -228,7 +228,9 @@ fn estimate(
     Some((l + bw(bytes) - bw(LATENCY_PROBE_BYTES)).max(sustained))
 }
 
-/// Per-rank buffer of the latency probes (see [`Topology::latency`]).
+/// Buffer of the latency probes (see [`Topology::latency`]): per rank for all-reduce and
+/// broadcast, the gathered or scattered buffer for the others (as [`predict`] counts bytes),
+/// rounded down to a multiple of 4p.
 pub const LATENCY_PROBE_BYTES: usize = 4096;
 
 /// Key of a measured per-byte cost in [`Topology::per_byte`].

@@ -35,8 +35,9 @@ fn ring_all_reduce_tcp_and_shm() {
 
 /// A calibrated single-host group measures the cost per byte of the bandwidth-bound all-reduce
 /// candidates, the double tree among them (its formula is only an upper bound), and the latency
-/// of a small all-reduce with every algorithm, and prices a large all-reduce with those figures,
-/// so the selector compares what each algorithm did here.
+/// of a small op with every algorithm (all-reduce, reduce-scatter, all-gather, broadcast), and
+/// prices a large all-reduce with those figures, so the selector compares what each algorithm
+/// did here.
 #[test]
 fn calibration_measures_the_double_tree_and_the_selector_prices_with_it() {
     use comm::OpKind;
@@ -77,6 +78,15 @@ fn calibration_measures_the_double_tree_and_the_selector_prices_with_it() {
             assert!(ranked(sel.algo) <= ranked(algo), "{sel}");
         }
         assert_eq!(sel.source, "model");
+        // Every collective the bench times has its small-op latency measured, per algorithm.
+        for op in [OpKind::ReduceScatter, OpKind::AllGather, OpKind::Broadcast] {
+            let key = probe_key(op, Algo::Ring);
+            assert!(
+                t.latency.get(&key).is_some_and(|&l| l > 0.0 && l < 1.0),
+                "{key}: {:?}",
+                t.latency
+            );
+        }
         seen.push(sel.algo);
         latencies.push(t.latency);
     }

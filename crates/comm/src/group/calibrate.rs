@@ -190,35 +190,80 @@ pub(crate) fn calibrate(g: &ProcessGroup) -> Result<Topology> {
     Ok(topo)
 }
 
-/// Times a [`LATENCY_PROBE_BYTES`] all-reduce with every algorithm that applies (median of
-/// [`LATENCY_SAMPLES`] after [`LATENCY_WARM`], timed as `flotilla bench comm` times an op:
-/// [`ProcessGroup::timed_calls`]); rank 0's figures are broadcast so every rank
-/// selects alike. What a small op costs is mostly waiting for peers to be scheduled, which no
-/// link α shows once ranks share cores: on 2 netns hosts x 2 ranks (tbf 1 Gbit/s), the formula
-/// said 20 us for a direct 8-byte all-reduce that took 55-74.
+/// The ops whose latency part is measured when a group is created: every collective that
+/// `flotilla bench comm` times and whose formula prices steps at a link's α.
+const LATENCY_PROBED: [OpKind; 4] = [
+    OpKind::AllReduce,
+    OpKind::ReduceScatter,
+    OpKind::AllGather,
+    OpKind::Broadcast,
+];
+
+/// Times a [`LATENCY_PROBE_BYTES`] op with every algorithm that applies, for each op of
+/// [`LATENCY_PROBED`] (median of [`LATENCY_SAMPLES`] after [`LATENCY_WARM`], timed as
+/// `flotilla bench comm` times an op: [`ProcessGroup::timed_calls`]); rank 0's figures are
+/// broadcast so every rank selects alike. What a small op costs is mostly waiting for peers to be
+/// scheduled, which no link α shows once ranks share cores: on 2 netns hosts x 2 ranks (tbf
+/// 1 Gbit/s), the formula said 20 us for a direct 8-byte all-reduce that took 55-74; on one
+/// host (4 ranks, 2 cores) it said 6.5 us for a 4 KiB all-gather that took 10.8.
 fn measure_latency(g: &ProcessGroup, topo: &Topology) -> Result<BTreeMap<String, f64>> {
-    let op = OpKind::AllReduce;
-    let algos: Vec<Algo> = Algo::ALL
-        .into_iter()
-        .filter(|&a| crate::model::formula(op, a, LATENCY_PROBE_BYTES, topo).is_some())
-        .collect();
-    let mut buf = HostBuffer::zeroed(LATENCY_PROBE_BYTES);
-    let mut medians = vec![0.0f64; algos.len()];
-    for (algo, m) in algos.iter().zip(medians.iter_mut()) {
-        let opts = OpOptions {
-            algo: Some(*algo),
-            timeout: None,
-        };
-        let mut call = || g.all_reduce_bytes(&mut buf, DType::F32, ReduceOp::Sum, &opts);
-        g.timed_calls(LATENCY_WARM, &mut call)?;
-        *m = median(&mut g.timed_calls(LATENCY_SAMPLES, &mut call)?);
+    // The largest multiple of 4p bytes within the probe size, so that every rank holds as many
+    // f32 of the gathered or scattered buffer.
+    let unit = 4 * g.size();
+    let n = (LATENCY_PROBE_BYTES / unit).max(1) * unit;
+    let mut a = HostBuffer::zeroed(n);
+    let mut b = HostBuffer::zeroed(n);
+    let mut keys = Vec::new();
+    let mut medians = Vec::new();
+    for op in LATENCY_PROBED {
+        for algo in Algo::ALL {
+            if crate::model::formula(op, algo, n, topo).is_none() {
+                continue;
+            }
+            let opts = OpOptions {
+                algo: Some(algo),
+                timeout: None,
+            };
+            let mut call = || run_probe(g, op, &mut a, &mut b, &opts);
+            g.timed_calls(LATENCY_WARM, &mut call)?;
+            medians.push(median(&mut g.timed_calls(LATENCY_SAMPLES, &mut call)?));
+            keys.push(crate::model::probe_key(op, algo));
+        }
     }
     g.broadcast(&mut medians, 0)?;
-    Ok(algos
-        .into_iter()
-        .zip(medians)
-        .map(|(a, m)| (crate::model::probe_key(op, a), m))
-        .collect())
+    Ok(keys.into_iter().zip(medians).collect())
+}
+
+/// Runs `op` once as a probe over the whole of `a` (the per-rank buffer of all-reduce and
+/// broadcast, the scattered input of reduce-scatter, the gathered output of all-gather, whose
+/// input is `a`'s first 1/p), writing `b`. `a.len()` must be a multiple of 4p (f32 elements,
+/// the same count on every rank).
+fn run_probe(
+    g: &ProcessGroup,
+    op: OpKind,
+    a: &mut [u8],
+    b: &mut [u8],
+    opts: &OpOptions,
+) -> Result<()> {
+    let (n, p) = (a.len(), g.size());
+    match op {
+        OpKind::AllReduce => g.all_reduce_bytes(a, DType::F32, ReduceOp::Sum, opts),
+        OpKind::ReduceScatter => {
+            g.reduce_scatter_bytes(a, &mut b[..n / p], DType::F32, ReduceOp::Sum, opts)
+        }
+        OpKind::AllGather => g.all_gather_bytes(
+            &a[..n / p],
+            &mut b[..n],
+            &vec![n / p / 4; p],
+            DType::F32,
+            opts,
+        ),
+        OpKind::Broadcast => g.broadcast_bytes(a, DType::F32, 0, opts),
+        other => Err(CommError::InvalidArgument(format!(
+            "{} is not a calibration probe",
+            other.name()
+        ))),
+    }
 }
 
 impl ProcessGroup {
@@ -285,17 +330,7 @@ fn measure_per_byte(g: &ProcessGroup, topo: &Topology) -> Result<BTreeMap<String
         let mut t = [f64::INFINITY];
         for i in 0..3 {
             let t0 = Instant::now();
-            match op {
-                OpKind::AllReduce => {
-                    g.all_reduce_bytes(&mut a, DType::F32, ReduceOp::Sum, &opts)?
-                }
-                OpKind::ReduceScatter => {
-                    g.reduce_scatter_bytes(&a, &mut b[..n / p], DType::F32, ReduceOp::Sum, &opts)?
-                }
-                _ => {
-                    g.all_gather_bytes(&a[..n / p], &mut b, &vec![n / p / 4; p], DType::F32, &opts)?
-                }
-            }
+            run_probe(g, op, &mut a, &mut b, &opts)?;
             if i > 0 {
                 t[0] = t[0].min(t0.elapsed().as_secs_f64());
             }
