@@ -32,7 +32,8 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// How often the agent looks at its workers and the store.
+/// How often the agent looks at its workers and the store, at the least: a worker's exit wakes
+/// it at once ([`crate::process::wait_for_exit`]).
 const POLL: Duration = Duration::from_millis(100);
 /// After a first local failure, how long to let the rest of the picture arrive (a killed rank's
 /// peers fail a moment later) before naming the root cause.
@@ -555,7 +556,7 @@ fn watch_generation(
                 return Ok(Outcome::Complete);
             }
         }
-        std::thread::sleep(POLL);
+        crate::process::wait_for_exit(workers, POLL);
     }
 }
 

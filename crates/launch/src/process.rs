@@ -1,6 +1,7 @@
 //! Worker processes of one generation on this host: spawn, poll, stop.
 
 use crate::error::{LaunchError, Result};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus};
@@ -22,6 +23,8 @@ pub struct LocalWorker {
     /// Global rank.
     pub rank: usize,
     child: Child,
+    /// A pidfd of the child (Linux 5.3+), readable once it exits; None where the kernel has none.
+    pidfd: Option<OwnedFd>,
     /// Its exit status, once reaped.
     pub status: Option<ExitStatus>,
 }
@@ -47,9 +50,14 @@ impl LocalWorker {
         let child = c
             .spawn()
             .map_err(|source| LaunchError::Spawn { rank, source })?;
+        // SAFETY: pidfd_open(2) on our own unreaped child (its pid cannot be reused meanwhile);
+        // a non-negative return is a new descriptor that nothing else owns.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.id() as libc::pid_t, 0) };
+        let pidfd = (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) });
         Ok(LocalWorker {
             rank,
             child,
+            pidfd,
             status: None,
         })
     }
@@ -77,6 +85,33 @@ impl LocalWorker {
                 libc::kill(self.child.id() as libc::pid_t, sig);
             }
         }
+    }
+}
+
+/// Blocks until one of the `workers` still running exits, or `timeout` passes, whichever is
+/// first: each worker's pidfd becomes readable when it exits, so an agent hears of an exit at
+/// once rather than at its next poll (the local agent of `flotilla bench comm` ended jobs up to
+/// its 100 ms poll late). Sleeps `timeout` where no running worker has a pidfd.
+pub fn wait_for_exit(workers: &[LocalWorker], timeout: Duration) {
+    let mut fds: Vec<libc::pollfd> = workers
+        .iter()
+        .filter(|w| w.running())
+        .filter_map(|w| w.pidfd.as_ref())
+        .map(|fd| libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    if fds.is_empty() {
+        std::thread::sleep(timeout);
+        return;
+    }
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+    // SAFETY: poll(2) over descriptors we own, with the length of the vector it reads. An
+    // interrupted or failed poll only returns early; the caller checks its workers either way.
+    unsafe {
+        libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms);
     }
 }
 
@@ -117,6 +152,47 @@ pub fn stop_all(workers: &mut [LocalWorker], grace: Duration) -> Result<()> {
                 std::io::Error::from(std::io::ErrorKind::TimedOut),
             ));
         }
-        std::thread::sleep(Duration::from_millis(20));
+        wait_for_exit(workers, Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> WorkerCommand {
+        WorkerCommand {
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            env: Vec::new(),
+        }
+    }
+
+    /// An exit wakes the waiter: a worker that exits at once ends a 60 s wait long before it
+    /// runs out (the bound is the wake-up's existence, not its speed).
+    #[test]
+    fn an_exit_ends_the_wait_early() {
+        let mut w = LocalWorker::spawn(&sh("exit 3"), 0, &[]).unwrap();
+        assert!(w.pidfd.is_some(), "this kernel has pidfd_open");
+        let t0 = Instant::now();
+        wait_for_exit(std::slice::from_ref(&w), Duration::from_secs(60));
+        assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+        assert_eq!(w.poll().unwrap().and_then(|s| s.code()), Some(3));
+    }
+
+    /// A wait on workers that keep running lasts its timeout, and one on no running worker
+    /// sleeps it.
+    #[test]
+    fn a_wait_without_exits_lasts_its_timeout() {
+        let mut w = LocalWorker::spawn(&sh("sleep 30"), 1, &[]).unwrap();
+        let t0 = Instant::now();
+        wait_for_exit(std::slice::from_ref(&w), Duration::from_millis(50));
+        assert!(t0.elapsed() >= Duration::from_millis(50));
+        assert!(w.poll().unwrap().is_none());
+        stop_all(std::slice::from_mut(&mut w), Duration::from_secs(5)).unwrap();
+        assert!(!w.running());
+        let t1 = Instant::now();
+        wait_for_exit(std::slice::from_ref(&w), Duration::from_millis(50));
+        assert!(t1.elapsed() >= Duration::from_millis(50));
     }
 }
