@@ -351,21 +351,33 @@ pub fn formula(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64
             // Intra-host steps involve only the host's ranks: the group round (which crosses
             // hosts) bounds the inter-host steps only.
             lo.alpha = lo.alpha.max(t.round);
-            let intra = match t.direct_read {
-                _ if gsz == 1 => 0.0,
-                Some(br) => {
-                    (2.0 + 2.0 * log2_ceil(gsz)) * li.alpha
-                        + ov * (gf - 1.0) / gf * n * (2.0 / br + t.gamma)
-                }
-                None => {
-                    2.0 * (gf - 1.0) * li.alpha
-                        + ov * (2.0 * (gf - 1.0) / gf * n / li.beta + (gf - 1.0) / gf * n * t.gamma)
-                }
+            // Latency and bandwidth parts of each phase.
+            let (intra_lat, intra_bw) = match t.direct_read {
+                _ if gsz == 1 => (0.0, 0.0),
+                Some(br) => (
+                    (2.0 + 2.0 * log2_ceil(gsz)) * li.alpha,
+                    ov * (gf - 1.0) / gf * n * (2.0 / br + t.gamma),
+                ),
+                None => (
+                    2.0 * (gf - 1.0) * li.alpha,
+                    ov * (2.0 * (gf - 1.0) / gf * n / li.beta + (gf - 1.0) / gf * n * t.gamma),
+                ),
             };
-            let inter = 2.0 * (hf - 1.0) * lo.alpha
-                + 2.0 * (hf - 1.0) / hf * n / lo.beta
-                + (hf - 1.0) / hf * n / gf * g;
-            intra + inter
+            let inter_lat = 2.0 * (hf - 1.0) * lo.alpha;
+            let inter_bw = 2.0 * (hf - 1.0) / hf * n / lo.beta + (hf - 1.0) / hf * n / gf * g;
+            let seg = crate::algo::hier_pipeline::SEGMENT_BYTES as f64;
+            if t.direct_read.is_some() && gsz > 1 && n >= 2.0 * seg {
+                // Pipelined over k segments (algo::hier_pipeline): the intra-host and
+                // inter-host phases run at once on two threads, each paying its latency once
+                // per segment, and only the first segment's reduce-scatter and the last one's
+                // all-gather stay exposed.
+                let k = (n / seg).ceil();
+                let intra = k * intra_lat + intra_bw;
+                let inter = k * inter_lat + inter_bw;
+                intra.max(inter) + intra_lat + intra_bw / k
+            } else {
+                intra_lat + intra_bw + inter_lat + inter_bw
+            }
         }
         _ => return None,
     })
