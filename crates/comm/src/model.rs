@@ -216,16 +216,16 @@ fn estimate(
         return Some(measured.map_or(f, |k| f0 + bytes as f64 * k));
     };
     // The bandwidth part of the bytes beyond (or short of) the probe's, at the burst rate where
-    // a link bursts.
-    let fast = t.bursting();
-    let fast = fast.as_ref().unwrap_or(t);
-    let bw = |n: usize| match measured {
-        Some(k) => n as f64 * k,
+    // a link bursts (the formula's latency part cancels in the difference).
+    let beyond_probe = match measured {
+        Some(k) => (bytes as f64 - LATENCY_PROBE_BYTES as f64) * k,
         None => {
-            formula(op, algo, n, fast).unwrap_or(0.0) - formula(op, algo, 0, fast).unwrap_or(0.0)
+            let fast = t.bursting();
+            let fast = fast.as_ref().unwrap_or(t);
+            formula(op, algo, bytes, fast)? - formula(op, algo, LATENCY_PROBE_BYTES, fast)?
         }
     };
-    Some((l + bw(bytes) - bw(LATENCY_PROBE_BYTES)).max(sustained))
+    Some((l + beyond_probe).max(sustained))
 }
 
 /// Buffer of the latency probes (see [`Topology::latency`]): per rank for all-reduce and
@@ -460,8 +460,9 @@ pub fn select(op: OpKind, bytes: usize, t: &Topology, forced: Option<Algo>) -> S
             })
         })
         .collect();
+    // A stable sort keeps the first of equals in `Algo::ALL` order first: [`choose`]'s rule.
     candidates.sort_by(|a, b| a.ranked_s.total_cmp(&b.ranked_s));
-    let algo = choose(op, bytes, t, forced);
+    let algo = forced.unwrap_or_else(|| candidates.first().map_or(Algo::Direct, |c| c.algo));
     let source = if forced.is_some() { "forced" } else { "model" };
     let predicted_s = candidates
         .iter()

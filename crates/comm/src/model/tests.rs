@@ -211,3 +211,40 @@ fn the_pipelined_hierarchical_all_reduce_costs_its_slower_phase() {
     let serial = predict(op, hier, n, &t).unwrap();
     assert!(serial > piped + 0.01, "{serial} vs {piped}");
 }
+
+/// `select` explains exactly the choice `choose` makes for an op, ties included (both take the
+/// first of equals in `Algo::ALL` order).
+#[test]
+fn select_explains_the_choice_that_choose_makes() {
+    let mut tied = topo(4, 1, DEFAULT_TCP);
+    tied.latency
+        .insert(probe_key(OpKind::AllReduce, Algo::Ring), 1e-3);
+    let layouts = [
+        topo(8, 1, DEFAULT_TCP),
+        topo(
+            4,
+            2,
+            LinkParams {
+                alpha: 50e-6,
+                beta: 125e6,
+            },
+        ),
+        shaped(Some(80e-6), Some(2e9)),
+        tied,
+        topo(1, 1, DEFAULT_TCP),
+    ];
+    for t in &layouts {
+        for op in [
+            OpKind::AllReduce,
+            OpKind::AllGather,
+            OpKind::Broadcast,
+            OpKind::AllToAll,
+        ] {
+            for bytes in [0, 8, 4096, 1 << 20, 64 << 20] {
+                let s = select(op, bytes, t, None);
+                assert_eq!(s.algo, choose(op, bytes, t, None), "{s}");
+                assert_eq!(s.source, "model");
+            }
+        }
+    }
+}
