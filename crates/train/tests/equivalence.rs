@@ -1,0 +1,469 @@
+//! The equivalence net of issue 27 ("one engine"): every layout the engines support today,
+//! trained for a few steps, with each step's loss and gradient norm and the final whole-model
+//! parameters recorded bit for bit, so that the engines can be merged into one without any
+//! numeric change going unnoticed.
+//!
+//! - The golden figures live in `tests/equivalence/golden.json`, one set per arithmetic
+//!   fingerprint ([`fingerprint`]: the CPU kernels' instruction set picks the GEMM blocking and
+//!   so the summation order; a machine with another fingerprint cannot reproduce the bits).
+//!   On a machine whose fingerprint has golden figures, every layout must match them exactly.
+//!   On another machine the bitwise check is skipped, saying so; the tolerance checks below
+//!   still run. `FLOTILLA_RECORD_EQUIVALENCE=1 cargo test -p flotilla-train --test equivalence`
+//!   (re)records this machine's figures.
+//! - Independently of the golden file, each layout's losses and final parameters must match
+//!   the one-process run on the same global batch within [`TOL`] (dense) and EP = 2 must match
+//!   EP = 1 (MoE), and every layout run twice must be bit-identical.
+//!
+//! Every gradient reduction's algorithm is fixed by the groups' config (the ring, as
+//! `FLOTILLA_ALGO=ring` fixes it), so the bits do not depend on a calibration's timings.
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use comm::OpKind;
+use comm::algo::Algo;
+use comm::group::{GroupConfig, ProcessGroup};
+use comm::local::run_threads;
+use comm::mesh::{DeviceMesh, MeshShape};
+use model::config::ModelConfig;
+use model::optim::AdamWConfig;
+use serde::{Deserialize, Serialize};
+use train::expert::{MoeConfig, MoeModelConfig, MoeModelLayout, MoeTrainConfig, MoeTrainer};
+use train::pipeline::{PipelineStage, ScheduleKind};
+use train::tensor::TpTrainer;
+use train::zero::Stage;
+use train::{DataSpec, TrainConfig, Trainer};
+
+/// Steps of every run.
+const STEPS: u64 = 3;
+/// Dense layouts against the one-process run (the issue's 1e-5; summation orders differ).
+const TOL: f64 = 1e-5;
+
+/// What one layout's run recorded (rank 0's view; every rank reports the same stats).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Record {
+    /// Per-step loss, `f64::to_bits` in hex.
+    losses: Vec<String>,
+    /// Per-step gradient norm before clipping, bits in hex.
+    norms: Vec<String>,
+    /// xxh3-64 of the final whole-model parameters' little-endian bytes, in hex.
+    params: String,
+}
+
+/// A run's numbers, before they become a [`Record`].
+struct Run {
+    losses: Vec<f64>,
+    norms: Vec<f64>,
+    params: Vec<f32>,
+}
+
+impl Run {
+    fn record(&self) -> Record {
+        let hex = |v: &[f64]| v.iter().map(|x| format!("{:016x}", x.to_bits())).collect();
+        let bytes: Vec<u8> = self.params.iter().flat_map(|p| p.to_le_bytes()).collect();
+        Record {
+            losses: hex(&self.losses),
+            norms: hex(&self.norms),
+            params: format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes)),
+        }
+    }
+}
+
+/// The arithmetic fingerprint: which instruction set the GEMM and attention kernels use.
+fn fingerprint() -> String {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            return "x86_64-avx512f".into();
+        }
+        return "x86_64".into();
+    }
+    #[allow(unreachable_code)]
+    std::env::consts::ARCH.into()
+}
+
+/// Groups with the ring fixed for every op and no calibration.
+fn fixed() -> GroupConfig {
+    let mut algo = std::collections::HashMap::new();
+    for op in [OpKind::AllReduce, OpKind::ReduceScatter, OpKind::AllGather] {
+        algo.insert(op, Algo::Ring);
+    }
+    GroupConfig {
+        calibrate: false,
+        algo,
+        ..GroupConfig::default()
+    }
+}
+
+/// A 4-layer GPT-2 (4 heads, C = 64, F = 256, V = 64, tied) on the Markov corpus, `batch` rows
+/// of 16 tokens per replica and micro-batch, `accum` micro-batches per step, warmup then cosine,
+/// clipping below the early norms so every step clips.
+fn gpt2(batch: usize, accum: usize) -> TrainConfig {
+    let mut c = TrainConfig::new(ModelConfig::gpt2(4, 4, 64, 16, 64), STEPS);
+    c.schedule = model::optim::schedule::Schedule::Cosine {
+        warmup: 1,
+        total: STEPS,
+        min_lr_ratio: 0.1,
+    };
+    c.batch = batch;
+    c.grad_accum = accum;
+    c.lr = 3e-3;
+    c.threads = 1;
+    c.seed = 5;
+    c.grad_clip = Some(0.05);
+    c.data = DataSpec::Markov { branching: 4 };
+    c
+}
+
+/// A 2-layer Llama (8 query heads over 4 kv heads, C = 64, SwiGLU F = 128, untied) with
+/// `gpt2`'s schedule and data.
+fn llama(batch: usize, accum: usize) -> TrainConfig {
+    let mut c = gpt2(batch, accum);
+    c.model = ModelConfig::llama(2, 8, 4, 64, 128, 16, 64);
+    c.decay_all = false;
+    c
+}
+
+/// Runs `world` ranks of `f` and returns rank 0's run, checking every rank reported the same
+/// per-step stats.
+fn ranks(world: usize, f: impl Fn(ProcessGroup) -> Run + Send + Sync + 'static) -> Run {
+    let f = std::sync::Arc::new(f);
+    let out = run_threads(world, fixed(), move |g| Ok(f(g))).expect("threads");
+    let runs: Vec<Run> = out.into_iter().map(|r| r.expect("rank")).collect();
+    for (r, run) in runs.iter().enumerate().skip(1) {
+        assert_eq!(
+            run.losses, runs[0].losses,
+            "rank {r}: losses differ from rank 0"
+        );
+    }
+    runs.into_iter().next().expect("rank 0")
+}
+
+/// The one-process or data-parallel `Trainer` at ZeRO `stage` (0: none) on `world` ranks.
+fn trainer_run(cfg: TrainConfig, world: usize, stage: u8) -> Run {
+    let one = move |t: &mut Trainer| {
+        let (mut losses, mut norms) = (vec![], vec![]);
+        for _ in 0..STEPS {
+            let s = t.step().expect("step");
+            losses.push(s.loss);
+            norms.push(s.grad_norm);
+        }
+        t.gather_params().expect("gather");
+        Run {
+            losses,
+            norms,
+            params: t.params().to_vec(),
+        }
+    };
+    if world == 1 {
+        return one(&mut Trainer::new(cfg).expect("trainer"));
+    }
+    ranks(world, move |g| {
+        let mut t = match Stage::from_number(stage).expect("stage") {
+            Some(s) => Trainer::zero(cfg.clone(), g, s, 16 << 10),
+            None => Trainer::data_parallel(cfg.clone(), g, 16 << 10),
+        }
+        .expect("trainer");
+        one(&mut t)
+    })
+}
+
+/// DP x TP on a mesh of `dp x tp` ranks (plain TP when dp = 1).
+fn tensor_run(cfg: TrainConfig, dp: usize, tp: usize) -> Run {
+    ranks(dp * tp, move |g| {
+        let mesh = DeviceMesh::new(&g, MeshShape::new(dp, 1, tp), false).expect("mesh");
+        let mut t = TpTrainer::on_mesh(cfg.clone(), &mesh).expect("tp trainer");
+        let (mut losses, mut norms) = (vec![], vec![]);
+        for _ in 0..STEPS {
+            let s = t.step().expect("step");
+            losses.push(s.loss);
+            norms.push(s.grad_norm);
+        }
+        Run {
+            losses,
+            norms,
+            params: t.gather_params().expect("gather"),
+        }
+    })
+}
+
+/// PP x DP x TP on a mesh, `kind` schedule, ZeRO-1 inside the stages when `zero1`.
+fn pipeline_run(
+    cfg: TrainConfig,
+    shape: (usize, usize, usize),
+    kind: ScheduleKind,
+    zero1: bool,
+) -> Run {
+    let (dp, pp, tp) = shape;
+    ranks(dp * pp * tp, move |g| {
+        let mesh = DeviceMesh::new(&g, MeshShape::new(dp, pp, tp), false).expect("mesh");
+        let mut st = if zero1 {
+            let (pp, dp) = (mesh.pp().clone(), mesh.dp().clone());
+            PipelineStage::with_zero(cfg.clone(), pp, dp, kind, Stage::One)
+        } else {
+            PipelineStage::on_mesh(cfg.clone(), &mesh, kind)
+        }
+        .expect("stage");
+        let (mut losses, mut norms) = (vec![], vec![]);
+        for _ in 0..STEPS {
+            let s = st.step().expect("step");
+            losses.push(s.loss);
+            norms.push(s.grad_norm);
+        }
+        Run {
+            losses,
+            norms,
+            params: st.gather_params().expect("gather"),
+        }
+    })
+}
+
+/// A 2-layer MoE decoder (C = 32, 4 heads, E = 4, top-2) on `ep` ranks sharing a global batch
+/// of 4 rows.
+fn moe_run(ep: usize) -> Run {
+    let model = MoeModelConfig {
+        vocab: 64,
+        seq_len: 16,
+        layers: 2,
+        heads: 4,
+        moe: MoeConfig {
+            experts: 4,
+            top_k: 2,
+            channels: 32,
+            hidden: 64,
+            capacity_factor: 1.0,
+            aux_weight: 0.01,
+        },
+        norm_eps: 1e-5,
+    };
+    let cfg = MoeTrainConfig {
+        model,
+        batch: 4 / ep,
+        seq_len: 16,
+        lr: 3e-3,
+        adamw: AdamWConfig::default(),
+        grad_clip: Some(0.5),
+        seed: 7,
+        threads: 1,
+        data: DataSpec::Markov { branching: 4 },
+    };
+    let out = run_threads(ep, fixed(), move |g| {
+        let mut t = MoeTrainer::new(cfg.clone(), g).expect("moe trainer");
+        let (mut losses, mut norms) = (vec![], vec![]);
+        for _ in 0..STEPS {
+            let s = t.step().expect("step");
+            losses.push(s.loss);
+            norms.push(s.norm);
+        }
+        Ok((losses, norms, t.params().to_vec()))
+    })
+    .expect("threads");
+    let ranks: Vec<_> = out.into_iter().map(|r| r.expect("rank")).collect();
+    let shards: Vec<Vec<f32>> = ranks.iter().map(|r| r.2.clone()).collect();
+    let (losses, norms, _) = ranks.into_iter().next().expect("rank 0");
+    Run {
+        losses,
+        norms,
+        params: MoeModelLayout::gather(model, &shards).expect("gather"),
+    }
+}
+
+/// Every layout of the net: name, the run, and the name of the run it must match within
+/// [`TOL`] (None: a reference).
+fn layouts() -> Vec<(&'static str, Box<dyn Fn() -> Run>, Option<&'static str>)> {
+    let one = ScheduleKind::OneFOneB;
+    vec![
+        // References: one process on the whole global batch.
+        (
+            "gpt2 b4 a2",
+            Box::new(|| trainer_run(gpt2(4, 2), 1, 0)),
+            None,
+        ),
+        (
+            "llama b4 a2",
+            Box::new(|| trainer_run(llama(4, 2), 1, 0)),
+            None,
+        ),
+        (
+            "gpt2 b4 a2 bf16",
+            Box::new(|| {
+                let mut c = gpt2(4, 2);
+                c.bf16 = true;
+                trainer_run(c, 1, 0)
+            }),
+            None,
+        ),
+        (
+            "gpt2 b4 a2 recompute",
+            Box::new(|| {
+                let mut c = gpt2(4, 2);
+                c.recompute = true;
+                trainer_run(c, 1, 0)
+            }),
+            Some("gpt2 b4 a2"),
+        ),
+        // Data parallel and ZeRO.
+        (
+            "dp2",
+            Box::new(|| trainer_run(gpt2(2, 2), 2, 0)),
+            Some("gpt2 b4 a2"),
+        ),
+        (
+            "dp4",
+            Box::new(|| trainer_run(gpt2(1, 2), 4, 0)),
+            Some("gpt2 b4 a2"),
+        ),
+        (
+            "dp2 zero1",
+            Box::new(|| trainer_run(gpt2(2, 2), 2, 1)),
+            Some("gpt2 b4 a2"),
+        ),
+        (
+            "dp2 zero2",
+            Box::new(|| trainer_run(gpt2(2, 2), 2, 2)),
+            Some("gpt2 b4 a2"),
+        ),
+        (
+            "dp2 zero3",
+            Box::new(|| trainer_run(gpt2(2, 2), 2, 3)),
+            Some("gpt2 b4 a2"),
+        ),
+        // Tensor parallel.
+        (
+            "tp2",
+            Box::new(|| tensor_run(gpt2(4, 2), 1, 2)),
+            Some("gpt2 b4 a2"),
+        ),
+        (
+            "dp2 tp2",
+            Box::new(|| tensor_run(gpt2(2, 2), 2, 2)),
+            Some("gpt2 b4 a2"),
+        ),
+        (
+            "llama tp2",
+            Box::new(|| tensor_run(llama(4, 2), 1, 2)),
+            Some("llama b4 a2"),
+        ),
+        // Pipelines.
+        (
+            "pp2 1f1b",
+            Box::new(move || pipeline_run(gpt2(4, 2), (1, 2, 1), one, false)),
+            Some("gpt2 b4 a2"),
+        ),
+        (
+            "pp2 gpipe",
+            Box::new(|| pipeline_run(gpt2(4, 2), (1, 2, 1), ScheduleKind::GPipe, false)),
+            Some("gpt2 b4 a2"),
+        ),
+        (
+            "pp2 interleaved2",
+            Box::new(|| {
+                let kind = ScheduleKind::Interleaved { virtual_stages: 2 };
+                pipeline_run(gpt2(4, 2), (1, 2, 1), kind, false)
+            }),
+            Some("gpt2 b4 a2"),
+        ),
+        (
+            "pp2 dp2",
+            Box::new(move || pipeline_run(gpt2(2, 2), (2, 2, 1), one, false)),
+            Some("gpt2 b4 a2"),
+        ),
+        (
+            "pp2 dp2 zero1",
+            Box::new(move || pipeline_run(gpt2(2, 2), (2, 2, 1), one, true)),
+            Some("gpt2 b4 a2"),
+        ),
+        (
+            "pp2 tp2",
+            Box::new(move || pipeline_run(gpt2(4, 2), (1, 2, 2), one, false)),
+            Some("gpt2 b4 a2"),
+        ),
+        // Mixture of experts.
+        ("moe ep1", Box::new(|| moe_run(1)), None),
+        ("moe ep2", Box::new(|| moe_run(2)), Some("moe ep1")),
+    ]
+}
+
+fn golden_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/equivalence/golden.json")
+}
+
+/// Golden records: fingerprint -> layout -> record.
+type Golden = BTreeMap<String, BTreeMap<String, Record>>;
+
+/// The largest relative difference of `a` from `b` (element-wise against `b`'s largest
+/// magnitude).
+fn max_rel(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "parameter counts");
+    let scale = b.iter().fold(0f64, |m, &x| m.max(f64::from(x).abs()));
+    let diff = a
+        .iter()
+        .zip(b)
+        .fold(0f64, |m, (&x, &y)| m.max(f64::from(x - y).abs()));
+    diff / scale.max(f64::MIN_POSITIVE)
+}
+
+#[test]
+fn every_layout_matches_its_reference_and_the_recorded_bits() {
+    let record = std::env::var_os("FLOTILLA_RECORD_EQUIVALENCE").is_some();
+    let fp = fingerprint();
+    let mut golden: Golden = match std::fs::read_to_string(golden_path()) {
+        Ok(text) => serde_json::from_str(&text).expect("golden.json parses"),
+        Err(_) => Golden::new(),
+    };
+    let mine = golden.get(&fp).cloned();
+    if mine.is_none() && !record {
+        println!(
+            "SKIP bitwise: no golden figures for fingerprint {fp} (record them with \
+             FLOTILLA_RECORD_EQUIVALENCE=1); tolerance checks still run"
+        );
+    }
+    let mut runs: BTreeMap<&str, Run> = BTreeMap::new();
+    let mut recorded = BTreeMap::new();
+    let mut mismatches = vec![];
+    for (name, f, reference) in layouts() {
+        let run = f();
+        let again = f();
+        assert_eq!(
+            run.record(),
+            again.record(),
+            "{name}: two runs of the same layout differ"
+        );
+        let rec = run.record();
+        if let Some(want) = mine.as_ref().and_then(|m| m.get(name)) {
+            if *want != rec {
+                mismatches.push(format!("{name}: recorded {want:?}, now {rec:?}"));
+            }
+        }
+        if let Some(r) = reference {
+            let base = &runs[r];
+            for (s, (&l, &b)) in run.losses.iter().zip(&base.losses).enumerate() {
+                let rel = (l - b).abs() / b.abs();
+                assert!(
+                    rel < TOL,
+                    "{name} step {}: loss {l} vs {r} {b} (rel {rel:.2e})",
+                    s + 1
+                );
+            }
+            let d = max_rel(&run.params, &base.params);
+            println!("{name}: losses within {TOL:e} of {r}; parameters max rel diff {d:.2e}");
+            assert!(
+                d < TOL,
+                "{name}: parameters differ from {r} by {d:.2e} relative"
+            );
+        }
+        recorded.insert(name.to_string(), rec);
+        runs.insert(name, run);
+    }
+    if record {
+        golden.insert(fp.clone(), recorded);
+        let text = serde_json::to_string_pretty(&golden).expect("json");
+        std::fs::create_dir_all(golden_path().parent().expect("dir")).expect("mkdir");
+        std::fs::write(golden_path(), text + "\n").expect("write golden.json");
+        println!("recorded the golden figures of {fp}");
+    }
+    assert!(
+        mismatches.is_empty(),
+        "layouts whose bits changed ({fp}):\n{}",
+        mismatches.join("\n")
+    );
+}
