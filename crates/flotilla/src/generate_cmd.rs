@@ -34,7 +34,7 @@ pub struct Args {
 
 /// Run `flotilla generate`.
 pub fn run(a: Args) -> Result<()> {
-    let (cfg, params, side) = crate::saved::load(&a.model)?;
+    let (cfg, params, side) = train::saved::load(&a.model)?;
     let th = Threads::new(a.threads)?;
     let mut m = Model::<f32>::new(&cfg, 1, cfg.seq_len, false)?;
     let mut sc = SampleConfig {

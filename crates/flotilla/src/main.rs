@@ -1,14 +1,5 @@
 //! `flotilla`: one binary for training, planning, benchmarking and inspecting jobs.
 
-/// Prints a line only from the lead rank (`$lead`): the others of a data-parallel job stay quiet.
-macro_rules! out {
-    ($lead:expr, $($arg:tt)*) => {
-        if $lead {
-            println!($($arg)*);
-        }
-    };
-}
-
 mod bench_check;
 mod bench_comm;
 mod bench_model;
@@ -28,15 +19,9 @@ mod generate_cmd;
 mod loader_args;
 mod model_args;
 mod page_cache;
-mod plan_calibrate;
 mod plan_cmd;
-mod saved;
 mod spawn;
-mod train_ckpt;
 mod train_cmd;
-mod train_lines;
-mod train_mesh;
-mod train_plan;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
@@ -119,21 +104,19 @@ fn main() {
     if let Err(e) = result {
         eprintln!("flotilla: error: {}", error_chain(&e));
         // A refused configuration is not worth a restart (the agent reads this exit code).
-        let refused = e.downcast_ref::<train_mesh::Refused>().is_some() || needs_more_memory(&e);
+        let refused = is_refusal(&e);
         std::process::exit(if refused { launch::EXIT_REFUSED } else { 1 });
     }
 }
 
-/// Whether `e` is the model's refusal of a config too large for this machine's memory: a
-/// restart would only be refused again.
-fn needs_more_memory(e: &anyhow::Error) -> bool {
-    use model::ModelError::Memory;
+/// Whether `e` is a refusal a restart would only meet again: a configuration the run refuses
+/// ([`train::TrainError::is_refusal`]), or the model's refusal of a config too large for this
+/// machine's memory.
+fn is_refusal(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
-        matches!(c.downcast_ref(), Some(Memory { .. }))
-            || matches!(
-                c.downcast_ref(),
-                Some(train::TrainError::Model(Memory { .. }))
-            )
+        matches!(c.downcast_ref(), Some(model::ModelError::Memory { .. }))
+            || c.downcast_ref::<train::TrainError>()
+                .is_some_and(train::TrainError::is_refusal)
     })
 }
 

@@ -84,7 +84,7 @@ pub struct Args {
 /// Runs `flotilla plan`.
 pub fn run(a: Args) -> Result<()> {
     if a.calibrate {
-        let text = crate::plan_calibrate::render(&crate::plan_calibrate::measure(a.threads)?)?;
+        let text = render_calibration(&train::planner::calibrate::measure(a.threads)?)?;
         match &a.out {
             Some(p) => {
                 std::fs::write(p, &text).with_context(|| format!("writing {}", p.display()))?;
@@ -171,4 +171,66 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `flotilla plan --calibrate`'s output: the TOML text, with a header saying what was measured
+/// and how.
+fn render_calibration(c: &train::planner::calibrate::Calibration) -> Result<String> {
+    let body = toml::to_string(&train::planner::calibrate::cluster_file(c))
+        .context("writing the cluster TOML")?;
+    Ok(format!(
+        "# this machine, measured by `flotilla plan --calibrate` ({} rank(s) of {} thread(s)):\n\
+         # GEMM 2048^3 f32 {:.1} GFLOP/s per rank (as every precision: the CPU kernels compute in f32);\n\
+         # memory copy {:.2} GB/s per core (as HBM bandwidth); RAM {:.1} GB split over the ranks;\n\
+         # intra = shared memory between two ranks: alpha {:.2} us, beta {:.2} GB/s;\n\
+         # inter = TCP over loopback (a stand-in for a network): alpha {:.2} us, beta {:.2} GB/s.\n\
+         # Power and prices are not measured (0 W; the defaults).\n{body}",
+        c.ranks,
+        c.threads,
+        c.gemm_flops / 1e9,
+        c.copy_bw / 1e9,
+        c.ram / 1e9,
+        c.shm.0 * 1e6,
+        c.shm.1 / 1e9,
+        c.tcp.0 * 1e6,
+        c.tcp.1 / 1e9,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plan::cluster::Cluster;
+    use plan::cluster::ClusterFile;
+    use plan::hardware::THIS_MACHINE;
+    use train::planner::calibrate::Calibration;
+
+    #[test]
+    fn a_calibration_becomes_a_cluster_the_planner_accepts() {
+        let c = Calibration {
+            ranks: 2,
+            threads: 1,
+            gemm_flops: 150e9,
+            copy_bw: 10e9,
+            ram: 24e9,
+            shm: (3e-6, 6e9),
+            tcp: (20e-6, 2e9),
+        };
+        let text = render_calibration(&c).unwrap();
+        let f = ClusterFile::from_toml(&text).unwrap();
+        let cl = Cluster::from_file(&f).unwrap();
+        assert_eq!(cl.device.name, "this-machine");
+        assert_eq!(cl.devices(), 2);
+        assert!((cl.device.fp32 - 150e9).abs() < 1.0, "{}", cl.device.fp32);
+        assert!((cl.device.hbm_bw - 10e9).abs() < 1.0);
+        assert!((cl.intra.alpha - 3e-6).abs() < 1e-12 && (cl.intra.beta - 6e9).abs() < 1.0);
+        assert!((cl.inter.beta - 2e9).abs() < 1.0);
+        // Without the measured numbers the device is refused, naming the field and the fix.
+        let bare = ClusterFile::preset(THIS_MACHINE, 1);
+        let e = Cluster::from_file(&bare).unwrap_err().to_string();
+        assert!(
+            e.contains("device.fp32") && e.contains("--calibrate"),
+            "{e}"
+        );
+    }
 }

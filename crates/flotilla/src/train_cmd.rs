@@ -1,15 +1,15 @@
-//! `flotilla train`: train a model in this process, printing step, loss,
-//! tokens/s and MFU.
+//! `flotilla train`: maps the command line to a [`train::run::RunConfig`], then either
+//! launches this node's workers under the agent or runs [`train::run::run`] in this process,
+//! printing what the run reports beside a progress bar.
 use crate::model_args::{ModelArgs, TrainArgs};
 use crate::spawn::{NodePlan, NodeSpec, Supervision, Worker, agent_config};
-use crate::train_ckpt::{open_checkpoints, saved_line, slowest_rank};
-use crate::train_lines::{comm_note, say, split_note, state_line};
 use anyhow::{Context, Result, bail};
 use comm::group::{GroupConfig, ProcessGroup};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
-use train::Trainer;
-use train::metrics::{gemm_gflops, mfu};
+use train::metrics::gemm_gflops;
+use train::pipeline::ScheduleKind;
+use train::run::{LayoutConfig, RunConfig};
 
 /// Options of `flotilla train`.
 #[derive(clap::Args, Debug)]
@@ -20,7 +20,7 @@ pub struct Args {
     #[command(flatten)]
     train: TrainArgs,
     #[command(flatten)]
-    mesh: crate::train_mesh::MeshArgs,
+    mesh: MeshArgs,
     /// Data-parallel worker processes on this node: each trains on its --batch rows of every
     /// global batch of nproc x nnodes x batch rows, gradients all-reduced in buckets during the
     /// backward. Default: NPROC_PER_NODE, or Slurm's tasks (or GPUs) per node, else 2. Workers
@@ -119,8 +119,61 @@ pub struct Args {
     no_plan: bool,
 }
 
-/// Run `flotilla train`: in one process, or as the launcher of `--nproc` data-parallel
-/// workers (which run this same command with their rank in the environment).
+/// Mesh options of `flotilla train`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct MeshArgs {
+    /// Tensor-parallel degree: each block's attention and MLP split over T ranks (Megatron
+    /// column/row-parallel linears, four all-reduces per block per micro-batch), the
+    /// embeddings and head replicated. T must divide the world, heads, kv_heads and ffn.
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
+    /// Pipeline stages: the blocks cut into P contiguous stages exchanging activations
+    /// point to point; --grad-accum micro-batches per step run under --pipeline-schedule.
+    #[arg(long, default_value_t = 1)]
+    pp: usize,
+    /// Pipeline schedule: 1f1b, gpipe, or interleaved:V (V chunks per stage).
+    #[arg(long, default_value = "1f1b")]
+    pipeline_schedule: ScheduleKind,
+    /// Run even when a TP group spans hosts (its four all-reduces per block then cross the
+    /// slow link); the refusal becomes a warning.
+    #[arg(long)]
+    force_placement: bool,
+}
+
+impl Args {
+    /// The run configuration these arguments describe (the train config built and checked).
+    fn run_config(&self) -> Result<RunConfig> {
+        let train = self
+            .train
+            .build(self.model.build()?, self.model.vocab.is_some())?;
+        let layout = LayoutConfig {
+            tp: self.mesh.tp,
+            pp: self.mesh.pp,
+            schedule: self.mesh.pipeline_schedule,
+            zero: self.zero,
+            bucket_bytes: (self.bucket_mb * (1 << 20) as f64) as usize,
+            force_placement: self.mesh.force_placement,
+        };
+        let mut cfg = RunConfig::new(train, layout);
+        // The embedded default job's launcher hands its workers the checkpoint flags.
+        cfg.checkpoint = self.ckpt_dir.clone().map(|dir| train::CheckpointConfig {
+            dir,
+            every: self.ckpt_every,
+            asynchronous: !self.ckpt_sync,
+            auto_mtbf: self.ckpt_auto_mtbf,
+        });
+        cfg.metrics = self.metrics.clone();
+        cfg.log_every = self.log_every;
+        cfg.peak_gflops = self.peak_gflops;
+        cfg.forecast = !self.no_plan;
+        cfg.save = self.save.clone();
+        cfg.export_hf = self.export_hf.clone();
+        Ok(cfg)
+    }
+}
+
+/// Run `flotilla train`: in one process, or as the launcher of `--nproc` workers (which run
+/// this same command with their rank in the environment).
 pub fn run(a: Args) -> Result<()> {
     // `flotilla train` alone: the embedded default job (see `EMBEDDED_CKPT_DIR`).
     let embedded = std::env::args_os().count() == 2;
@@ -144,39 +197,26 @@ pub fn run(a: Args) -> Result<()> {
     if chaos.as_ref().is_some_and(|c| c.corrupt_newest) && a.ckpt_dir.is_none() {
         bail!("--chaos corrupt-newest needs --ckpt-dir (the checkpoints it damages)");
     }
-    let mut cfg = a.train.build(a.model.build()?, a.model.vocab.is_some())?;
     match Worker::from_env()? {
         None => {
+            let cfg = a.run_config()?;
             let plan = NodePlan::resolve(a.nproc, a.nnodes, a.node_rank, a.rdzv.as_deref())?;
-            if a.mesh.splits_model() {
-                // Degrees are checked before any worker starts (placement needs the workers).
-                a.mesh.shape(plan.nproc * plan.nnodes)?;
-                if plan.nproc * plan.nnodes == 1 {
-                    bail!("--tp/--pp split the model over workers: run with --nproc 2 or more");
-                }
-                if a.zero != 0 {
-                    bail!(
-                        "--zero {} with --tp/--pp: ZeRO is not wired into the mesh engines of the CLI yet",
-                        a.zero
-                    );
-                }
-                if a.ckpt_auto_mtbf.is_some() {
-                    bail!(
-                        "--ckpt-auto-mtbf with --tp/--pp: mesh runs save synchronously on --ckpt-every"
-                    );
-                }
-            }
+            // Degrees and settings are checked before any worker starts.
+            cfg.check(plan.nproc * plan.nnodes)?;
             if plan.nproc * plan.nnodes > 1 || chaos.is_some() {
                 launch(&a, &cfg, &plan, chaos.unwrap_or_default(), embedded)
             } else {
-                train(a, cfg, None, Supervision::default())
+                train::run::run(&cfg, None, &mut Printer::new(&a, None)?)?;
+                Ok(())
             }
         }
         Some(w) => {
+            let mut cfg = a.run_config()?;
             if a.train.threads.is_none() {
                 let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                cfg.threads = (cores / w.world).max(1);
+                cfg.train.threads = (cores / w.world).max(1);
             }
+            cfg.generation = w.rdv.generation;
             let hb = match w.heartbeat {
                 Some(period) => Some(
                     launch::Heartbeat::start(&w.rdv, w.rank, period)
@@ -193,22 +233,73 @@ pub fn run(a: Args) -> Result<()> {
             let group =
                 ProcessGroup::new(&w.rdv, "world", w.rank, w.world, GroupConfig::from_env()?)
                     .with_context(|| format!("joining the training group as rank {}", w.rank))?;
-            if a.mesh.splits_model() {
-                let peak = match a.peak_gflops {
-                    Some(p) => p,
-                    None => gemm_gflops(&model::Threads::new(cfg.threads)?, 2048, 5),
-                };
-                let ckpt = a
-                    .ckpt_dir
-                    .clone()
-                    .map(|dir| crate::train_mesh::Checkpoints {
-                        dir,
-                        every: a.ckpt_every,
-                    });
-                return crate::train_mesh::train(&a.mesh, cfg, group, sup, peak, a.log_every, ckpt);
+            let mut printer = Printer::new(&a, Some(sup))?;
+            if w.rank != 0 {
+                printer.pb = ProgressBar::hidden();
             }
-            train(a, cfg, Some(group), sup)
+            train::run::run(&cfg, Some(group), &mut printer)?;
+            Ok(())
         }
+    }
+}
+
+/// What a run reports, printed: lines above a progress bar on the lead rank, and the step
+/// boundaries passed on to the agent's heartbeat and chaos hooks.
+struct Printer {
+    pb: ProgressBar,
+    sup: Supervision,
+}
+
+impl Printer {
+    fn new(a: &Args, sup: Option<Supervision>) -> Result<Self> {
+        let pb = if a.no_progress {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new(0)
+        };
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{bar:30} {pos}/{len} {msg} [{elapsed_precise}<{eta_precise}]",
+            )
+            .context("progress template")?,
+        );
+        Ok(Self {
+            pb,
+            sup: sup.unwrap_or_default(),
+        })
+    }
+}
+
+impl train::run::Observer for Printer {
+    fn line(&mut self, text: &str) {
+        if self.pb.is_hidden() || self.pb.is_finished() {
+            println!("{text}")
+        } else {
+            self.pb.println(text)
+        }
+    }
+
+    fn resumed(&mut self, step: u64, steps: u64) {
+        self.pb.set_length(steps);
+        self.pb.set_position(step);
+        self.sup.resumed(step);
+    }
+
+    fn starting(&mut self) {
+        self.sup.starting();
+    }
+
+    fn completed(&mut self, s: &train::StepStats) -> Result<(), train::BoxError> {
+        let tps = s.tokens as f64 / s.seconds;
+        self.pb
+            .set_message(format!("loss {:.4} {:.0} tok/s", s.loss, tps));
+        self.pb.inc(1);
+        self.sup.completed(s.step).map_err(Into::into)
+    }
+
+    fn finishing(&mut self) {
+        self.pb.finish_and_clear();
+        self.sup.finishing();
     }
 }
 
@@ -222,7 +313,7 @@ const EMBEDDED_CKPT_EVERY: u64 = 10;
 /// them (each rank's MFU denominator is its share).
 fn launch(
     a: &Args,
-    cfg: &train::TrainConfig,
+    cfg: &RunConfig,
     plan: &NodePlan,
     chaos: launch::Chaos,
     embedded: bool,
@@ -236,10 +327,10 @@ fn launch(
         println!(
             "# embedded default job: {} steps of the {} model on the built-in corpus, {} workers x {} rows; \
              checkpoints every {EMBEDDED_CKPT_EVERY} steps in {EMBEDDED_CKPT_DIR} ({})",
-            cfg.steps,
+            cfg.train.steps,
             a.model.config,
             plan.nproc,
-            cfg.batch,
+            cfg.train.batch,
             if resuming {
                 "found: resuming from the newest; delete the directory to start over"
             } else {
@@ -256,7 +347,7 @@ fn launch(
     }
     if a.peak_gflops.is_none() {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let peak = gemm_gflops(&model::Threads::new(cores.max(cfg.threads))?, 2048, 5);
+        let peak = gemm_gflops(&model::Threads::new(cores.max(cfg.train.threads))?, 2048, 5);
         args.extend([
             "--peak-gflops".into(),
             format!("{}", peak / plan.nproc as f64),
@@ -288,7 +379,7 @@ fn launch(
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
     });
-    agent.steps = cfg.steps;
+    agent.steps = cfg.train.steps;
     agent.ckpt_dir = ckpt_dir;
     agent.admission_timeout = Duration::from_secs_f64(a.admission_timeout_s);
     agent.min_nnodes = plan.min_nnodes;
@@ -299,273 +390,5 @@ fn launch(
             report.generation, report.restarts
         );
     }
-    Ok(())
-}
-
-/// The training run of this process (alone, or one rank of `group`).
-fn train(
-    a: Args,
-    cfg: train::TrainConfig,
-    group: Option<ProcessGroup>,
-    sup: Supervision,
-) -> Result<()> {
-    let lead = group.as_ref().is_none_or(|g| g.rank() == 0);
-    let world = group.as_ref().map_or(1, |g| g.size());
-    let steps = cfg.steps;
-    // The peak is measured before the trainer exists: its data loader starts reading (and
-    // hashing shards) at once, which would steal cores from the measurement.
-    let peak = match a.peak_gflops {
-        Some(p) => p,
-        None => gemm_gflops(&model::Threads::new(cfg.threads)?, 2048, 5),
-    };
-    let bucket_bytes = (a.bucket_mb * (1 << 20) as f64) as usize;
-    let stage = train::zero::Stage::from_number(a.zero)?;
-    let mut trainer = match (group, stage) {
-        (Some(g), Some(stage)) => Trainer::zero(cfg.clone(), g, stage, bucket_bytes)?,
-        (Some(g), None) => Trainer::data_parallel(cfg.clone(), g, bucket_bytes)?,
-        (None, Some(stage)) => bail!(
-            "--zero {}: ZeRO shards the state over data-parallel ranks; run it with --nproc 2 or more",
-            stage.number()
-        ),
-        (None, None) => Trainer::new(cfg.clone())?,
-    };
-    let fpt = trainer.flops_per_token();
-    let m = &cfg.model;
-    out!(
-        lead,
-        "# model: {} layers, d_model {}, heads {}/{}, ffn {}, vocab {}, seq_len {}; {:.2}M parameters; {:.1} MFLOP/token",
-        m.layers,
-        m.d_model,
-        m.heads,
-        m.kv_heads,
-        m.ffn,
-        m.vocab,
-        cfg.seq_len,
-        trainer.model().n_params() as f64 / 1e6,
-        fpt / 1e6
-    );
-    out!(
-        lead,
-        "# batch {} x {} tokens, {} threads, data {:?}; MFU against {:.1} GFLOP/s ({})",
-        cfg.batch,
-        cfg.seq_len,
-        cfg.threads,
-        cfg.data,
-        peak,
-        if a.peak_gflops.is_some() {
-            "given"
-        } else {
-            "measured 2048^3 GEMM"
-        }
-    );
-    if let Some(h) = trainer.entropy_floor() {
-        out!(
-            lead,
-            "# data entropy rate {h:.4} nats/token (the best achievable loss); uniform {:.4}",
-            (m.vocab as f64).ln()
-        );
-    }
-    let mut checkpointer = match &a.ckpt_dir {
-        Some(dir) => Some(open_checkpoints(
-            &mut trainer,
-            train::CheckpointConfig {
-                dir: dir.clone(),
-                every: a.ckpt_every,
-                asynchronous: !a.ckpt_sync,
-                auto_mtbf: a.ckpt_auto_mtbf,
-            },
-        )?),
-        None => None,
-    };
-    let first = trainer.steps_done();
-    sup.resumed(first);
-    let pb = if a.no_progress || !lead {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(steps)
-    };
-    pb.set_position(first);
-    pb.set_style(
-        ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} {msg} [{elapsed_precise}<{eta_precise}]",
-        )
-        .context("progress template")?,
-    );
-    let (mut timed_tokens, mut last_loss) = (0usize, f64::NAN);
-    let mut measured = train::forecast::Measured::default();
-    // Each timed step's communication wait, split over the ranks at the end (peer_wait).
-    let mut waits: Vec<f64> = Vec::new();
-    let peak_all = peak * world as f64;
-    let mut metrics = match &a.metrics {
-        Some(path) if lead => Some(train::metrics_log::MetricsLog::open(
-            path,
-            train::metrics_log::RunInfo {
-                rank: trainer.rank(),
-                world,
-                generation: sup.generation,
-                peak_gflops: peak_all,
-                flops_per_token: fpt,
-            },
-        )?),
-        _ => None,
-    };
-    for _ in first..steps {
-        sup.starting();
-        let (s, saved) = match &mut checkpointer {
-            Some(ck) => ck.step(&mut trainer)?,
-            None => (trainer.step()?, None),
-        };
-        last_loss = s.loss;
-        // The first step warms caches and the thread pool; it is not timed.
-        if s.step > first + 1 || steps == first + 1 {
-            timed_tokens += s.tokens;
-            measured.steps += 1;
-            measured.step_s += s.seconds;
-            measured.comm_s += s.comm_seconds;
-            measured.data_s += s.data_seconds;
-            waits.push(s.comm_seconds);
-        }
-        let tps = s.tokens as f64 / s.seconds;
-        pb.set_message(format!("loss {:.4} {:.0} tok/s", s.loss, tps));
-        pb.inc(1);
-        if s.step % a.log_every.max(1) == 0 || s.step == 1 || s.step == steps {
-            let line = format!(
-                "step {:>6}/{} loss {:.4} lr {:.2e} |g| {:.3} tokens/s {:.0} MFU {:.1}%{}",
-                s.step,
-                steps,
-                s.loss,
-                s.lr,
-                s.grad_norm,
-                tps,
-                100.0 * mfu(tps, fpt, peak_all),
-                comm_note(s.comm_seconds, s.seconds, world)
-            );
-            if lead {
-                say(&pb, line);
-            }
-        }
-        let pause = match saved {
-            Some(saved) => {
-                let saved = slowest_rank(&trainer, saved)?;
-                if lead {
-                    say(&pb, saved_line(&saved));
-                }
-                measured.ckpts += 1;
-                measured.ckpt_pause_s += saved.pause.as_secs_f64();
-                Some(saved.pause)
-            }
-            None => None,
-        };
-        if let Some(log) = &mut metrics {
-            log.step(&s, pause)?;
-        }
-        sup.completed(s.step)?;
-    }
-    sup.finishing();
-    if let Some(ck) = &mut checkpointer {
-        if let Some(saved) = ck.finish(&mut trainer)? {
-            let saved = slowest_rank(&trainer, saved)?;
-            if lead {
-                say(&pb, saved_line(&saved));
-            }
-        }
-        if lead {
-            say(
-                &pb,
-                format!("# checkpoints committed in {}", cfg_dir(&a).display()),
-            );
-        }
-    }
-    // The all-gather of every rank's waits is also the final synchronisation: it completes
-    // only once every rank has finished training (rank 0's last checkpoint included), so no
-    // rank exits before the others.
-    let split = match trainer.group() {
-        Some(g) => Some(
-            train::peer_wait::gather_split(g, &waits)
-                .context("final synchronisation (splitting the communication waits)")?,
-        ),
-        None => None,
-    };
-    pb.finish_and_clear();
-    let tps = timed_tokens as f64 / measured.step_s.max(1e-9);
-    if first >= steps {
-        let whence = if first > 0 { " (resumed)" } else { "" };
-        out!(
-            lead,
-            "# done: already at step {first} of {steps}{whence}; nothing left to train"
-        );
-    } else {
-        out!(
-            lead,
-            "# done: {steps} steps, final loss {last_loss:.4}, {tps:.1} tokens/s, MFU {:.1}% (steps after the first){}{}",
-            100.0 * mfu(tps, fpt, peak_all),
-            comm_note(measured.comm_s, measured.step_s, world),
-            split_note(split, measured.step_s)
-        );
-    }
-    if world > 1 {
-        out!(lead, "{}", state_line(&trainer));
-    }
-    if !a.no_plan && measured.steps > 0 {
-        let text = crate::train_plan::report(&trainer, &measured)?;
-        out!(lead, "{text}");
-    }
-    if let Some(log) = metrics.take() {
-        let path = log.path().display().to_string();
-        log.finish()?;
-        out!(lead, "# metrics in {path}");
-    }
-    if a.save.is_some() || a.export_hf.is_some() {
-        // ZeRO-3 keeps no whole copy: every rank takes part in gathering one.
-        trainer.gather_params()?;
-    }
-    if let Some(m) = trainer.data_metrics() {
-        out!(
-            lead,
-            "# data: stall {:.2} % of step time (eq. 4.2), batch build P50 {:.3} ms P99 {:.3} ms, \
-             prefetch depth {}, {} batches",
-            m.stall_pct(),
-            m.p50_latency.as_secs_f64() * 1e3,
-            m.p99_latency.as_secs_f64() * 1e3,
-            m.depth,
-            m.batches
-        );
-    }
-    if !lead {
-        return Ok(());
-    }
-    if let Some(dir) = &a.save {
-        crate::saved::save(dir, &cfg, trainer.model().layout(), trainer.params())?;
-        out!(lead, "# saved to {}", dir.display());
-    }
-    if let Some(dir) = &a.export_hf {
-        model::interop::export_hf(dir, &cfg.model, trainer.params())
-            .with_context(|| format!("exporting to {}", dir.display()))?;
-        write_reference(dir, &cfg, trainer.params())?;
-        out!(
-            lead,
-            "# exported Hugging Face layout to {} (check: python scripts/hf_check.py {})",
-            dir.display(),
-            dir.display()
-        );
-    }
-    Ok(())
-}
-
-fn cfg_dir(a: &Args) -> &std::path::Path {
-    a.ckpt_dir.as_deref().unwrap_or(std::path::Path::new("."))
-}
-
-/// Flotilla's logits for one fixed sequence, next to an HF export, so
-/// `scripts/hf_check.py` can compare Transformers' logits with ours.
-fn write_reference(dir: &std::path::Path, cfg: &train::TrainConfig, params: &[f32]) -> Result<()> {
-    let th = model::Threads::new(cfg.threads)?;
-    let t = cfg.seq_len;
-    let mut m = model::model::Model::<f32>::new(&cfg.model, 1, t, false)?;
-    let tokens: Vec<u32> = (0..t)
-        .map(|i| ((i * 7919 + 13) % cfg.model.vocab) as u32)
-        .collect();
-    m.forward(&th, params, &tokens, None)?;
-    model::interop::write_reference(dir, 1, &tokens, m.logits())?;
     Ok(())
 }

@@ -247,6 +247,11 @@ pub struct Checkpointer {
 }
 
 impl Checkpointer {
+    /// Where and how it saves.
+    pub fn config(&self) -> &CheckpointConfig {
+        &self.cfg
+    }
+
     /// A checkpointer writing under `cfg.dir` (created if missing).
     pub fn new(cfg: CheckpointConfig, run_id: &str) -> Result<Self> {
         std::fs::create_dir_all(&cfg.dir).map_err(|e| TrainError::Config {

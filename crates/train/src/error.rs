@@ -16,6 +16,15 @@ pub enum TrainError {
     /// The checkpoint layer refused (I/O, corruption, a save still in flight ...).
     #[error(transparent)]
     Ckpt(#[from] ckpt::CkptError),
+    /// The planner refused (its view of the run: a layout or cluster it cannot evaluate).
+    #[error(transparent)]
+    Plan(#[from] plan::PlanError),
+    /// What the run's observer (heartbeats, chaos, printing) reported.
+    #[error(transparent)]
+    Observer(BoxError),
+    /// The metrics file could not be written.
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics_log::MetricsLogError),
     /// A checkpoint cannot resume this run.
     #[error("cannot resume from step {step}: {reason}")]
     Resume {
@@ -31,7 +40,59 @@ pub enum TrainError {
         value: String,
         reason: String,
     },
+    /// A configuration the run refuses before training, which a restart would refuse again (the
+    /// worker exits with the launcher's refusal code instead of being restarted).
+    #[error("{0}")]
+    Refused(String),
+    /// A file the run writes or reads beside training (a saved model, its sidecar).
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// What the run was doing when `source` failed.
+    #[error("{what}")]
+    Context {
+        /// The step of the run that failed ("resuming from DIR", "saving a checkpoint" ...).
+        what: String,
+        /// The failure.
+        #[source]
+        source: Box<TrainError>,
+    },
 }
+
+impl TrainError {
+    /// Whether this error, or one it wraps, is a refusal ([`TrainError::Refused`], or the
+    /// model's refusal of a config too large for this machine's memory): a restart would only
+    /// be refused again.
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            TrainError::Refused(_) | TrainError::Model(model::ModelError::Memory { .. }) => true,
+            TrainError::Context { source, .. } => source.is_refusal(),
+            _ => false,
+        }
+    }
+}
+
+/// Adds what the run was doing to an error, as anyhow's `context` does.
+pub trait Context<T> {
+    /// Wraps the error in [`TrainError::Context`] with `what()`.
+    fn ctx(self, what: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T, E: Into<TrainError>> Context<T> for std::result::Result<T, E> {
+    fn ctx(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| TrainError::Context {
+            what: what(),
+            source: Box::new(e.into()),
+        })
+    }
+}
+
+/// An error from outside the crate (the run's observer: heartbeats, chaos, printing).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Result alias for the train crate.
 pub type Result<T, E = TrainError> = std::result::Result<T, E>;

@@ -9,6 +9,7 @@
 //! - [`tensor`]: Megatron tensor parallelism of a block (column/row-parallel linears, f/g operators).
 //! - [`expert`]: expert parallelism (MoE router, capacity, all-to-all dispatch/combine).
 //! - [`forecast`]: the planner's prediction of a step beside the measured one.
+//! - [`run`]: the one run loop every layout's engine runs under, and its typed [`run::RunConfig`].
 pub mod checkpoint;
 pub mod config;
 pub mod ddp;
@@ -21,6 +22,8 @@ pub mod metrics_log;
 pub mod peer_wait;
 pub mod pipeline;
 pub mod planner;
+pub mod run;
+pub mod saved;
 pub mod source;
 pub mod tensor;
 pub mod trainer;
@@ -28,5 +31,5 @@ pub mod zero;
 
 pub use checkpoint::{CheckpointConfig, Checkpointer, SaveSummary};
 pub use config::{DataSpec, TrainConfig};
-pub use error::TrainError;
+pub use error::{BoxError, TrainError};
 pub use trainer::{StateMemory, StepStats, Trainer};

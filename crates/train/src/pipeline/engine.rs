@@ -136,6 +136,11 @@ pub struct PipelineStage {
 }
 
 impl PipelineStage {
+    /// The training config.
+    pub fn config(&self) -> &TrainConfig {
+        &self.cfg
+    }
+
     /// The schedule this stage runs its part of.
     pub fn schedule(&self) -> &Schedule {
         &self.schedule

@@ -153,6 +153,24 @@ pub enum ScheduleKind {
     },
 }
 
+impl std::str::FromStr for ScheduleKind {
+    type Err = String;
+
+    /// `1f1b`, `gpipe` or `interleaved:V` (V >= 1 chunks per stage).
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "1f1b" => Ok(ScheduleKind::OneFOneB),
+            "gpipe" => Ok(ScheduleKind::GPipe),
+            _ => match s.strip_prefix("interleaved:").map(str::parse::<usize>) {
+                Some(Ok(v)) if v >= 1 => Ok(ScheduleKind::Interleaved { virtual_stages: v }),
+                _ => Err(format!(
+                    "'{s}': expected 1f1b, gpipe or interleaved:V with V >= 1"
+                )),
+            },
+        }
+    }
+}
+
 impl ScheduleKind {
     /// Chunks per stage: `v` for [`ScheduleKind::Interleaved`], 1 otherwise.
     pub fn virtual_stages(&self) -> usize {

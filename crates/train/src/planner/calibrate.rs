@@ -1,9 +1,9 @@
-//! `flotilla plan --calibrate`: "this machine" as a cluster file for the planner, from what it
-//! measures here: the GEMM kernel's FLOP/s per rank, the memory copy bandwidth, and the α and β
+//! "This machine" as a cluster file for the planner (`flotilla plan --calibrate`, and every
+//! run's plan beside actual), from what it measures here: the GEMM kernel's FLOP/s per rank, the memory copy bandwidth, and the α and β
 //! of shared memory and of TCP over loopback between two ranks (the group's own ping-pong
 //! calibration, 004 eq. 28.10).
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use comm::group::{GroupConfig, TransportPolicy};
 use comm::transport::LinkKind;
 use plan::cluster::{ClusterFile, DeviceOverride};
@@ -36,7 +36,7 @@ pub struct Calibration {
 pub fn measure(threads: usize) -> Result<Calibration> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let th = model::Threads::new(threads)?;
-    let gemm_flops = train::metrics::gemm_gflops(&th, 2048, 5) * 1e9;
+    let gemm_flops = crate::metrics::gemm_gflops(&th, 2048, 5) * 1e9;
     let copy_bw = copy_bandwidth();
     let shm = link(TransportPolicy::Auto, LinkKind::Shm)?;
     let tcp = link(TransportPolicy::TcpOnly, LinkKind::Tcp)?;
@@ -92,14 +92,19 @@ fn link(policy: TransportPolicy, kind: LinkKind) -> Result<(f64, f64)> {
         transport: policy,
         ..GroupConfig::default()
     };
-    let out = comm::local::run_threads(2, cfg, move |g| Ok(g.topology().params(kind)))
-        .with_context(|| format!("calibrating {}", kind.name()))?;
-    let p = out
-        .into_iter()
-        .next()
-        .context("no rank returned")?
-        .with_context(|| format!("calibrating {}", kind.name()))?;
-    Ok((p.alpha, p.beta))
+    let what = || format!("calibrating {}", kind.name());
+    let out = comm::local::run_threads(2, cfg, move |g| Ok(g.topology().params(kind))).ctx(what)?;
+    match out.into_iter().next() {
+        Some(p) => {
+            let p = p.ctx(what)?;
+            Ok((p.alpha, p.beta))
+        }
+        None => Err(crate::TrainError::Config {
+            field: "calibration",
+            value: kind.name().into(),
+            reason: "no rank returned its link figures".into(),
+        }),
+    }
 }
 
 /// Total memory from /proc/meminfo.
@@ -137,61 +142,4 @@ pub fn cluster_file(c: &Calibration) -> ClusterFile {
     f.memory_reserve_gb = 0.0;
     f.node_power_kw = None;
     f
-}
-
-/// The TOML text, with a header saying what was measured and how.
-pub fn render(c: &Calibration) -> Result<String> {
-    let body = toml::to_string(&cluster_file(c)).context("writing the cluster TOML")?;
-    Ok(format!(
-        "# this machine, measured by `flotilla plan --calibrate` ({} rank(s) of {} thread(s)):\n\
-         # GEMM 2048^3 f32 {:.1} GFLOP/s per rank (as every precision: the CPU kernels compute in f32);\n\
-         # memory copy {:.2} GB/s per core (as HBM bandwidth); RAM {:.1} GB split over the ranks;\n\
-         # intra = shared memory between two ranks: alpha {:.2} us, beta {:.2} GB/s;\n\
-         # inter = TCP over loopback (a stand-in for a network): alpha {:.2} us, beta {:.2} GB/s.\n\
-         # Power and prices are not measured (0 W; the defaults).\n{body}",
-        c.ranks,
-        c.threads,
-        c.gemm_flops / 1e9,
-        c.copy_bw / 1e9,
-        c.ram / 1e9,
-        c.shm.0 * 1e6,
-        c.shm.1 / 1e9,
-        c.tcp.0 * 1e6,
-        c.tcp.1 / 1e9,
-    ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use plan::cluster::Cluster;
-
-    #[test]
-    fn a_calibration_becomes_a_cluster_the_planner_accepts() {
-        let c = Calibration {
-            ranks: 2,
-            threads: 1,
-            gemm_flops: 150e9,
-            copy_bw: 10e9,
-            ram: 24e9,
-            shm: (3e-6, 6e9),
-            tcp: (20e-6, 2e9),
-        };
-        let text = render(&c).unwrap();
-        let f = ClusterFile::from_toml(&text).unwrap();
-        let cl = Cluster::from_file(&f).unwrap();
-        assert_eq!(cl.device.name, "this-machine");
-        assert_eq!(cl.devices(), 2);
-        assert!((cl.device.fp32 - 150e9).abs() < 1.0, "{}", cl.device.fp32);
-        assert!((cl.device.hbm_bw - 10e9).abs() < 1.0);
-        assert!((cl.intra.alpha - 3e-6).abs() < 1e-12 && (cl.intra.beta - 6e9).abs() < 1.0);
-        assert!((cl.inter.beta - 2e9).abs() < 1.0);
-        // Without the measured numbers the device is refused, naming the field and the fix.
-        let bare = ClusterFile::preset(THIS_MACHINE, 1);
-        let e = Cluster::from_file(&bare).unwrap_err().to_string();
-        assert!(
-            e.contains("device.fp32") && e.contains("--calibrate"),
-            "{e}"
-        );
-    }
 }

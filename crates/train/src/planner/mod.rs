@@ -2,6 +2,8 @@
 //! per rank): the `plan` crate's [`Job`] for a [`ModelConfig`], so a run, its tests and the
 //! command line all ask the planner about exactly the model they train.
 
+pub mod calibrate;
+
 use model::config::{Activation, ModelConfig};
 use plan::PlanError;
 use plan::job::{Job, JobFile};

@@ -1,0 +1,209 @@
+//! The typed run configuration: what one training run is (the model and optimizer in
+//! [`TrainConfig`], the parallel layout, checkpoints, metrics and outputs), produced by the
+//! command line and checked before any worker starts.
+use std::path::PathBuf;
+
+use comm::mesh::MeshShape;
+
+use crate::checkpoint::CheckpointConfig;
+use crate::config::TrainConfig;
+use crate::error::{Result, TrainError};
+use crate::pipeline::ScheduleKind;
+
+/// Gradient bucket size of data-parallel runs (see [`crate::ddp`]), 1 MiB.
+pub const DEFAULT_BUCKET_BYTES: usize = 1 << 20;
+
+/// How a run is laid out over its ranks: a `dp x pp x tp` device mesh (TP fastest, then DP,
+/// stages outermost; [`comm::mesh::DeviceMesh`]), with ZeRO over the data-parallel axis.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayoutConfig {
+    /// Tensor-parallel degree (1: off).
+    pub tp: usize,
+    /// Pipeline stages (1: off).
+    pub pp: usize,
+    /// The pipeline's schedule.
+    pub schedule: ScheduleKind,
+    /// ZeRO stage over the data-parallel axis: 0 (off), 1, 2 or 3.
+    pub zero: u8,
+    /// Data-parallel gradient bucket size, bytes.
+    pub bucket_bytes: usize,
+    /// Run even when a TP group spans hosts (the refusal becomes a warning).
+    pub force_placement: bool,
+}
+
+impl Default for LayoutConfig {
+    fn default() -> Self {
+        Self {
+            tp: 1,
+            pp: 1,
+            schedule: ScheduleKind::OneFOneB,
+            zero: 0,
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
+            force_placement: false,
+        }
+    }
+}
+
+impl LayoutConfig {
+    /// Whether the run splits the model (TP or PP), which takes the mesh engines.
+    pub fn splits_model(&self) -> bool {
+        self.tp > 1 || self.pp > 1
+    }
+
+    /// The mesh of a `world`-rank job, validated with the equation in the error.
+    pub fn shape(&self, world: usize) -> Result<MeshShape> {
+        if self.tp == 0 || self.pp == 0 {
+            return Err(refused(format!(
+                "--tp {} --pp {}: degrees must be at least 1",
+                self.tp, self.pp
+            )));
+        }
+        let mp = self.tp * self.pp;
+        if !world.is_multiple_of(mp) {
+            return Err(refused(format!(
+                "--tp {} x --pp {} = {mp} does not divide the world of {world} workers \
+                 (nproc x nnodes); dp = world / (tp x pp) must be whole",
+                self.tp, self.pp
+            )));
+        }
+        let shape = MeshShape::new(world / mp, self.pp, self.tp);
+        shape.validate(world).map_err(|e| refused(e.to_string()))?;
+        Ok(shape)
+    }
+}
+
+/// Everything one training run needs besides its ranks.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// Model, batch, optimizer, schedule, data.
+    pub train: TrainConfig,
+    /// The parallel layout.
+    pub layout: LayoutConfig,
+    /// Where and how the run checkpoints (and resumes from), if it does.
+    pub checkpoint: Option<CheckpointConfig>,
+    /// Append per-step metrics and a summary to this file as JSON lines (lead rank).
+    pub metrics: Option<PathBuf>,
+    /// Report a step every this many steps (and the first and last).
+    pub log_every: u64,
+    /// This rank's MFU denominator, GFLOP/s (None: measure this machine's 2048^3 GEMM).
+    pub peak_gflops: Option<f64>,
+    /// Set the planner's forecast beside the measured step at the end.
+    pub forecast: bool,
+    /// Save the trained model (Flotilla names) to this directory.
+    pub save: Option<PathBuf>,
+    /// Export the trained model in Hugging Face layout to this directory.
+    pub export_hf: Option<PathBuf>,
+    /// The launcher's restart generation this run belongs to (0 for a first run).
+    pub generation: u64,
+}
+
+impl RunConfig {
+    /// A run of `train` on one layout with no checkpoints, metrics or outputs.
+    pub fn new(train: TrainConfig, layout: LayoutConfig) -> Self {
+        Self {
+            train,
+            layout,
+            checkpoint: None,
+            metrics: None,
+            log_every: 10,
+            peak_gflops: None,
+            forecast: false,
+            save: None,
+            export_hf: None,
+            generation: 0,
+        }
+    }
+
+    /// Checks what can be checked before any worker starts, for a job of `world` ranks: the
+    /// mesh degrees (with the equation), and every setting this layout does not honour,
+    /// refused with the reason.
+    pub fn check(&self, world: usize) -> Result<()> {
+        self.train.validate()?;
+        let l = &self.layout;
+        if l.bucket_bytes == 0 {
+            return Err(refused("--bucket-mb: must be positive".into()));
+        }
+        if l.splits_model() {
+            l.shape(world)?;
+            if world == 1 {
+                return Err(refused(
+                    "--tp/--pp split the model over workers: run with --nproc 2 or more".into(),
+                ));
+            }
+            if l.zero != 0 {
+                return Err(refused(format!(
+                    "--zero {} with --tp/--pp: ZeRO is not wired into the mesh engines yet",
+                    l.zero
+                )));
+            }
+            if self
+                .checkpoint
+                .as_ref()
+                .is_some_and(|c| c.auto_mtbf.is_some())
+            {
+                return Err(refused(
+                    "--ckpt-auto-mtbf with --tp/--pp: mesh runs save synchronously on --ckpt-every"
+                        .into(),
+                ));
+            }
+        } else if l.zero != 0 && world == 1 {
+            return Err(refused(format!(
+                "--zero {}: ZeRO shards the state over data-parallel ranks; run it with --nproc 2 \
+                 or more",
+                l.zero
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A refusal with `reason`.
+pub(crate) fn refused(reason: String) -> TrainError {
+    TrainError::Refused(reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(tp: usize, pp: usize) -> LayoutConfig {
+        LayoutConfig {
+            tp,
+            pp,
+            ..LayoutConfig::default()
+        }
+    }
+
+    #[test]
+    fn degrees_are_checked_with_the_equation() {
+        let s = layout(2, 1).shape(4).unwrap();
+        assert_eq!((s.dp, s.pp, s.tp), (2, 1, 2));
+        let s = layout(1, 2).shape(8).unwrap();
+        assert_eq!((s.dp, s.pp, s.tp), (4, 2, 1));
+        let e = layout(3, 1).shape(4).unwrap_err();
+        assert!(e.is_refusal());
+        let e = e.to_string();
+        assert!(
+            e.contains("--tp 3 x --pp 1 = 3 does not divide the world of 4"),
+            "{e}"
+        );
+        let s = layout(2, 2).shape(8).unwrap();
+        assert_eq!((s.dp, s.pp, s.tp), (2, 2, 2));
+        assert!(layout(0, 1).shape(4).is_err());
+        assert!(!layout(1, 1).splits_model() && layout(2, 1).splits_model());
+    }
+
+    #[test]
+    fn schedules_parse() {
+        let p = |s: &str| s.parse::<ScheduleKind>();
+        assert_eq!(p("1f1b"), Ok(ScheduleKind::OneFOneB));
+        assert_eq!(p("gpipe"), Ok(ScheduleKind::GPipe));
+        assert_eq!(
+            p("interleaved:2"),
+            Ok(ScheduleKind::Interleaved { virtual_stages: 2 })
+        );
+        for bad in ["interleaved:0", "interleaved:x", "zb"] {
+            assert!(p(bad).unwrap_err().contains(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! The engine of one rank: what one step of its layout does. The run loop ([`super::run`])
+//! owns everything around the step; an engine is built from the [`RunConfig`]'s layout.
+//!
+//! - [`Engine::Data`]: one process, or data parallel with bucketed all-reduce, or ZeRO-1/2/3
+//!   ([`Trainer`]).
+//! - [`Engine::Tensor`]: DP x TP on a device mesh ([`TpTrainer`]).
+//! - [`Engine::Pipeline`]: DP x PP, and DP x PP x TP ([`PipelineStage`]).
+use std::path::Path;
+
+use comm::group::ProcessGroup;
+use comm::mesh::{DeviceMesh, MeshShape};
+
+use super::config::{RunConfig, refused};
+use crate::error::Result;
+use crate::pipeline::PipelineStage;
+use crate::tensor::TpTrainer;
+use crate::trainer::{StateMemory, StepStats, Trainer};
+use crate::zero::Stage;
+
+/// One rank's engine.
+pub enum Engine {
+    /// One process, data parallel, or ZeRO.
+    Data(Box<Trainer>),
+    /// DP x TP.
+    Tensor(Box<TpTrainer>),
+    /// DP x PP (x TP).
+    Pipeline(Box<PipelineStage>),
+}
+
+/// A mesh run's shape and the mesh it runs on (kept for the run's length: the engine's groups
+/// were cut from it).
+pub struct MeshRun {
+    /// dp x pp x tp.
+    pub shape: MeshShape,
+    /// The mesh (its placement warnings, when forced).
+    pub mesh: DeviceMesh,
+}
+
+impl Engine {
+    /// This rank's engine for `cfg` over `group` (None: one process), and the mesh of a mesh
+    /// layout. Refusals (degrees, placement, settings an engine does not build) are
+    /// [`crate::TrainError::Refused`].
+    pub fn build(
+        cfg: &RunConfig,
+        group: Option<ProcessGroup>,
+    ) -> Result<(Engine, Option<MeshRun>)> {
+        let l = &cfg.layout;
+        let train = cfg.train.clone();
+        let Some(group) = group else {
+            return Ok((Engine::Data(Box::new(Trainer::new(train)?)), None));
+        };
+        if !l.splits_model() {
+            let t = match Stage::from_number(l.zero)? {
+                Some(stage) => Trainer::zero(train, group, stage, l.bucket_bytes)?,
+                None => Trainer::data_parallel(train, group, l.bucket_bytes)?,
+            };
+            return Ok((Engine::Data(Box::new(t)), None));
+        }
+        let shape = l.shape(group.size())?;
+        let mesh = DeviceMesh::new(&group, shape, l.force_placement).map_err(|e| {
+            let e = e.to_string();
+            let hint = if e.contains("mesh placement") {
+                " (flotilla train --force-placement runs it anyway)"
+            } else {
+                ""
+            };
+            refused(format!("{e}{hint}"))
+        })?;
+        let engine = if shape.pp > 1 {
+            let st = PipelineStage::on_mesh(train, &mesh, l.schedule)
+                .map_err(|e| refused(format!("building the pipeline stage: {e}")))?;
+            Engine::Pipeline(Box::new(st))
+        } else {
+            let t = TpTrainer::on_mesh(train, &mesh)
+                .map_err(|e| refused(format!("building the tensor-parallel rank: {e}")))?;
+            Engine::Tensor(Box::new(t))
+        };
+        Ok((engine, Some(MeshRun { shape, mesh })))
+    }
+
+    /// One optimizer step (a collective over the engine's groups). Tokens are the whole job's;
+    /// a pipeline stage's time blocked in sends and receives (bubble and transfers) counts as
+    /// its communication.
+    pub fn step(&mut self) -> Result<StepStats> {
+        match self {
+            Engine::Data(t) => t.step(),
+            Engine::Tensor(t) => t.step(),
+            Engine::Pipeline(p) => {
+                let tokens = p.config().tokens_per_step() * p.replicas();
+                let s = p.step()?;
+                Ok(StepStats {
+                    step: s.step,
+                    loss: s.loss,
+                    lr: s.lr,
+                    grad_norm: s.grad_norm,
+                    tokens,
+                    seconds: s.seconds,
+                    data_seconds: 0.0,
+                    comm_seconds: s.wait_seconds,
+                })
+            }
+        }
+    }
+
+    /// Steps completed.
+    pub fn steps_done(&self) -> u64 {
+        match self {
+            Engine::Data(t) => t.steps_done(),
+            Engine::Tensor(t) => t.steps_done(),
+            Engine::Pipeline(p) => p.steps_done(),
+        }
+    }
+
+    /// The resident bytes of this rank's training state.
+    pub fn state_memory(&self) -> StateMemory {
+        match self {
+            Engine::Data(t) => t.state_memory(),
+            Engine::Tensor(t) => t.state_memory(),
+            Engine::Pipeline(p) => p.state_memory(),
+        }
+    }
+
+    /// Model FLOPs per trained token (6N + 12LTC) of the whole model.
+    pub fn flops_per_token(&self, cfg: &crate::TrainConfig) -> f64 {
+        if let Engine::Data(t) = self {
+            return t.flops_per_token();
+        }
+        let mut c = cfg.model.clone();
+        c.seq_len = cfg.seq_len;
+        c.flops_per_token(model::layout::Layout::new(&cfg.model).total)
+    }
+
+    /// The whole model's parameters, assembled from every rank's part (a collective: every
+    /// rank must call it; every rank gets the whole copy).
+    pub fn whole_params(&mut self) -> Result<Vec<f32>> {
+        match self {
+            Engine::Data(t) => {
+                // ZeRO-3 keeps no whole copy: every rank takes part in gathering one.
+                t.gather_params()?;
+                Ok(t.params().to_vec())
+            }
+            Engine::Tensor(t) => t.gather_params(),
+            Engine::Pipeline(p) => p.gather_params(),
+        }
+    }
+
+    /// Resumes a mesh engine from the newest committed step under `dir`, if any (a collective).
+    pub fn resume_mesh(&mut self, dir: &Path) -> Result<Option<u64>> {
+        match self {
+            Engine::Data(_) => Err(not_mesh()),
+            Engine::Tensor(t) => t.resume(dir),
+            Engine::Pipeline(p) => p.resume(dir),
+        }
+    }
+
+    /// Saves a mesh engine's current step synchronously (a collective; every rank writes its
+    /// rows, rank 0 commits); returns the step.
+    pub fn save_mesh(&mut self, dir: &Path, run_id: &str) -> Result<u64> {
+        match self {
+            Engine::Data(_) => Err(not_mesh()),
+            Engine::Tensor(t) => t.save_checkpoint(dir, run_id),
+            Engine::Pipeline(p) => p.save_checkpoint(dir, run_id),
+        }
+    }
+}
+
+/// The data-parallel engine checkpoints through [`crate::Checkpointer`] (asynchronous saves,
+/// the automatic interval, fallback), not through the mesh engines' synchronous path.
+fn not_mesh() -> crate::TrainError {
+    crate::TrainError::Config {
+        field: "checkpoint",
+        value: "mesh".into(),
+        reason: "the data-parallel engine saves and resumes through the Checkpointer".into(),
+    }
+}

@@ -1,0 +1,338 @@
+//! The one run loop (issue 27): every layout's engine runs under it. It owns the checkpoints
+//! (resume with fallback, asynchronous saves, the automatic Young/Daly interval for the
+//! data-parallel engine; synchronous saves for the mesh engines), the metrics (JSON lines),
+//! MFU, the planner's forecast beside the measurement, the heartbeats and chaos hooks (through
+//! the [`Observer`]), and `--save` / `--export-hf`. The command line maps its arguments to a
+//! [`RunConfig`] and prints the lines the loop reports.
+//!
+//! One step of the loop: the observer hears the step start, the engine steps (with the
+//! checkpointer around it when it saves asynchronously), the step is reported and logged, a
+//! due checkpoint is saved, and the observer hears the step complete (heartbeat, chaos).
+pub mod config;
+pub mod engine;
+pub mod mesh;
+mod outputs;
+pub mod report;
+pub mod resume;
+
+use std::time::Instant;
+
+use comm::group::ProcessGroup;
+
+pub use config::{LayoutConfig, RunConfig};
+pub use engine::Engine;
+
+use crate::checkpoint::{CheckpointConfig, Checkpointer, SaveSummary};
+use crate::error::{Context, Result};
+use crate::forecast::Measured;
+use crate::metrics::{gemm_gflops, mfu};
+use crate::metrics_log::{MetricsLog, RunInfo};
+use crate::trainer::StepStats;
+use report::{comm_note, split_note};
+
+/// What the run tells the world around it: lines for the person running the job (the lead
+/// rank's), and the step boundaries the launcher's heartbeat and chaos hooks act on.
+pub trait Observer {
+    /// A line for the person running the job (called on the lead rank only).
+    fn line(&mut self, text: &str);
+    /// Training starts (again) at `step` of `steps`.
+    fn resumed(&mut self, step: u64, steps: u64);
+    /// The next step starts.
+    fn starting(&mut self);
+    /// Step `s` is complete (every rank): progress, heartbeat, then chaos if it is due.
+    fn completed(&mut self, s: &StepStats) -> std::result::Result<(), crate::BoxError>;
+    /// The loop is over (the final save and synchronisation follow).
+    fn finishing(&mut self);
+}
+
+/// How the run saves.
+enum Saver {
+    /// The data-parallel engine's checkpointer (asynchronous or not, automatic interval).
+    Checkpointer(Box<Checkpointer>),
+    /// A mesh engine's synchronous saves every `every` steps (0: only at the end).
+    Mesh(CheckpointConfig),
+}
+
+/// Trains `cfg` on this rank of `group` (None: one process), reporting to `obs`.
+pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer) -> Result<()> {
+    let (rank, world) = group.as_ref().map_or((0, 1), |g| (g.rank(), g.size()));
+    let lead = rank == 0;
+    let steps = cfg.train.steps;
+    // The peak is measured before the engine exists: a data loader starts reading (and
+    // hashing shards) at once, which would steal cores from the measurement.
+    let peak = match cfg.peak_gflops {
+        Some(p) => p,
+        None => gemm_gflops(&model::Threads::new(cfg.train.threads)?, 2048, 5),
+    };
+    let world_group = group.clone();
+    let (mut engine, mesh) = Engine::build(cfg, group)?;
+    let mut say = |text: String| {
+        if lead {
+            obs.line(&text)
+        }
+    };
+    let fpt = engine.flops_per_token(&cfg.train);
+    outputs::header(cfg, &engine, fpt, peak)
+        .into_iter()
+        .for_each(&mut say);
+    let planned = match (&mesh, &world_group) {
+        (Some(m), Some(g)) => {
+            let nodes = g.topology().hosts.max(1);
+            let (e, lint) = mesh::planner_view(&cfg.train, m.shape, g, nodes, peak)?;
+            say(outputs::mesh_line(cfg, m.shape, world, nodes));
+            for w in m.mesh.warnings() {
+                say(format!("# warning (placement, forced): {w}"));
+            }
+            for w in &lint {
+                say(format!(
+                    "# planner warning [{}]: {} ({})",
+                    w.code, w.message, w.cite
+                ));
+            }
+            Some(e)
+        }
+        _ => None,
+    };
+    let mut saver = open_saver(cfg, &mut engine, &mut say)?;
+    let first = engine.steps_done();
+    obs.resumed(first, steps);
+    let peak_all = peak * world as f64;
+    let mut metrics = match &cfg.metrics {
+        Some(path) if lead => Some(MetricsLog::open(
+            path,
+            RunInfo {
+                rank,
+                world,
+                generation: cfg.generation,
+                peak_gflops: peak_all,
+                flops_per_token: fpt,
+            },
+        )?),
+        _ => None,
+    };
+    let mut measured = Measured::default();
+    let (mut timed_tokens, mut last_loss) = (0usize, f64::NAN);
+    // Each timed step's communication wait, split over the ranks at the end (peer_wait).
+    let mut waits: Vec<f64> = Vec::new();
+    for _ in first..steps {
+        obs.starting();
+        let (s, saved) = step(&mut engine, saver.as_mut())?;
+        last_loss = s.loss;
+        // The first step warms caches and the thread pool; it is not timed.
+        if s.step > first + 1 || steps == first + 1 {
+            timed_tokens += s.tokens;
+            measured.steps += 1;
+            measured.step_s += s.seconds;
+            measured.comm_s += s.comm_seconds;
+            measured.data_s += s.data_seconds;
+            waits.push(s.comm_seconds);
+        }
+        if lead && (s.step % cfg.log_every.max(1) == 0 || s.step == 1 || s.step == steps) {
+            obs.line(&report::step_line(&s, steps, fpt, peak_all, world));
+        }
+        let saved = match (saved, &mut saver) {
+            (Some(saved), _) => Some(outputs::slowest(&engine, saved)?),
+            (None, Some(Saver::Mesh(c))) if c.every > 0 && s.step.is_multiple_of(c.every) => {
+                Some(save_mesh(&mut engine, c, &cfg.train)?)
+            }
+            _ => None,
+        };
+        if let Some((saved, line)) = &saved {
+            if lead {
+                obs.line(line);
+            }
+            measured.ckpts += 1;
+            measured.ckpt_pause_s += saved.pause.as_secs_f64();
+        }
+        if let Some(log) = &mut metrics {
+            log.step(&s, saved.as_ref().map(|(s, _)| s.pause))?;
+        }
+        obs.completed(&s).map_err(crate::TrainError::Observer)?;
+    }
+    obs.finishing();
+    let finished = finish_saves(&mut engine, saver.as_mut(), first < steps, &cfg.train)?;
+    if lead {
+        finished.iter().for_each(|l| obs.line(l));
+    }
+    // The all-gather of every rank's waits is also the final synchronisation: it completes
+    // only once every rank has finished training (rank 0's last checkpoint included), so no
+    // rank exits before the others.
+    let split = match &world_group {
+        Some(g) => Some(
+            crate::peer_wait::gather_split(g, &waits)
+                .ctx(|| "final synchronisation (splitting the communication waits)".into())?,
+        ),
+        None => None,
+    };
+    let tps = timed_tokens as f64 / measured.step_s.max(1e-9);
+    let mut lines = vec![];
+    if first >= steps {
+        let whence = if first > 0 { " (resumed)" } else { "" };
+        lines.push(format!(
+            "# done: already at step {first} of {steps}{whence}; nothing left to train"
+        ));
+    } else {
+        lines.push(format!(
+            "# done: {steps} steps, final loss {last_loss:.4}, {tps:.1} tokens/s, MFU {:.1}% (steps after the first){}{}{}",
+            100.0 * mfu(tps, fpt, peak_all),
+            comm_note(measured.comm_s, measured.step_s, world),
+            split_note(split, measured.step_s),
+            planned
+                .as_ref()
+                .map_or(String::new(), |e| format!("; planner {:.1} tokens/s", e.tokens_per_s))
+        ));
+    }
+    lines.extend(outputs::state_lines(
+        &engine,
+        world_group.as_ref(),
+        planned.as_ref(),
+        &measured,
+    )?);
+    if let Engine::Data(t) = &engine
+        && cfg.forecast
+        && measured.steps > 0
+    {
+        lines.push(report::forecast_report(t, &measured)?);
+    }
+    if let Some(log) = metrics.take() {
+        let path = log.path().display().to_string();
+        log.finish()?;
+        lines.push(format!("# metrics in {path}"));
+    }
+    if let Engine::Data(t) = &engine
+        && let Some(m) = t.data_metrics()
+    {
+        lines.push(format!(
+            "# data: stall {:.2} % of step time (eq. 4.2), batch build P50 {:.3} ms P99 {:.3} ms, \
+             prefetch depth {}, {} batches",
+            m.stall_pct(),
+            m.p50_latency.as_secs_f64() * 1e3,
+            m.p99_latency.as_secs_f64() * 1e3,
+            m.depth,
+            m.batches
+        ));
+    }
+    lines.extend(outputs::write_models(cfg, &mut engine, lead)?);
+    if lead {
+        lines.iter().for_each(|l| obs.line(l));
+    }
+    Ok(())
+}
+
+/// Opens the run's checkpoint directory, resuming from it; reports what it found.
+fn open_saver(
+    cfg: &RunConfig,
+    engine: &mut Engine,
+    say: &mut dyn FnMut(String),
+) -> Result<Option<Saver>> {
+    let Some(c) = &cfg.checkpoint else {
+        return Ok(None);
+    };
+    let dir = c.dir.display();
+    match engine {
+        Engine::Data(t) => {
+            let opened = resume::open(t, c.clone())?;
+            for r in &opened.rejected {
+                say(format!("# checkpoint rejected (lost): {r}"));
+            }
+            match opened.resumed {
+                Some((step, saved_by)) => {
+                    let world = t.world() as u32;
+                    let elastic = match saved_by {
+                        w if w != world && w > 0 => {
+                            format!(" (saved by {w} ranks, continuing on {world}: elastic)")
+                        }
+                        _ => String::new(),
+                    };
+                    say(format!("# resumed from {dir} step {step}{elastic}"));
+                }
+                None => say(format!("# no checkpoint in {dir}: starting at step 0")),
+            }
+            if let Some(mapped) = opened.mapped {
+                say(format!(
+                    "# checkpoint host buffer mapped in {:.1} ms (asynchronous saves copy into it)",
+                    mapped.as_secs_f64() * 1e3
+                ));
+            }
+            Ok(Some(Saver::Checkpointer(Box::new(opened.checkpointer))))
+        }
+        _ => {
+            match engine
+                .resume_mesh(&c.dir)
+                .ctx(|| "resuming the mesh run".into())?
+            {
+                Some(step) => say(format!("# resumed from {dir} step {step}")),
+                None => say(format!("# no checkpoint in {dir}: starting at step 0")),
+            }
+            Ok(Some(Saver::Mesh(c.clone())))
+        }
+    }
+}
+
+/// One step of `engine`, with the checkpointer around it when it has one; the save that
+/// finished during the step, if any.
+fn step(
+    engine: &mut Engine,
+    saver: Option<&mut Saver>,
+) -> Result<(StepStats, Option<SaveSummary>)> {
+    match (engine, saver) {
+        (Engine::Data(t), Some(Saver::Checkpointer(ck))) => ck.step(t),
+        (engine, _) => Ok((engine.step()?, None)),
+    }
+}
+
+/// A mesh engine's synchronous save of its current step, and its line.
+fn save_mesh(
+    engine: &mut Engine,
+    c: &CheckpointConfig,
+    train: &crate::TrainConfig,
+) -> Result<(SaveSummary, String)> {
+    let t = Instant::now();
+    let run_id = format!("train-seed{}", train.seed);
+    let step = engine
+        .save_mesh(&c.dir, &run_id)
+        .ctx(|| "saving a checkpoint".into())?;
+    let pause = t.elapsed();
+    let line = format!(
+        "# checkpoint: step {step} committed in {} ({:.1} ms, synchronous)",
+        c.dir.display(),
+        pause.as_secs_f64() * 1e3
+    );
+    let summary = SaveSummary {
+        step,
+        bytes: 0,
+        pause,
+        planned: None,
+    };
+    Ok((summary, line))
+}
+
+/// The end of the run's saves: the last step unless it was just saved (or nothing was
+/// trained), and the wait for a save in flight; the lines to report.
+fn finish_saves(
+    engine: &mut Engine,
+    saver: Option<&mut Saver>,
+    trained: bool,
+    train: &crate::TrainConfig,
+) -> Result<Vec<String>> {
+    let mut lines = vec![];
+    match (engine, saver) {
+        (Engine::Data(t), Some(Saver::Checkpointer(ck))) => {
+            if let Some(saved) = ck.finish(t)? {
+                let saved = resume::slowest_rank(t, saved)?;
+                lines.push(report::saved_line(&saved));
+            }
+            lines.push(format!(
+                "# checkpoints committed in {}",
+                ck.config().dir.display()
+            ));
+        }
+        (engine, Some(Saver::Mesh(c)))
+            if trained && (c.every == 0 || !train.steps.is_multiple_of(c.every)) =>
+        {
+            lines.push(save_mesh(engine, c, train)?.1);
+        }
+        _ => {}
+    }
+    Ok(lines)
+}

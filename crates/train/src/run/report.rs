@@ -1,0 +1,166 @@
+//! The lines a run reports to the person running it (the command line prints them): the
+//! model and the layout, each step, each save, the end of the run with the state each rank
+//! holds, and the planner's forecast beside the measurement.
+use crate::checkpoint::SaveSummary;
+use crate::error::{Context, Result};
+use crate::forecast::{self, Measured, UnitTimes, beside, render};
+use crate::trainer::{StateMemory, StepStats, Trainer};
+
+/// Forecast probe repetitions (the median and the spread are kept).
+const PROBE_REPS: usize = 5;
+
+/// The forecast's bar for the whole step.
+const STEP_WITHIN: f64 = 0.15;
+
+/// The line of a finished asynchronous-capable save, as the slowest rank saw it.
+pub fn saved_line(s: &SaveSummary) -> String {
+    let planned = match s.planned {
+        Some((tau, loss)) => format!(
+            "; next in {tau:.1} s (Young/Daly, expected loss {:.2} %)",
+            100.0 * loss
+        ),
+        None => String::new(),
+    };
+    format!(
+        "# checkpoint step {}: {:.1} MB, training paused {:.1} ms (slowest rank){planned}",
+        s.step,
+        s.bytes as f64 / 1e6,
+        s.pause.as_secs_f64() * 1e3
+    )
+}
+
+/// The line of one step.
+pub fn step_line(s: &StepStats, steps: u64, fpt: f64, peak_all: f64, world: usize) -> String {
+    let tps = s.tokens as f64 / s.seconds;
+    format!(
+        "step {:>6}/{} loss {:.4} lr {:.2e} |g| {:.3} tokens/s {:.0} MFU {:.1}%{}",
+        s.step,
+        steps,
+        s.loss,
+        s.lr,
+        s.grad_norm,
+        tps,
+        100.0 * crate::metrics::mfu(tps, fpt, peak_all),
+        comm_note(s.comm_seconds, s.seconds, world)
+    )
+}
+
+/// The state-memory line of a data-parallel run: what this rank holds, measured, beside the
+/// formula of its ZeRO stage (`crate::zero::expected_bytes`).
+pub fn state_line(trainer: &Trainer) -> String {
+    let m = trainer.state_memory();
+    let stage = trainer.zero_stage();
+    let (p, g, o) = crate::zero::expected_bytes(stage, trainer.world());
+    let n = trainer.model().n_params() as f64;
+    format!(
+        "# state per rank ({}): parameters {:.1} MB, gradients {:.1} MB, optimizer {:.1} MB \
+         (formula {p:.2} + {g:.2} + {o:.2} bytes/param: {:.1} + {:.1} + {:.1} MB){}",
+        stage.map_or("data parallel".to_string(), |s| format!(
+            "ZeRO-{}",
+            s.number()
+        )),
+        m.params as f64 / 1e6,
+        m.grads as f64 / 1e6,
+        m.optimizer as f64 / 1e6,
+        p * n / 1e6,
+        g * n / 1e6,
+        o * n / 1e6,
+        match m.comm_buffers {
+            0 => String::new(),
+            b => {
+                let kind = if stage.is_some() {
+                    "transfer"
+                } else {
+                    "bucket"
+                };
+                format!("; {kind} buffers {:.1} MB", b as f64 / 1e6)
+            }
+        }
+    )
+}
+
+/// The state-memory line of a mesh run: the largest rank's state beside the planner's.
+pub fn mesh_state_line(largest: StateMemory, planned: &plan::memory::MemoryBreakdown) -> String {
+    let mb = |b: f64| b / 1e6;
+    format!(
+        "# state per rank (largest): params {:.2} MB, grads {:.2} MB, optimizer {:.2} MB; planner {:.2} / {:.2} / {:.2} MB",
+        mb(largest.params as f64),
+        mb(largest.grads as f64),
+        mb(largest.optimizer as f64),
+        mb(planned.weights),
+        mb(planned.grads),
+        mb(planned.optimizer)
+    )
+}
+
+/// The exposed-communication part of a line, for runs of several ranks.
+pub fn comm_note(comm_s: f64, step_s: f64, world: usize) -> String {
+    if world == 1 {
+        return String::new();
+    }
+    format!(
+        " comm {:.1}% ({world} ranks)",
+        100.0 * comm_s / step_s.max(1e-9)
+    )
+}
+
+/// The summary's split of the lead rank's waits (`crate::peer_wait`): what communication the
+/// schedule left exposed, and what was waiting for slower ranks.
+pub fn split_note(split: Option<crate::peer_wait::WaitSplit>, step_s: f64) -> String {
+    let Some(s) = split else {
+        return String::new();
+    };
+    let pct = |x: f64| 100.0 * x / step_s.max(1e-9);
+    format!(
+        ": exposed {:.1}% after the slowest rank's compute, {:.1}% waiting for slower ranks",
+        pct(s.exposed_s),
+        pct(s.peer_wait_s)
+    )
+}
+
+/// The planner beside the run (issue 7): after the last step every rank probes the model's
+/// units at once (so the cores are shared as in training), the ranks' mean is taken, and the
+/// forecast of one step is set beside what the run measured. Collective; every rank gets the
+/// report.
+pub fn forecast_report(trainer: &Trainer, measured: &Measured) -> Result<String> {
+    if let Some(g) = trainer.group() {
+        g.barrier()
+            .ctx(|| "barrier before the forecast probe".into())?;
+    }
+    let mut probe = forecast::probe::measure(trainer.config(), trainer.threads(), PROBE_REPS)
+        .ctx(|| "probing the model's units for the forecast".into())?;
+    if let Some(g) = trainer.group() {
+        // The ranks' mean: their noise is what the forecast's straggler term is made of.
+        let mut v = probe.to_vec();
+        g.all_reduce(&mut v, comm::ReduceOp::Sum)
+            .ctx(|| "gathering the forecast probe".into())?;
+        v.iter_mut().for_each(|x| *x /= g.size() as f64);
+        probe = UnitTimes::from_slice(&v).ok_or_else(|| crate::TrainError::Config {
+            field: "forecast probe",
+            value: format!("{} values", v.len()),
+            reason: "not the probe's length".into(),
+        })?;
+    }
+    let f = forecast::forecast(trainer, &probe);
+    let rows = beside(&f, measured);
+    let mut out = format!(
+        "# plan beside measured, per step over {} timed steps (units probed on this machine, all ranks at once):\n",
+        measured.steps
+    );
+    for line in &f.explain {
+        out.push_str(&format!("#   = {line}\n"));
+    }
+    out.push_str(&render(&rows));
+    if let Some(step) = rows.iter().find(|r| r.name == "step") {
+        out.push_str(&format!(
+            "# step forecast {:+.1}% off the measurement: {}",
+            100.0 * step.off,
+            if step.off.abs() <= STEP_WITHIN {
+                "within 15%"
+            } else {
+                "NOT within 15%"
+            }
+        ));
+    }
+    Ok(out)
+}
