@@ -81,6 +81,10 @@ pub enum CommError {
     #[error("authentication failed: {0}")]
     Auth(String),
 
+    /// A collective's result failed its closed-form check (`bench comm --check`).
+    #[error("wrong result: {0}")]
+    WrongResult(String),
+
     // === Caller errors ===
     /// Invalid arguments (buffer sizes, ranks, dtypes).
     #[error("invalid argument: {0}")]

@@ -12,6 +12,7 @@
 //! group's [`flight`] recorder printed beside it.
 
 pub mod algo;
+pub mod bench;
 pub mod buffer;
 pub mod dtype;
 pub mod engine;

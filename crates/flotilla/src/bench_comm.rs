@@ -9,13 +9,11 @@
 //! (W-1)/W (all-gather, reduce-scatter, all-to-all) or 1 (broadcast, reduce). Beside each
 //! measurement: the alpha-beta model's prediction for the algorithm that ran.
 
-use crate::bench_check;
 use crate::spawn::{NodeSpec, Worker, run_node};
 use anyhow::{Context, Result, bail};
 use comm::algo::Algo;
-use comm::buffer::HostBuffer;
 use comm::group::{GroupConfig, OpOptions, ProcessGroup, TransportPolicy};
-use comm::{DType, OpKind, ReduceOp};
+use comm::{DType, OpKind};
 use std::time::Duration;
 
 /// Options of `flotilla bench comm`.
@@ -208,15 +206,6 @@ struct Row {
     iters: usize,
 }
 
-fn bus_factor(op: OpKind, w: usize) -> f64 {
-    let wf = w as f64;
-    match op {
-        OpKind::AllReduce => 2.0 * (wf - 1.0) / wf,
-        OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll => (wf - 1.0) / wf,
-        _ => 1.0,
-    }
-}
-
 fn sweep(
     g: &ProcessGroup,
     a: &Args,
@@ -343,7 +332,7 @@ fn print_row(
         time_us: med * 1e6,
         min_us: min * 1e6,
         algbw_gbps: algbw,
-        busbw_gbps: algbw * bus_factor(op, w),
+        busbw_gbps: algbw * comm::bench::bus_factor(op, w),
         predicted_us: predicted.map(|p| p * 1e6),
         model_error_pct: predicted.map(|p| (med - p) / p * 100.0),
         iters: t.len(),
@@ -370,64 +359,6 @@ fn print_row(
     }
 }
 
-/// Buffers for one op and size.
-///
-/// Large buffers are huge-page aligned and advised ([`HostBuffer`]), as numpy (the MPI peer's
-/// buffers) does for large arrays.
-pub(crate) struct Bufs {
-    pub(crate) a: HostBuffer,
-    pub(crate) b: HostBuffer,
-}
-
-pub(crate) fn buffers(op: OpKind, size: usize, w: usize, esz: usize, rank: usize) -> Bufs {
-    // Whole elements; all-gather / reduce-scatter / all-to-all need a multiple of W elements.
-    let per = |n: usize| (n / esz / w) * esz;
-    let (a, b) = match op {
-        OpKind::AllGather => (per(size), per(size) * w),
-        OpKind::ReduceScatter => (per(size) * w, per(size)),
-        OpKind::AllToAll => (per(size) * w, per(size) * w),
-        _ => (size / esz * esz, 0),
-    };
-    let mut av = HostBuffer::zeroed(a);
-    // Small integers in every element's low byte: valid for every dtype and no overflow.
-    for (i, e) in av.chunks_exact_mut(esz).enumerate() {
-        e[0] = ((rank + i) % 7) as u8;
-    }
-    Bufs {
-        a: av,
-        b: HostBuffer::zeroed(b),
-    }
-}
-
-pub(crate) fn call(
-    g: &ProcessGroup,
-    op: OpKind,
-    bufs: &mut Bufs,
-    dtype: DType,
-    opts: &OpOptions,
-) -> comm::Result<()> {
-    let w = g.size();
-    match op {
-        OpKind::AllReduce => g.all_reduce_bytes(&mut bufs.a, dtype, ReduceOp::Sum, opts),
-        OpKind::Broadcast => g.broadcast_bytes(&mut bufs.a, dtype, 0, opts),
-        OpKind::Reduce => g.reduce_bytes(&mut bufs.a, dtype, 0, ReduceOp::Sum, opts),
-        OpKind::AllGather => {
-            let counts = vec![bufs.a.len() / dtype.size(); w];
-            g.all_gather_bytes(&bufs.a, &mut bufs.b, &counts, dtype, opts)
-        }
-        OpKind::ReduceScatter => {
-            g.reduce_scatter_bytes(&bufs.a, &mut bufs.b, dtype, ReduceOp::Sum, opts)
-        }
-        OpKind::AllToAll => {
-            // Moved as u8 blocks: all-to-all does not look at the element type.
-            let counts = vec![bufs.a.len() / w; w];
-            let Bufs { a, b } = bufs;
-            g.all_to_all_v_with(&a[..], &counts, &mut b[..], &counts, opts)
-        }
-        _ => unreachable!("validated in op_kind"),
-    }
-}
-
 /// Times one op and size; returns per-iteration times (max over ranks) and the algorithm used.
 fn measure(
     g: &ProcessGroup,
@@ -437,18 +368,18 @@ fn measure(
     dtype: DType,
     algo: Option<Algo>,
 ) -> Result<(Vec<f64>, &'static str)> {
-    let mut bufs = buffers(op, size, g.size(), dtype.size(), g.rank());
+    let mut bufs = comm::bench::buffers(op, size, g.size(), dtype.size(), g.rank());
     let opts = OpOptions {
         algo,
         timeout: None,
     };
     // The algorithm the op runs: the forced one, or the group's choice (the same on every call).
     let algo_name = algo.unwrap_or_else(|| g.explain(op, size).algo).name();
-    let mut run = || call(g, op, &mut bufs, dtype, &opts);
+    let mut run = || comm::bench::call(g, op, &mut bufs, dtype, &opts);
     // Warm-up: five calls; the last one's time sizes the run.
     let warm = *g.timed_calls(5, &mut run)?.last().expect("five calls");
     if a.check {
-        bench_check::check_once(g, op, size, dtype, &opts)?;
+        comm::bench::check::check_once(g, op, size, dtype, &opts)?;
     }
     let mut iters =
         [((a.target_seconds / warm.max(1e-7)) as i64)

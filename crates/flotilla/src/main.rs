@@ -1,6 +1,5 @@
 //! `flotilla`: one binary for training, planning, benchmarking and inspecting jobs.
 
-mod bench_check;
 mod bench_comm;
 mod bench_model;
 mod ckpt_bench_cmd;

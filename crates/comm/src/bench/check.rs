@@ -1,15 +1,15 @@
 //! `flotilla bench comm --check`: verifies one call's result per op and size against the closed
 //! form of the inputs that [`buffers`] writes, so a wrong collective fails the benchmark loudly.
 
-use crate::bench_comm::{Bufs, buffers, call};
-use anyhow::{Result, bail};
-use comm::group::{OpOptions, ProcessGroup};
-use comm::{DType, OpKind, ReduceOp};
+use super::{Bufs, buffers, call};
+use crate::error::{CommError, Result};
+use crate::group::{OpOptions, ProcessGroup};
+use crate::{DType, OpKind, ReduceOp};
 
 /// `--check`: refills the buffers, runs one call and compares this rank's result with the closed
 /// form of [`buffers`] (element i of rank r holds (r+i)%7 in its low byte). Every rank learns
 /// which ranks saw a wrong result, so all of them fail together with the same message.
-pub(crate) fn check_once(
+pub fn check_once(
     g: &ProcessGroup,
     op: OpKind,
     size: usize,
@@ -28,7 +28,7 @@ pub(crate) fn check_once(
     g.all_reduce(&mut first_bad, ReduceOp::Max)?;
     let wrong: Vec<usize> = (0..w).filter(|&r| first_bad[r] >= 0).collect();
     if let Some(b) = bad {
-        bail!(
+        return Err(CommError::WrongResult(format!(
             "--check: {} of {size} B ({}, algo {}) is wrong on rank {rank}: first bad element index {} \
              (expected {}, got {}; {} of {} elements wrong; wrong ranks {wrong:?})",
             op.name(),
@@ -39,16 +39,16 @@ pub(crate) fn check_once(
             b.actual,
             b.wrong,
             b.total,
-        );
+        )));
     }
     if !wrong.is_empty() {
-        bail!(
+        return Err(CommError::WrongResult(format!(
             "--check: {} of {size} B ({}) is wrong on rank(s) {wrong:?} (first bad element indices {:?}); \
              rank {rank} is correct",
             op.name(),
             dtype.name(),
             wrong.iter().map(|&r| first_bad[r]).collect::<Vec<_>>()
-        );
+        )));
     }
     Ok(())
 }
@@ -167,7 +167,7 @@ fn verify(op: OpKind, bufs: &Bufs, w: usize, rank: usize, dtype: DType) -> Optio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use comm::buffer::HostBuffer;
+    use crate::buffer::HostBuffer;
 
     /// Element-wise sum of `dtype` buffers computed with the type's own arithmetic (independent
     /// of `verify`'s integer closed form).
