@@ -4,11 +4,12 @@
 //! A step exists for a reader only if `step-<N>/COMMIT` is a regular file. Opening a step reads
 //! the marker, checks the manifest's length and xxh3-128 against it, parses and validates the
 //! manifest, hashes every rank file's safetensors header against the manifest's record (either
-//! mode; see [`crate::header`]) and (with [`Verify::AllPieces`]) reads and checks every piece. Piece bytes are
-//! checked every time they are read, not only the first time: the checksum chunks covering the
-//! bytes wanted are read into memory, hashed, and only then copied from, so no byte that failed
-//! (or skipped) verification is ever used, even if the file changed after an earlier check. A
-//! resharding load reads only the rows of each piece it needs, rounded out to whole chunks.
+//! mode; see [`crate::header`]) and (with [`Verify::AllPieces`]) reads and checks every piece.
+//! Piece bytes are checked every time they are read, not only the first time: the checksum
+//! chunks covering the bytes wanted are read into memory, hashed, and only then copied from, so
+//! no byte that failed (or skipped) verification is ever used, even if the file changed after
+//! an earlier check. A resharding load reads only the rows of each piece it needs, rounded out
+//! to whole chunks.
 
 use std::collections::HashMap;
 use std::ops::Range;

@@ -161,14 +161,20 @@ fn header_spots(bytes: &[u8]) -> Vec<(&'static str, usize, bool)> {
     let json_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let text = std::str::from_utf8(&bytes[8..8 + json_len]).unwrap();
     let after = |pat: &str| 8 + text.find(pat).unwrap() + pat.len();
+    let offsets = after("\"data_offsets\":[");
     let pad = 8 + json_len - 1;
     assert_eq!(
         bytes[pad], b' ',
         "the header is padded to the data alignment"
     );
     vec![
-        // A digit of a data offset ('0' -> '1'): valid JSON, wrong offsets.
-        ("offset digit", after("\"data_offsets\":["), true),
+        // The last digit of a data offset ('6' -> '7'; not the first, which could become a
+        // leading zero): valid JSON, wrong offsets.
+        (
+            "offset digit",
+            offsets + text[offsets - 8..].find(',').unwrap() - 1,
+            true,
+        ),
         // A letter of a dtype ('F' -> 'G', 'B' -> 'C', ...): valid JSON, unknown dtype.
         ("dtype letter", after("\"dtype\":\""), true),
         // The last digit of a piece name's slice (`a[0..7]`): valid JSON, a piece the
@@ -220,11 +226,8 @@ fn a_damaged_rank_file_header_rejects_the_version_naming_the_file() {
 fn a_manifest_without_header_hashes_still_loads() {
     let dir = tempfile::tempdir().unwrap();
     let step2 = two_steps(dir.path());
-    let recorded = Checkpoint::open(dir.path(), 2, Verify::ManifestOnly)
-        .unwrap()
-        .manifest()
-        .headers
-        .clone();
+    let c = Checkpoint::open(dir.path(), 2, Verify::ManifestOnly).unwrap();
+    let recorded = &c.manifest().headers;
     assert_eq!(recorded.len(), 4, "one header per rank file: {recorded:?}");
     // As a manifest written before header hashes existed: no `headers` field at all.
     common::rewrite_manifest(dir.path(), 2, |m| {
