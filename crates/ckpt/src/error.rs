@@ -92,6 +92,18 @@ pub enum CkptError {
         actual: String,
     },
 
+    /// A rank file's safetensors header does not hash to what the manifest records, or (at
+    /// commit) does not describe the file's pieces.
+    #[error("step {step}: rank file {}: safetensors header: {reason}", path.display())]
+    Header {
+        /// Step of the checkpoint.
+        step: u64,
+        /// Path of the rank file.
+        path: PathBuf,
+        /// What disagreed.
+        reason: String,
+    },
+
     // === Piece data ===
     /// A piece's bytes do not hash to the value recorded in the manifest.
     #[error(

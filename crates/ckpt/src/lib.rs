@@ -7,7 +7,8 @@
 //!   step-100/            committed: has COMMIT
 //!     rank-00000.safetensors   rank 0's pieces: a safetensors file, one entry per piece
 //!     rank-00001.safetensors
-//!     manifest.json      tensors, pieces (file, byte range, global slice, chunk xxh3-128s), state
+//!     manifest.json      tensors, pieces (file, byte range, global slice, chunk xxh3-128s),
+//!                        each rank file's header length and xxh3-128, state
 //!     COMMIT             written last; records the manifest's length and xxh3-128
 //!   step-200.tmp/        being written (or abandoned by a crash): invisible to readers
 //! ```
@@ -55,6 +56,7 @@ pub mod convert;
 pub mod error;
 mod fsio;
 pub mod handoff;
+pub mod header;
 pub mod layout;
 pub mod manifest;
 pub mod names;
@@ -69,6 +71,7 @@ pub use async_save::{AfterWrite, AsyncSaver, SaveReport};
 pub use convert::{rank_rows, reshard};
 pub use error::{CkptError, Result};
 pub use fsio::{checksum_hex, start_writeback};
+pub use header::{HeaderSum, MAX_HEADER_BYTES};
 pub use layout::{DType, Extent, Slice, TensorMeta, copy_overlap, f32_bytes, f32_from_bytes};
 pub use manifest::{CommitMarker, Manifest, Piece};
 pub use policy::{GcMode, IntervalPlanner, PolicyError, Retention, gc};

@@ -9,10 +9,11 @@
 //! (partial coverage is refused, so every element a reader asks for exists).
 
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use crate::error::{CkptError, Result};
+use crate::header::{HeaderSum, check_manifest_headers};
 use crate::layout::{MAX_NDIM, Slice, TensorMeta};
 
 /// Value of [`Manifest::format`].
@@ -93,6 +94,16 @@ pub struct Manifest {
     pub tensors: Vec<TensorMeta>,
     /// Every stored piece.
     pub pieces: Vec<Piece>,
+    /// Each piece file's safetensors header (length prefix and JSON, which no chunk checksum
+    /// covers), by file name: its length and xxh3-128, recorded by [`crate::commit`] after
+    /// checking that the header describes the file's pieces, and checked on every open (see
+    /// [`crate::header`]).
+    ///
+    /// Backward compatible: a manifest written before header hashes has no `headers` field; it
+    /// deserializes to an empty map and still loads, its headers unchecked. An empty map is
+    /// not written, so such a manifest also serializes as before.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, HeaderSum>,
     /// Non-tensor state: optimizer step, scheduler, RNG states, data-loader state, user metadata.
     pub state: serde_json::Value,
 }
@@ -164,7 +175,8 @@ pub fn check_file_name(step: u64, name: &str) -> Result<()> {
     }
 }
 
-fn is_hex128(s: &str) -> bool {
+/// Whether `s` is 32 lowercase hex digits (a hex xxh3-128).
+pub(crate) fn is_hex128(s: &str) -> bool {
     s.len() == 32
         && s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
@@ -179,7 +191,8 @@ impl Manifest {
             self.check_piece(piece, &tensors)?;
         }
         self.check_file_ranges()?;
-        self.check_coverage(&tensors)
+        self.check_coverage(&tensors)?;
+        check_manifest_headers(self, path)
     }
 
     /// Looks a tensor up by name.

@@ -22,7 +22,8 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{CkptError, Result, io_err};
 use crate::fsio::{checksum_hex, fsync_dir, start_writeback};
-use crate::layout::{DType, Slice, TensorMeta};
+use crate::header::HeaderEntry;
+use crate::layout::{Slice, TensorMeta};
 use crate::manifest::{COMMIT_FILE, DEFAULT_CHUNK_BYTES, Piece};
 use crate::reader::{read_piece_range, step_dir_name};
 use crate::writer::{FailPoint, tmp_dir_name};
@@ -43,22 +44,6 @@ pub fn piece_key(tensor: &str, slice: &Slice) -> String {
     format!("{tensor}{slice}")
 }
 
-/// The safetensors dtype name of a [`DType`].
-fn safetensors_dtype(dtype: DType) -> &'static str {
-    match dtype {
-        DType::F64 => "F64",
-        DType::F32 => "F32",
-        DType::BF16 => "BF16",
-        DType::F16 => "F16",
-        DType::I64 => "I64",
-        DType::I32 => "I32",
-        DType::I16 => "I16",
-        DType::I8 => "I8",
-        DType::U8 => "U8",
-        DType::Bool => "BOOL",
-    }
-}
-
 /// One planned piece: what it is and where its bytes go.
 #[derive(Debug, Clone)]
 struct Planned {
@@ -77,6 +62,10 @@ fn lay_out(
     file: &str,
     plan: &[(&TensorMeta, &Slice)],
 ) -> Result<(Vec<u8>, Vec<Planned>)> {
+    let serialize = |source| CkptError::Serialize {
+        what: "rank file header",
+        source,
+    };
     let mut keys = HashSet::with_capacity(plan.len());
     let mut header = serde_json::Map::new();
     let mut planned = Vec::with_capacity(plan.len());
@@ -99,15 +88,8 @@ fn lay_out(
         if !keys.insert(key.clone()) {
             return Err(bad(format!("slice {slice} planned twice")));
         }
-        let shape: Vec<u64> = slice.0.iter().map(|e| e.len).collect();
-        header.insert(
-            key,
-            serde_json::json!({
-                "dtype": safetensors_dtype(tensor.dtype),
-                "shape": shape,
-                "data_offsets": [rel, rel + bytes],
-            }),
-        );
+        let entry = HeaderEntry::new(tensor.dtype, slice, rel, bytes);
+        header.insert(key, serde_json::to_value(entry).map_err(serialize)?);
         planned.push(Planned {
             tensor: (*tensor).clone(),
             slice: (*slice).clone(),
@@ -123,10 +105,7 @@ fn lay_out(
     ]
     .into();
     header.insert("__metadata__".into(), serde_json::json!(metadata));
-    let mut json = serde_json::to_vec(&header).map_err(|source| CkptError::Serialize {
-        what: "rank file header",
-        source,
-    })?;
+    let mut json = serde_json::to_vec(&header).map_err(serialize)?;
     let data_start = (8 + json.len() as u64).next_multiple_of(DATA_ALIGN);
     json.resize((data_start - 8) as usize, b' ');
     let mut bytes = (json.len() as u64).to_le_bytes().to_vec();

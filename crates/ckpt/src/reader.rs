@@ -3,11 +3,13 @@
 //!
 //! A step exists for a reader only if `step-<N>/COMMIT` is a regular file. Opening a step reads
 //! the marker, checks the manifest's length and xxh3-128 against it, parses and validates the
-//! manifest, and (with [`Verify::AllPieces`]) reads and checks every piece. Piece bytes are
-//! checked every time they are read, not only the first time: the checksum chunks covering the
-//! bytes wanted are read into memory, hashed, and only then copied from, so no byte that failed
-//! (or skipped) verification is ever used, even if the file changed after an earlier check. A
-//! resharding load reads only the rows of each piece it needs, rounded out to whole chunks.
+//! manifest, hashes every rank file's safetensors header against the manifest's record (either
+//! mode; see [`crate::header`]) and (with [`Verify::AllPieces`]) reads and checks every piece.
+//! Piece bytes are checked every time they are read, not only the first time: the checksum
+//! chunks covering the bytes wanted are read into memory, hashed, and only then copied from, so
+//! no byte that failed (or skipped) verification is ever used, even if the file changed after
+//! an earlier check. A resharding load reads only the rows of each piece it needs, rounded out
+//! to whole chunks.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -15,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{CkptError, Result, io_err};
 use crate::fsio::{checksum_hex, file_len, is_real_dir, open_read, read_capped};
+use crate::header::verify_headers;
 use crate::layout::{Extent, Slice, copy_overlap};
 use crate::manifest::{
     COMMIT_FILE, CommitMarker, MANIFEST_FILE, MAX_MANIFEST_BYTES, MAX_MARKER_BYTES, Manifest, Piece,
@@ -25,7 +28,7 @@ pub use crate::names::step_dir_name;
 /// How much of a step [`Checkpoint::open`] checks up front.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verify {
-    /// Marker and manifest only; each piece is still verified when read.
+    /// Marker, manifest and rank file headers only; each piece is still verified when read.
     ManifestOnly,
     /// Also read and verify every piece, so a corrupt piece rejects the step at open time (and
     /// [`open_latest`] falls back past it).
@@ -319,14 +322,24 @@ impl Checkpoint {
             manifest,
             by_tensor,
         };
-        if verify == Verify::AllPieces {
-            ckpt.verify_all_pieces()?;
+        match verify {
+            Verify::AllPieces => ckpt.verify_all_pieces()?,
+            Verify::ManifestOnly => ckpt.verify_headers()?,
         }
         Ok(ckpt)
     }
 
-    /// Reads and checks every piece of the step.
+    /// Hashes every rank file's safetensors header and compares it with the manifest's record
+    /// (a manifest from before header hashes records none; see [`crate::header`]). Part of
+    /// every open.
+    pub fn verify_headers(&self) -> Result<()> {
+        verify_headers(&self.dir, &self.manifest)
+    }
+
+    /// Checks every rank file's header ([`Checkpoint::verify_headers`]), then reads and checks
+    /// every piece of the step.
     pub fn verify_all_pieces(&self) -> Result<()> {
+        self.verify_headers()?;
         for piece in &self.manifest.pieces {
             self.read_piece(piece, 0..piece.bytes)?;
         }

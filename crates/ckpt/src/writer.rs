@@ -5,8 +5,9 @@
 //!
 //! 1. every rank writes `step-<N>.tmp/rank-<r>.safetensors` with a [`RankWriter`](crate::RankWriter) (hashing
 //!    each chunk of its buffers as it writes them), then fsyncs it and the directory;
-//! 2. the coordinator validates the assembled manifest and checks that every piece file is a
-//!    regular file long enough for its pieces;
+//! 2. the coordinator validates the assembled manifest, checks that every piece file is a
+//!    regular file long enough for its pieces whose safetensors header describes exactly them,
+//!    and records each header's length and xxh3-128 in the manifest (see [`crate::header`]);
 //! 3. it writes `step-<N>.tmp/manifest.json` (tmp file, fsync, rename, dir fsync);
 //! 4. it renames `step-<N>.tmp` to `step-<N>` and fsyncs the root;
 //! 5. it writes `step-<N>/COMMIT` last (tmp file, fsync, rename, dir fsync). The marker records
@@ -19,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{CkptError, Result, io_err};
 use crate::fsio::{checksum_hex, file_len, fsync_dir, open_read, write_atomic};
+use crate::header::sum_headers;
 use crate::layout::TensorMeta;
 use crate::manifest::{
     COMMIT_FILE, CommitMarker, DEFAULT_CHUNK_BYTES, FORMAT, MANIFEST_FILE, Manifest, Piece, VERSION,
@@ -138,7 +140,7 @@ fn commit_inner(
     };
     ensure_not_committed(root, step)?;
     let tmp = root.join(tmp_dir_name(step));
-    let manifest = Manifest {
+    let mut manifest = Manifest {
         format: FORMAT.to_string(),
         version: VERSION,
         run_id: meta.run_id,
@@ -149,13 +151,16 @@ fn commit_inner(
         chunk_bytes: DEFAULT_CHUNK_BYTES,
         tensors: meta.tensors,
         pieces,
+        headers: Default::default(),
         state: meta.state,
     };
     let manifest_path = tmp.join(MANIFEST_FILE);
     manifest.validate(&manifest_path)?;
     // The ranks checksummed their pieces while writing and fsynced them (`RankWriter::finish`);
-    // here every file must exist as a regular file long enough for every piece recorded in it.
+    // here every file must exist as a regular file long enough for every piece recorded in it,
+    // with a header that describes exactly those pieces, whose hash the manifest then records.
     check_piece_files(&tmp, step, &manifest.pieces)?;
+    manifest.headers = sum_headers(&tmp, step, &manifest.pieces, &manifest.tensors)?;
     stop(FailPoint::AfterPiecesBeforeManifest)?;
 
     let bytes = serde_json::to_vec_pretty(&manifest).map_err(|source| CkptError::Serialize {

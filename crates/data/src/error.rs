@@ -104,6 +104,14 @@ pub enum DataError {
         /// The cap in bytes.
         cap: u64,
     },
+    /// A path that must be a regular file is a FIFO, a device, a directory or a socket.
+    #[error("{}: is {kind}, not a regular file", .path.display())]
+    NotAFile {
+        /// The path (as given; a symbolic link is reported under its own name).
+        path: PathBuf,
+        /// What it is (`a FIFO`, `a character device`, `a directory`, ...).
+        kind: &'static str,
+    },
     /// A token shard failed a check: foreign file, bad header, truncation, bad index.
     #[error("shard {}: {problem}", .path.display())]
     CorruptShard {

@@ -33,6 +33,7 @@ pub mod batch;
 pub mod corpus;
 pub mod dataset;
 pub mod error;
+pub mod fsread;
 pub mod loader;
 pub mod manifest;
 pub mod prepare;

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{DataError, Result};
+use crate::fsread::read_bounded;
 use crate::shard::{ShardInfo, hex128};
 
 /// File name of the manifest inside a dataset directory.
@@ -152,8 +153,9 @@ impl Manifest {
     /// Reads and checks `dir/manifest.json`.
     ///
     /// # Errors
-    /// [`DataError::Io`] if it cannot be read; [`DataError::BadManifest`] naming the problem if
-    /// it is too large, not JSON of this format, inconsistent (totals, a shard name with a
+    /// As [`read_bounded`] (with [`MAX_MANIFEST_BYTES`]) if it cannot be read, is not a regular
+    /// file (a FIFO does not block; a link to a device is refused) or is too large;
+    /// [`DataError::BadManifest`] naming the problem if it is not JSON of this format, inconsistent (totals, a shard name with a
     /// directory part) or its snapshot id does not match its content (edited by hand).
     pub fn read(dir: &Path) -> Result<Manifest> {
         let path = dir.join(MANIFEST_FILE);
@@ -161,20 +163,7 @@ impl Manifest {
             path: path.clone(),
             problem,
         };
-        let meta = std::fs::metadata(&path).map_err(|source| DataError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        if meta.len() > MAX_MANIFEST_BYTES {
-            return Err(bad(format!(
-                "{} bytes, more than the {MAX_MANIFEST_BYTES}-byte cap",
-                meta.len()
-            )));
-        }
-        let bytes = std::fs::read(&path).map_err(|source| DataError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let bytes = read_bounded(&path, MAX_MANIFEST_BYTES)?;
         let m: Manifest = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
         m.check().map_err(bad)?;
         Ok(m)

@@ -4,11 +4,10 @@
 //! U+FFFD), tokenized, and concatenated with the tokenizer's end-of-text id between files when it
 //! has one, so a model trained on the stream sees document boundaries.
 
-use std::fs::File;
-use std::io::Read;
 use std::path::Path;
 
 use crate::error::{DataError, Result};
+use crate::fsread::read_bounded;
 use crate::tokenizer::Tokenizer;
 
 /// Default per-file cap: 1 GiB.
@@ -57,35 +56,13 @@ where
     Ok(tokens)
 }
 
-/// Reads one file as UTF-8 (invalid sequences become U+FFFD), refusing it over `cap` bytes.
+/// Reads one file as UTF-8 (invalid sequences become U+FFFD), refusing it over `cap` bytes or
+/// if it is not a regular file ([`read_bounded`]).
 ///
 /// # Errors
-/// [`DataError::Io`] or [`DataError::FileTooLarge`], naming `path`.
+/// [`DataError::Io`], [`DataError::NotAFile`] or [`DataError::FileTooLarge`], naming `path`.
 pub fn read_text(path: &Path, cap: u64) -> Result<String> {
-    let io = |source| DataError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let too_large = |size| DataError::FileTooLarge {
-        path: path.to_path_buf(),
-        size,
-        cap,
-    };
-    let file = File::open(path).map_err(io)?;
-    let size = file.metadata().map_err(io)?.len();
-    if size > cap {
-        return Err(too_large(size));
-    }
-    // Reading through `take(cap + 1)` bounds memory even if the file grows after the size check
-    // (or reports size 0, like a pipe), and the extra byte tells "exactly cap" from "over cap".
-    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-    file.take(cap.saturating_add(1))
-        .read_to_end(&mut bytes)
-        .map_err(io)?;
-    let read = bytes.len() as u64;
-    if read > cap {
-        return Err(too_large(read));
-    }
+    let bytes = read_bounded(path, cap)?;
     Ok(match String::from_utf8(bytes) {
         Ok(text) => text,
         Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),

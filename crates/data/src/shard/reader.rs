@@ -1,6 +1,5 @@
 //! Reading one shard through a read-only memory map.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -8,6 +7,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use super::{END_MAGIC, FOOTER_LEN, HEADER_LEN, Header, combine, file_len, hex128, index_offset};
 use crate::error::{DataError, Result};
+use crate::fsread::open_regular;
 
 /// Maps every page of `map` in one pass, since verification reads all of them anyway (instead
 /// of one page fault per 4 KiB). Page-cache folios of 2 MiB (what the kernel's read-ahead builds
@@ -76,7 +76,8 @@ impl Shard {
     /// Maps `path` and checks its header and length.
     ///
     /// # Errors
-    /// [`DataError::Io`] if the file cannot be opened or mapped; [`DataError::CorruptShard`]
+    /// [`DataError::Io`] if the file cannot be opened or mapped, [`DataError::NotAFile`] if it is
+    /// not a regular file; [`DataError::CorruptShard`]
     /// naming the file for a foreign file, an unknown version, bad header fields, a length other
     /// than the header implies (truncated or extended), or a missing end marker.
     pub fn open(path: &Path) -> Result<Shard> {
@@ -84,7 +85,9 @@ impl Shard {
             path: path.to_path_buf(),
             source,
         };
-        let file = File::open(path).map_err(io)?;
+        // Not blocking on a FIFO, refusing anything but a regular file (mapping a device
+        // such as /dev/zero would "succeed").
+        let (file, _) = open_regular(path)?;
         // SAFETY: the map is read-only and shards are immutable once renamed into place; a
         // process that truncates a mapped shard underneath us is outside the supported use.
         let map = unsafe { memmap2::MmapOptions::new().map(&file) }.map_err(io)?;

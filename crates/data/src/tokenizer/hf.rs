@@ -1,12 +1,12 @@
 //! A Hugging Face `tokenizer.json`, loaded through the `tokenizers` crate (feature `hf-tokenizer`).
 
-use std::io::Read;
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
 use super::Tokenizer;
 use crate::error::{DataError, Result};
+use crate::fsread::read_bounded;
 
 /// A tokenizer loaded from a Hugging Face `tokenizer.json`.
 ///
@@ -37,25 +37,11 @@ impl HfTokenizer {
     /// appended then).
     ///
     /// # Errors
-    /// [`DataError::Io`] if the file cannot be read, [`DataError::FileTooLarge`] over
+    /// [`DataError::Io`] if the file cannot be read, [`DataError::NotAFile`] if it is not a
+    /// regular file, [`DataError::FileTooLarge`] over
     /// [`HfTokenizer::MAX_JSON_BYTES`], and as [`HfTokenizer::from_bytes`].
     pub fn from_file(path: &Path, eot: Option<&str>) -> Result<Self> {
-        let io = |source| DataError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let file = std::fs::File::open(path).map_err(io)?;
-        let mut bytes = Vec::new();
-        file.take(Self::MAX_JSON_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(io)?;
-        if bytes.len() as u64 > Self::MAX_JSON_BYTES {
-            return Err(DataError::FileTooLarge {
-                path: path.to_path_buf(),
-                size: bytes.len() as u64,
-                cap: Self::MAX_JSON_BYTES,
-            });
-        }
+        let bytes = read_bounded(path, Self::MAX_JSON_BYTES)?;
         Self::from_bytes(&bytes, eot).map_err(|e| match e {
             DataError::TokenizerFailed { reason, .. } => DataError::TokenizerFailed {
                 tokenizer: path.display().to_string(),

@@ -1,0 +1,91 @@
+//! A dataset manifest that is a FIFO or a link to `/dev/zero`, through the binary: `data
+//! verify` and `data inspect` exit non-zero within a deadline, naming the manifest, instead of
+//! blocking on the FIFO or reading the device until memory runs out.
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long one command may take before the test calls it hung.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Runs `flotilla args...` with output to files in `scratch`, killing it at [`DEADLINE`];
+/// returns (success, stderr). Fails the test if it was still running then.
+fn run_with_deadline(scratch: &Path, args: &[&str]) -> (bool, String) {
+    let err_path = scratch.join("stderr.txt");
+    let out_path = scratch.join("stdout.txt");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > DEADLINE {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("flotilla {args:?} still running after {DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (
+        status.success(),
+        std::fs::read_to_string(&err_path).unwrap(),
+    )
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A small prepared dataset in `root/ds` (made through the library: `data prepare` itself is
+/// tested in data_cli.rs).
+fn dataset(root: &Path) -> std::path::PathBuf {
+    let input = root.join("corpus.txt");
+    let text: String = (0..20).map(|i| format!("Document {i}.\n\n")).collect();
+    std::fs::write(&input, text).unwrap();
+    let out = root.join("ds");
+    let cfg = data::PrepareConfig::new(vec![s(&input).into()], out.clone());
+    data::prepare(&cfg, &data::ByteTokenizer, &mut |_| {}).unwrap();
+    out
+}
+
+/// Both commands on `ds`, whose manifest is `what`: each fails in time naming the manifest
+/// and saying what it is.
+fn assert_refused(scratch: &Path, ds: &Path, what: &str) {
+    let manifest = ds.join("manifest.json");
+    for cmd in ["verify", "inspect"] {
+        let (ok, err) = run_with_deadline(scratch, &["data", cmd, s(ds)]);
+        assert!(
+            !ok,
+            "data {cmd} with a manifest that is {what} succeeded: {err}"
+        );
+        assert!(
+            err.contains(&manifest.display().to_string()) && err.contains(what),
+            "data {cmd}, manifest {what}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_fifo_or_device_manifest_is_refused_in_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path());
+    let manifest = ds.join("manifest.json");
+    let (ok, err) = run_with_deadline(tmp.path(), &["data", "verify", s(&ds)]);
+    assert!(ok, "{err}");
+    std::fs::rename(&manifest, tmp.path().join("manifest.saved")).unwrap();
+
+    let c = std::ffi::CString::new(s(&manifest)).unwrap();
+    // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    assert_refused(tmp.path(), &ds, "FIFO");
+    std::fs::remove_file(&manifest).unwrap();
+
+    std::os::unix::fs::symlink("/dev/zero", &manifest).unwrap();
+    assert_refused(tmp.path(), &ds, "character device");
+}
