@@ -144,3 +144,92 @@ fn pp2_x_tp2_writes_metrics_a_saved_model_and_an_export() {
         "4",
     ]);
 }
+
+/// The step lines of a `layout` run of [`STEPS`] steps (no outputs).
+fn step_lines(layout: &[&str]) -> Vec<String> {
+    let _one = serial();
+    let steps = STEPS.to_string();
+    let mut args = vec!["train"];
+    args.extend_from_slice(MICRO);
+    args.extend_from_slice(layout);
+    args.extend_from_slice(&[
+        "--layers",
+        "2",
+        "--threads",
+        "1",
+        "--steps",
+        &steps,
+        "--log-every",
+        "1",
+        "--no-plan",
+        "--max-restarts",
+        "0",
+    ]);
+    let (ok, out, err) = flotilla(&args);
+    assert!(ok, "flotilla {args:?} failed:\n{out}\n{err}");
+    out.lines()
+        .filter(|l| l.starts_with("step "))
+        .map(|l| l.split(" lr ").next().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn pp2_x_dp2_with_zero1_trains_the_losses_of_pp2_x_dp2() {
+    let pp_dp = [
+        "--nproc",
+        "4",
+        "--pp",
+        "2",
+        "--batch",
+        "2",
+        "--grad-accum",
+        "2",
+    ];
+    let plain = step_lines(&pp_dp);
+    let mut zero1 = pp_dp.to_vec();
+    zero1.extend_from_slice(&["--zero", "1"]);
+    assert_eq!(plain.len(), STEPS as usize);
+    assert_eq!(
+        step_lines(&zero1),
+        plain,
+        "ZeRO-1 inside the stages is exact"
+    );
+}
+
+#[test]
+fn what_a_mesh_engine_does_not_build_is_refused_before_spawning() {
+    for (layout, want) in [
+        (
+            &["--nproc", "4", "--tp", "2", "--zero", "1"][..],
+            "--zero 1 with --tp 2",
+        ),
+        (
+            &["--nproc", "4", "--pp", "2", "--zero", "2"][..],
+            "--zero 2 with --pp 2",
+        ),
+        (
+            &["--nproc", "2", "--tp", "2", "--bf16"][..],
+            "--bf16 with --tp 2",
+        ),
+        (
+            &["--nproc", "2", "--zero", "1", "--bf16"][..],
+            "--zero 1 with --bf16",
+        ),
+    ] {
+        let mut args = vec!["train"];
+        args.extend_from_slice(MICRO);
+        args.extend_from_slice(layout);
+        args.extend_from_slice(&["--steps", "1"]);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(out.status.code(), Some(78), "{args:?}: {stdout}\n{stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+        assert!(!stdout.contains("step "), "{args:?} trained:\n{stdout}");
+    }
+}

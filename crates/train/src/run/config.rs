@@ -123,6 +123,19 @@ impl RunConfig {
         if l.bucket_bytes == 0 {
             return Err(refused("--bucket-mb: must be positive".into()));
         }
+        let t = &self.train;
+        if l.zero > 3 {
+            return Err(refused(format!(
+                "--zero {}: stages are 0, 1, 2 and 3",
+                l.zero
+            )));
+        }
+        if l.zero != 0 && t.bf16 {
+            return Err(refused(format!(
+                "--zero {} with --bf16: ZeRO shards f32 state; bf16 with ZeRO is not built yet",
+                l.zero
+            )));
+        }
         if l.splits_model() {
             l.shape(world)?;
             if world == 1 {
@@ -130,10 +143,26 @@ impl RunConfig {
                     "--tp/--pp split the model over workers: run with --nproc 2 or more".into(),
                 ));
             }
-            if l.zero != 0 {
+            // What the mesh engines build, refused here rather than in every worker.
+            let not_built = [
+                (
+                    l.tp > 1 && l.zero != 0,
+                    format!("--zero {} with --tp {}", l.zero, l.tp),
+                ),
+                (
+                    l.pp > 1 && l.zero > 1,
+                    format!("--zero {} with --pp {} (ZeRO-1 is built)", l.zero, l.pp),
+                ),
+                (l.tp > 1 && t.bf16, format!("--bf16 with --tp {}", l.tp)),
+                (
+                    l.tp > 1 && t.recompute,
+                    format!("--recompute with --tp {}", l.tp),
+                ),
+                (l.pp > 1 && t.bf16, format!("--bf16 with --pp {}", l.pp)),
+            ];
+            if let Some((_, what)) = not_built.into_iter().find(|(bad, _)| *bad) {
                 return Err(refused(format!(
-                    "--zero {} with --tp/--pp: ZeRO is not wired into the mesh engines yet",
-                    l.zero
+                    "{what}: not built for the mesh engines yet"
                 )));
             }
             if self
