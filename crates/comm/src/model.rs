@@ -1,9 +1,10 @@
 //! The alpha-beta cost model and algorithm selection (NCCL's tuning table, as data).
 //!
 //! A message of n bytes over a link costs `α + n·β⁻¹` (004 eq. 28.10, 000 F3); reducing n bytes
-//! costs `n·γ`. Each algorithm module documents its cost; [`predict`] evaluates those formulas for
-//! a group's topology and [`select`] takes the argmin, recording every candidate so the choice can
-//! be printed and explained. α and β are measured per transport when a group is created
+//! costs `n·γ`. Each algorithm module documents its cost; the formulas themselves live in
+//! [`cost`], shared with the planner. [`predict`] evaluates them for a group's topology and
+//! [`select`] takes the argmin, recording every candidate so the choice can be printed and
+//! explained. α and β are measured per transport when a group is created
 //! ([`crate::group`]), and all ranks use the same published figures, so they choose alike.
 
 use crate::algo::Algo;
@@ -21,9 +22,21 @@ pub struct LinkParams {
 }
 
 impl LinkParams {
-    /// `α + n/β` (004 eq. 28.10).
+    /// `α + n/β` (004 eq. 28.10, [`cost::message`]).
     pub fn msg(&self, bytes: f64) -> f64 {
-        self.alpha + bytes / self.beta
+        cost::message(self.alpha, self.beta, bytes)
+    }
+
+    /// A collective of `n` bytes over `p` ranks on this link, with reduction cost `gamma`, to
+    /// price with the [`cost`] formulas.
+    pub fn call(self, gamma: f64, n: f64, p: usize) -> cost::Call {
+        cost::Call {
+            alpha: self.alpha,
+            beta: self.beta,
+            gamma,
+            n,
+            p: p as u64,
+        }
     }
 }
 
@@ -161,10 +174,6 @@ impl Topology {
     }
 }
 
-fn log2_ceil(p: usize) -> f64 {
-    (p.max(1) as f64).log2().ceil()
-}
-
 /// Predicted seconds for `algo` running `op` over `bytes` (the per-rank buffer of all-reduce,
 /// broadcast and reduce; the whole gathered/scattered buffer of all-gather, reduce-scatter and
 /// all-to-all), or None if the algorithm does not apply.
@@ -238,7 +247,10 @@ pub fn probe_key(op: OpKind, algo: Algo) -> String {
     format!("{}/{}", op.name(), algo.name())
 }
 
-/// The documented cost formula of `algo` for `op` (see each algorithm module).
+/// The documented cost formula of `algo` for `op` (see each algorithm module), priced by
+/// [`cost`] with this group's links: the flat link (TCP once the group spans hosts) at its
+/// shared per-rank rate, each step at least the group round, the reduction slowed by core
+/// sharing.
 pub fn formula(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64> {
     if !algo.serves(op) {
         return None;
@@ -247,7 +259,6 @@ pub fn formula(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64
     if p <= 1 {
         return Some(0.0);
     }
-    let pf = p as f64;
     let n = bytes as f64;
     let ov = t.oversubscription();
     let mut l = t.flat();
@@ -258,129 +269,102 @@ pub fn formula(op: OpKind, algo: Algo, bytes: usize, t: &Topology) -> Option<f64
     // A step of a collective needs every rank scheduled, so its latency is at least the
     // measured per-round time of the whole group (see `Topology::round`).
     l.alpha = l.alpha.max(t.round);
-    let g = t.gamma * ov;
-    let frac = (pf - 1.0) / pf;
-    let lg = log2_ceil(p);
+    let c = l.call(t.gamma * ov, n, p);
     use OpKind::*;
     Some(match (op, algo) {
-        // 004 eq. 28.11/28.12 plus the reduction term.
-        (AllReduce, Algo::Ring) => {
-            2.0 * (pf - 1.0) * l.alpha + 2.0 * frac * n / l.beta + frac * n * g
-        }
-        (ReduceScatter, Algo::Ring) => (pf - 1.0) * l.alpha + frac * n / l.beta + frac * n * g,
-        (AllGather, Algo::Ring) => (pf - 1.0) * l.alpha + frac * n / l.beta,
-        // Rabenseifner: log p steps each way, same bytes as the ring; +2 messages of n/2 to fold
-        // a non-power-of-two group.
+        // 004 eq. 28.11/28.12 plus the reduction term; the ring reduce (reduce-scatter, then a
+        // gather to the root) has the all-reduce's steps and bytes.
+        (AllReduce | Reduce, Algo::Ring) => c.ring_all_reduce(EXACT),
+        (ReduceScatter, Algo::Ring) => c.ring_reduce_scatter(EXACT),
+        (AllGather, Algo::Ring) => c.ring_all_gather(EXACT),
+        (Broadcast, Algo::Ring) => c.ring_broadcast(crate::algo::ring::BCAST_SEGMENT_BYTES as f64),
         // Rabenseifner: same bytes as the ring in ⌊lg p⌋ + ⌈lg p⌉ steps; a non-power of two
         // folds the first 2r ranks in (a message of n, one of n/p back). Not pipelined: each
         // step's chunk is received whole before it is reduced and forwarded.
-        (AllReduce, Algo::HalvingDoubling) => {
-            let (steps, fold) = if p.is_power_of_two() {
-                (2.0 * lg, 0.0)
-            } else {
-                (2.0 * lg - 1.0, l.msg(n) + l.msg(n / pf) + n * g)
-            };
-            steps * l.alpha + STORE_AND_FORWARD * 2.0 * frac * n / l.beta + frac * n * g + fold
-        }
-        (ReduceScatter, Algo::HalvingDoubling) => {
-            let fold = if p.is_power_of_two() {
-                0.0
-            } else {
-                l.msg(n) + l.msg(n / pf) + n * g
-            };
-            lg * l.alpha + STORE_AND_FORWARD * frac * n / l.beta + frac * n * g + fold
-        }
-        (AllGather, Algo::HalvingDoubling) => lg * l.alpha + STORE_AND_FORWARD * frac * n / l.beta,
+        (AllReduce, Algo::HalvingDoubling) => c.halving_doubling_all_reduce(HD),
+        (ReduceScatter, Algo::HalvingDoubling) => c.halving_doubling_reduce_scatter(HD),
+        (AllGather, Algo::HalvingDoubling) => c.halving_doubling_all_gather(HD),
         // 004 eq. 28.13: unchunked binomial reduce + broadcast.
-        (AllReduce, Algo::Tree) => 2.0 * lg * (l.alpha + n / l.beta) + lg * n * g,
-        (Reduce, Algo::Tree) => lg * (l.alpha + n / l.beta + n * g),
-        (Broadcast, Algo::Tree) => lg * (l.alpha + n / l.beta),
+        (AllReduce, Algo::Tree) => c.tree_all_reduce(),
+        (Reduce, Algo::Tree) => c.tree_reduce(),
+        (Broadcast, Algo::Tree) => c.tree_broadcast(),
         // Two trees carrying n/2 each, concurrently, pipelined in s segments per half.
         (AllReduce, Algo::DoubleTree) => {
-            let s = (n / 2.0 / crate::algo::double_tree::DOUBLE_TREE_SEGMENT_BYTES as f64)
-                .ceil()
-                .max(1.0);
-            (s + 2.0 * lg - 1.0) * (l.alpha + 2.0 * n / s / l.beta + 1.5 * n / s * g)
+            let seg = crate::algo::double_tree::DOUBLE_TREE_SEGMENT_BYTES as f64;
+            c.double_tree_all_reduce(seg)
         }
-        (Broadcast, Algo::Ring) => {
-            let s = (n / crate::algo::ring::BCAST_SEGMENT_BYTES as f64)
-                .ceil()
-                .max(1.0);
-            (s + pf - 2.0) * l.msg(n / s)
-        }
-        (Reduce, Algo::Ring) => 2.0 * (pf - 1.0) * l.alpha + 2.0 * frac * n / l.beta + frac * n * g,
         // Direct: every rank sends its whole buffer (all-reduce) or one chunk (others) to every
         // other rank at once; the sender's link serialises p-1 messages.
         (AllReduce | ReduceScatter | AllGather, Algo::Direct) if bytes > DIRECT_MAX_BYTES => {
             return None;
         }
-        (AllReduce, Algo::Direct) => l.alpha + (pf - 1.0) * n / l.beta + (pf - 1.0) * n * g,
-        (ReduceScatter | AllGather | AllToAll, Algo::Direct) => {
-            l.alpha + frac * n / l.beta + frac * n * g * (op == ReduceScatter) as u8 as f64
-        }
-        (AllToAll, Algo::Pairwise) => (pf - 1.0) * l.alpha + frac * n / l.beta,
-        (Barrier, Algo::Direct) => lg * l.alpha,
+        (AllReduce, Algo::Direct) => c.direct_all_reduce(),
+        (ReduceScatter, Algo::Direct) => c.direct_reduce_scatter(),
+        (AllGather | AllToAll, Algo::Direct) => c.direct_all_gather(),
+        (AllToAll, Algo::Pairwise) => c.pairwise_all_to_all(EXACT),
+        (Barrier, Algo::Direct) => c.dissemination_barrier(),
         // Single copy within one host (see algo::direct_read for the derivation).
         (AllReduce | ReduceScatter | AllGather | Broadcast, Algo::DirectRead) => {
             let br = t.direct_read?;
             if t.hosts != 1 {
                 return None;
             }
-            let a = t.params(LinkKind::Shm).alpha.max(t.round);
+            let alpha = t.params(LinkKind::Shm).alpha.max(t.round);
             // A measured (concurrent, per-rank) read rate already includes core sharing; the
             // single-core default does not.
             let dov = if t.concurrent.is_some() { 1.0 } else { ov };
-            match op {
-                AllReduce => (2.0 + 2.0 * lg) * a + frac * n * (2.0 * dov / br + g),
-                ReduceScatter => (1.0 + lg) * a + frac * n * (dov / br + g) + dov * n / pf / br,
-                AllGather => (1.0 + lg) * a + dov * frac * n / br,
-                _ => (1.0 + lg) * a + dov * n / br,
-            }
-        }
-        // 004 E10 / 000 F66: intra-host reduce-scatter and all-gather on g ranks (single-copy
-        // reads where permitted, else rings) and an inter-host ring all-reduce of each rank's
-        // n/g shard. The g shards of a host leave through the same host link, so that link
-        // carries 2(h-1)/h·n bytes, not 2(h-1)/h·n/g.
-        (AllReduce, Algo::Hierarchical) => {
-            let gsz = t.ranks_per_host?;
-            if t.hosts < 2 || gsz < 1 {
-                return None;
-            }
-            let (gf, hf) = (gsz as f64, t.hosts as f64);
-            let (li, mut lo) = (t.params(t.intra), t.params(LinkKind::Tcp));
-            // Intra-host steps involve only the host's ranks: the group round (which crosses
-            // hosts) bounds the inter-host steps only.
-            lo.alpha = lo.alpha.max(t.round);
-            // Latency and bandwidth parts of each phase.
-            let (intra_lat, intra_bw) = match t.direct_read {
-                _ if gsz == 1 => (0.0, 0.0),
-                Some(br) => (
-                    (2.0 + 2.0 * log2_ceil(gsz)) * li.alpha,
-                    ov * (gf - 1.0) / gf * n * (2.0 / br + t.gamma),
-                ),
-                None => (
-                    2.0 * (gf - 1.0) * li.alpha,
-                    ov * (2.0 * (gf - 1.0) / gf * n / li.beta + (gf - 1.0) / gf * n * t.gamma),
-                ),
+            let c = cost::Call {
+                alpha,
+                beta: br,
+                ..c
             };
-            let inter_lat = 2.0 * (hf - 1.0) * lo.alpha;
-            let inter_bw = 2.0 * (hf - 1.0) / hf * n / lo.beta + (hf - 1.0) / hf * n / gf * g;
-            let seg = crate::algo::hier_pipeline::SEGMENT_BYTES as f64;
-            if t.direct_read.is_some() && gsz > 1 && n >= 2.0 * seg {
-                // Pipelined over k segments (algo::hier_pipeline): the intra-host and
-                // inter-host phases run at once on two threads, each paying its latency once
-                // per segment, and only the first segment's reduce-scatter and the last one's
-                // all-gather stay exposed.
-                let k = (n / seg).ceil();
-                let intra = k * intra_lat + intra_bw;
-                let inter = k * inter_lat + inter_bw;
-                intra.max(inter) + intra_lat + intra_bw / k
-            } else {
-                intra_lat + intra_bw + inter_lat + inter_bw
+            match op {
+                AllReduce => c.direct_read_all_reduce(dov),
+                ReduceScatter => c.direct_read_reduce_scatter(dov),
+                AllGather => c.direct_read_all_gather(dov),
+                _ => c.direct_read_broadcast(dov),
             }
         }
+        (AllReduce, Algo::Hierarchical) => hierarchical(n, t)?,
         _ => return None,
     })
+}
+
+/// The ring fraction the runtime always prices: (p-1)/p.
+const EXACT: cost::RingFactor = cost::RingFactor::Exact;
+
+/// Halving-doubling as it runs here: the measured store-and-forward penalty, and the fold of a
+/// non-power-of-two group.
+const HD: cost::HalvingDoubling = cost::HalvingDoubling {
+    store_and_forward: STORE_AND_FORWARD,
+    fold: true,
+};
+
+/// 004 E10 / 000 F66: intra-host reduce-scatter and all-gather on g ranks (single-copy reads
+/// where permitted, else rings) and an inter-host ring all-reduce of each rank's n/g shard. The
+/// g shards of a host leave through the same host link ([`cost::Egress::PerHost`]), so that
+/// link carries 2(h-1)/h·n bytes, not 2(h-1)/h·n/g. Pipelined ([`crate::algo::hier_pipeline`])
+/// where single-copy reads serve a host of several ranks and the buffer spans two segments.
+fn hierarchical(n: f64, t: &Topology) -> Option<f64> {
+    let gsz = t.ranks_per_host?;
+    if t.hosts < 2 || gsz < 1 {
+        return None;
+    }
+    let ov = t.oversubscription();
+    let (li, mut lo) = (t.params(t.intra), t.params(LinkKind::Tcp));
+    // Intra-host steps involve only the host's ranks: the group round (which crosses hosts)
+    // bounds the inter-host steps only.
+    lo.alpha = lo.alpha.max(t.round);
+    let host = li.call(t.gamma, n, gsz);
+    let intra = match t.direct_read {
+        Some(br) => cost::Call { beta: br, ..host }.hierarchical_direct_read_phase(ov),
+        None => host.hierarchical_ring_phase(ov, EXACT),
+    };
+    let across = lo.call(t.gamma * ov, n, t.hosts);
+    let inter = across.hierarchical_inter_phase(gsz as u64, cost::Egress::PerHost, EXACT);
+    let seg = crate::algo::hier_pipeline::SEGMENT_BYTES as f64;
+    let segments = (t.direct_read.is_some() && gsz > 1 && n >= 2.0 * seg).then(|| (n / seg).ceil());
+    Some(cost::hierarchical_all_reduce(intra, inter, segments))
 }
 
 /// One candidate the selector weighed.

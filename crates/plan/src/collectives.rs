@@ -1,6 +1,9 @@
 //! Alpha-beta collective costs (000 Chapter 6, F15–F16, F59, F66; 004 eqs. 28.10–28.14).
 //! `m` is the full message per device in bytes, `p` the group size; every function returns
-//! seconds and is 0 for a group of one.
+//! seconds and is 0 for a group of one. The formulas are the `cost` crate's, which the runtime
+//! selector (`comm::model`) prices with too; this module picks the planner's conventions
+//! (no reduction term, textbook halving-doubling, one inter-node port per device) and places
+//! groups on nodes.
 
 use crate::hardware::Link;
 use crate::units::RingFactor;
@@ -21,54 +24,41 @@ pub enum AllReduceAlgo {
 /// Ring all-reduce: 2(p-1)·α + 2·f(p)·m/β with f = (p-1)/p exact (004 eq. 28.12; 000 F16).
 /// 004 eq. 28.14: p = 8, m = 256 MiB, α = 5 µs, β = 25 GiB/s → 0.01757 s.
 pub fn ring_all_reduce(link: &Link, m: f64, p: u64, rf: RingFactor) -> f64 {
-    if p <= 1 {
-        return 0.0;
-    }
-    2.0 * (p - 1) as f64 * link.alpha + 2.0 * rf.per_phase(p) * m / link.beta
+    call(link, m, p).ring_all_reduce(rf)
 }
 
 /// Ring reduce-scatter: (p-1)·α + f(p)·m/β (000 F59, Table 6.4).
 pub fn reduce_scatter(link: &Link, m: f64, p: u64, rf: RingFactor) -> f64 {
-    if p <= 1 {
-        return 0.0;
-    }
-    (p - 1) as f64 * link.alpha + rf.per_phase(p) * m / link.beta
+    call(link, m, p).ring_reduce_scatter(rf)
 }
 
 /// Ring all-gather of a result of `m` bytes: (p-1)·α + f(p)·m/β (000 F59).
 pub fn all_gather(link: &Link, m: f64, p: u64, rf: RingFactor) -> f64 {
-    reduce_scatter(link, m, p, rf)
+    call(link, m, p).ring_all_gather(rf)
 }
 
 /// Tree all-reduce: 2·⌈log2 p⌉·(α + m/β) (004 eq. 28.13, unchunked reduce + broadcast).
 pub fn tree_all_reduce(link: &Link, m: f64, p: u64) -> f64 {
-    if p <= 1 {
-        return 0.0;
-    }
-    2.0 * log2_ceil(p) * (link.alpha + m / link.beta)
+    call(link, m, p).tree_all_reduce()
 }
 
 /// Halving-doubling all-reduce: 2·⌈log2 p⌉·α + 2(p-1)/p·m/β (Thakur et al. 2005; gloo
-/// `docs/algorithms.md` "2·lg(P) steps, 2·S bytes").
+/// `docs/algorithms.md` "2·lg(P) steps, 2·S bytes"): the textbook formula, without the
+/// runtime's store-and-forward penalty or non-power-of-two fold.
 pub fn halving_doubling_all_reduce(link: &Link, m: f64, p: u64) -> f64 {
-    if p <= 1 {
-        return 0.0;
-    }
-    2.0 * log2_ceil(p) * link.alpha + 2.0 * (p - 1) as f64 / p as f64 * m / link.beta
+    call(link, m, p).halving_doubling_all_reduce(::cost::HalvingDoubling::TEXTBOOK)
 }
 
 /// All-to-all with `m` bytes per device in total: (p-1)·α + f(p)·m/β (000 F59: "(N-1)/N·M per
 /// worker", one message to each peer).
 pub fn all_to_all(link: &Link, m: f64, p: u64, rf: RingFactor) -> f64 {
-    if p <= 1 {
-        return 0.0;
-    }
-    (p - 1) as f64 * link.alpha + rf.per_phase(p) * m / link.beta
+    call(link, m, p).pairwise_all_to_all(rf)
 }
 
 /// Hierarchical all-reduce over `nodes` × `local` devices (000 F66, L3163): intra-node
-/// reduce-scatter over `local`, inter-node ring all-reduce of m/local over `nodes`, intra-node
-/// all-gather. 000 E65 (70B, 16 × 8, NVLink 450, IB 50 GB/s) ≈ 1,200.8 ms.
+/// reduce-scatter over `local`, inter-node ring all-reduce of m/local over `nodes` (each device
+/// on its own inter-node port), intra-node all-gather. 000 E65 (70B, 16 × 8, NVLink 450, IB
+/// 50 GB/s) ≈ 1,200.8 ms.
 pub fn hierarchical_all_reduce(
     intra: &Link,
     inter: &Link,
@@ -77,9 +67,23 @@ pub fn hierarchical_all_reduce(
     nodes: u64,
     rf: RingFactor,
 ) -> f64 {
-    reduce_scatter(intra, m, local, rf)
-        + ring_all_reduce(inter, m / local.max(1) as f64, nodes, rf)
-        + all_gather(intra, m, local, rf)
+    let one_per_core = 1.0;
+    let intra = call(intra, m, local).hierarchical_ring_phase(one_per_core, rf);
+    let inter =
+        call(inter, m, nodes).hierarchical_inter_phase(local, ::cost::Egress::PerDevice, rf);
+    ::cost::hierarchical_all_reduce(intra, inter, None)
+}
+
+/// A collective of `m` bytes over `p` devices on `link`, priced as the planner does: without the
+/// reduction's arithmetic (γ = 0; devices reduce far faster than links carry).
+fn call(link: &Link, m: f64, p: u64) -> ::cost::Call {
+    ::cost::Call {
+        alpha: link.alpha,
+        beta: link.beta,
+        gamma: 0.0,
+        n: m,
+        p,
+    }
 }
 
 /// Time of one all-reduce with `algo`.
@@ -157,8 +161,4 @@ pub fn group_link(intra: &Link, inter: &Link, pl: Placement) -> Link {
         Placement::IntraNode => *intra,
         Placement::Spanning { .. } => *inter,
     }
-}
-
-fn log2_ceil(p: u64) -> f64 {
-    (p as f64).log2().ceil()
 }

@@ -168,7 +168,7 @@ impl Link {
     }
     /// One message: α + n/β (004 eq. 28.10).
     pub fn msg_time(&self, bytes: f64) -> f64 {
-        self.alpha + bytes / self.beta
+        ::cost::message(self.alpha, self.beta, bytes)
     }
     /// Critical message size n* = α·β below which latency dominates (000 F55, 004 line 178).
     pub fn critical_size(&self) -> f64 {

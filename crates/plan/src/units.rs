@@ -6,8 +6,6 @@
 //! Bandwidths are **unidirectional, per device** (000 Table 6.2 caption: "β is the unidirectional
 //! rate; NVLink's 900 GB/s datasheet figure is bidirectional").
 
-use serde::{Deserialize, Serialize};
-
 /// 10^3 bytes.
 pub const KB: f64 = 1e3;
 /// 10^6 bytes.
@@ -35,29 +33,9 @@ pub const DAY: f64 = 86_400.0;
 /// 10^12 FLOP/s.
 pub const TFLOPS: f64 = 1e12;
 
-/// How the ring all-reduce bandwidth factor is taken. The exact ring moves 2(p-1)/p of the
-/// message per device (004 eq. 28.12); many back-of-envelope numbers in the seeds use the
-/// large-p limit 2 (000 F46 "→ 2·M_act for large t").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RingFactor {
-    /// (p-1)/p per phase.
-    #[default]
-    Exact,
-    /// 1 per phase (the p → ∞ limit).
-    Approx,
-}
-
-impl RingFactor {
-    /// The per-phase fraction of the message each device sends: (p-1)/p or 1.
-    pub fn per_phase(self, p: u64) -> f64 {
-        match self {
-            _ if p <= 1 => 0.0,
-            RingFactor::Exact => (p - 1) as f64 / p as f64,
-            RingFactor::Approx => 1.0,
-        }
-    }
-}
+/// How the ring all-reduce bandwidth factor is taken: (p-1)/p exact or the seeds' large-p
+/// limit 1 (defined with the shared collective formulas).
+pub use ::cost::RingFactor;
 
 /// Formats bytes with a decimal unit ("43.75 GB").
 pub fn fmt_bytes(b: f64) -> String {
