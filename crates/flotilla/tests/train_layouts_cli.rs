@@ -233,3 +233,70 @@ fn what_a_mesh_engine_does_not_build_is_refused_before_spawning() {
         assert!(!stdout.contains("step "), "{args:?} trained:\n{stdout}");
     }
 }
+
+/// Flips the last byte of `file` (tensor data: a chunk checksum fails on read).
+fn damage(file: &std::path::Path) {
+    let mut bytes = std::fs::read(file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x55;
+    std::fs::write(file, bytes).unwrap();
+}
+
+#[test]
+fn a_mesh_run_falls_back_past_a_damaged_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let ck_s = ck.to_str().unwrap();
+    let dp_tp = [
+        "--nproc",
+        "4",
+        "--tp",
+        "2",
+        "--batch",
+        "2",
+        "--grad-accum",
+        "2",
+    ];
+    let mut first = dp_tp.to_vec();
+    first.extend_from_slice(&["--ckpt-dir", ck_s, "--ckpt-every", "2"]);
+    step_lines(&first);
+    // Step 3 is the last of the first run; its rank 3 file is damaged.
+    let newest = ck.join("step-3").join("rank-00003.safetensors");
+    assert!(newest.is_file(), "{newest:?}");
+    damage(&newest);
+    let _one = serial();
+    let mut args = vec!["train"];
+    args.extend_from_slice(MICRO);
+    args.extend_from_slice(&dp_tp);
+    args.extend_from_slice(&[
+        "--layers",
+        "2",
+        "--threads",
+        "1",
+        "--steps",
+        "4",
+        "--log-every",
+        "1",
+        "--no-plan",
+        "--max-restarts",
+        "0",
+        "--ckpt-dir",
+        ck_s,
+        "--ckpt-every",
+        "2",
+    ]);
+    let (ok, out, err) = flotilla(&args);
+    assert!(ok, "{out}\n{err}");
+    assert!(
+        out.contains("# checkpoint rejected (lost): step 3"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("# resumed from {ck_s} step 2")),
+        "{out}"
+    );
+    assert!(
+        out.contains("step      3/4 loss") && out.contains("step      4/4 loss"),
+        "{out}"
+    );
+}

@@ -32,9 +32,12 @@ use crate::zero::state::StatePiece;
 use model::layout::Layout;
 
 mod collective;
+mod fallback;
+
 pub(crate) use collective::{
     check_state_tensors, read_state_range, read_whole_state, save_collectively, saved_run,
 };
+pub use fallback::resume_collectively;
 
 /// Prefix of the parameter tensors.
 pub const MODEL_PREFIX: &str = "model.";

@@ -269,7 +269,10 @@ fn moe_run(ep: usize) -> Run {
 
 /// Every layout of the net: name, the run, and the name of the run it must match within
 /// [`TOL`] (None: a reference).
-fn layouts() -> Vec<(&'static str, Box<dyn Fn() -> Run>, Option<&'static str>)> {
+/// A layout of the net: its name, how to run it, and its reference's name.
+type Layout = (&'static str, Box<dyn Fn() -> Run>, Option<&'static str>);
+
+fn layouts() -> Vec<Layout> {
     let one = ScheduleKind::OneFOneB;
     vec![
         // References: one process on the whole global batch.
@@ -429,10 +432,10 @@ fn every_layout_matches_its_reference_and_the_recorded_bits() {
             "{name}: two runs of the same layout differ"
         );
         let rec = run.record();
-        if let Some(want) = mine.as_ref().and_then(|m| m.get(name)) {
-            if *want != rec {
-                mismatches.push(format!("{name}: recorded {want:?}, now {rec:?}"));
-            }
+        if let Some(want) = mine.as_ref().and_then(|m| m.get(name))
+            && *want != rec
+        {
+            mismatches.push(format!("{name}: recorded {want:?}, now {rec:?}"));
         }
         if let Some(r) = reference {
             let base = &runs[r];

@@ -11,6 +11,7 @@ use comm::group::ProcessGroup;
 use comm::mesh::{DeviceMesh, MeshShape};
 
 use super::config::{RunConfig, refused};
+use crate::checkpoint::resume_collectively;
 use crate::error::Result;
 use crate::pipeline::PipelineStage;
 use crate::tensor::TpTrainer;
@@ -156,12 +157,18 @@ impl Engine {
         }
     }
 
-    /// Resumes a mesh engine from the newest committed step under `dir`, if any (a collective).
-    pub fn resume_mesh(&mut self, dir: &Path) -> Result<Option<u64>> {
+    /// Resumes a mesh engine from the newest committed step under `dir` that loads on every
+    /// rank of `world`, falling back past damaged ones ([`crate::checkpoint::resume_collectively`]);
+    /// the step and the steps set aside. A collective over `world`.
+    pub fn resume_mesh(
+        &mut self,
+        dir: &Path,
+        world: &ProcessGroup,
+    ) -> Result<Option<(u64, Vec<String>)>> {
         match self {
             Engine::Data(_) => Err(not_mesh()),
-            Engine::Tensor(t) => t.resume(dir),
-            Engine::Pipeline(p) => p.resume(dir),
+            Engine::Tensor(t) => resume_collectively(dir, world, |c| t.restore(c)),
+            Engine::Pipeline(p) => resume_collectively(dir, world, |c| p.restore(c)),
         }
     }
 

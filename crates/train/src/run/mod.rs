@@ -93,7 +93,7 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
         }
         _ => None,
     };
-    let mut saver = open_saver(cfg, &mut engine, &mut say)?;
+    let mut saver = open_saver(cfg, &mut engine, world_group.as_ref(), &mut say)?;
     let first = engine.steps_done();
     obs.resumed(first, steps);
     let peak_all = peak * world as f64;
@@ -223,6 +223,7 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
 fn open_saver(
     cfg: &RunConfig,
     engine: &mut Engine,
+    world: Option<&ProcessGroup>,
     say: &mut dyn FnMut(String),
 ) -> Result<Option<Saver>> {
     let Some(c) = &cfg.checkpoint else {
@@ -256,12 +257,22 @@ fn open_saver(
             }
             Ok(Some(Saver::Checkpointer(Box::new(opened.checkpointer))))
         }
-        _ => {
-            match engine
-                .resume_mesh(&c.dir)
+        mesh => {
+            let world = world.ok_or_else(|| crate::TrainError::Config {
+                field: "checkpoint",
+                value: "mesh".into(),
+                reason: "a mesh run has a world group".into(),
+            })?;
+            match mesh
+                .resume_mesh(&c.dir, world)
                 .ctx(|| "resuming the mesh run".into())?
             {
-                Some(step) => say(format!("# resumed from {dir} step {step}")),
+                Some((step, rejected)) => {
+                    for r in &rejected {
+                        say(format!("# checkpoint rejected (lost): {r}"));
+                    }
+                    say(format!("# resumed from {dir} step {step}"));
+                }
                 None => say(format!("# no checkpoint in {dir}: starting at step 0")),
             }
             Ok(Some(Saver::Mesh(c.clone())))
