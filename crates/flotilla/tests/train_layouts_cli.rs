@@ -196,12 +196,86 @@ fn pp2_x_dp2_with_zero1_trains_the_losses_of_pp2_x_dp2() {
     );
 }
 
+/// The state line's three measured and three planned megabytes.
+fn state_mb(out: &str) -> ([f64; 3], [f64; 3]) {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("# state per rank (largest):"))
+        .unwrap_or_else(|| panic!("no state line in:\n{out}"));
+    let nums: Vec<f64> = line
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // params, grads, optimizer, then the planner's three.
+    let n = nums.len();
+    (
+        [nums[n - 6], nums[n - 5], nums[n - 4]],
+        [nums[n - 3], nums[n - 2], nums[n - 1]],
+    )
+}
+
+#[test]
+fn dp2_x_tp2_with_zero1_is_exact_and_holds_the_planners_state() {
+    let _one = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let ck = ck.to_str().unwrap();
+    let run_to = |zero: &str, steps: &str, ck: Option<&str>| -> String {
+        let mut args = vec!["train"];
+        args.extend_from_slice(MICRO);
+        args.extend_from_slice(&["--nproc", "4", "--tp", "2", "--zero", zero]);
+        args.extend_from_slice(&["--batch", "2", "--grad-accum", "2", "--layers", "2"]);
+        args.extend_from_slice(&["--threads", "1", "--steps", steps, "--log-every", "1"]);
+        args.extend_from_slice(&["--no-plan", "--max-restarts", "0"]);
+        if let Some(dir) = ck {
+            args.extend_from_slice(&["--ckpt-dir", dir, "--ckpt-every", "2"]);
+        }
+        let (ok, out, err) = flotilla(&args);
+        assert!(ok, "{out}\n{err}");
+        out
+    };
+    let losses = |out: &str| -> Vec<String> {
+        out.lines()
+            .filter(|l| l.starts_with("step "))
+            .map(|l| l.split(" lr ").next().unwrap().to_string())
+            .collect()
+    };
+    let plain = run_to("0", "3", None);
+    let zero1 = run_to("1", "3", None);
+    assert_eq!(
+        losses(&zero1),
+        losses(&plain),
+        "ZeRO-1 over the replicas is exact"
+    );
+    let (measured, planned) = state_mb(&zero1);
+    let (whole, _) = state_mb(&plain);
+    // The optimizer state halves over the two replicas; each figure within 5% of the planner's.
+    assert!(
+        (measured[2] - whole[2] / 2.0).abs() <= 0.01 * whole[2],
+        "{zero1}"
+    );
+    for (m, p) in measured.iter().zip(&planned) {
+        assert!(
+            (m - p).abs() <= 0.05 * p,
+            "measured {m} MB vs planner {p} MB:\n{zero1}"
+        );
+    }
+    // A ZeRO-1 checkpoint (the replicas' moment parts gathered) resumes to the straight run.
+    run_to("1", "2", Some(ck));
+    let resumed = run_to("1", "3", Some(ck));
+    assert!(
+        resumed.contains(&format!("# resumed from {ck} step 2")),
+        "{resumed}"
+    );
+    assert_eq!(losses(&resumed), losses(&plain)[2..], "{resumed}");
+}
+
 #[test]
 fn what_a_mesh_engine_does_not_build_is_refused_before_spawning() {
     for (layout, want) in [
         (
-            &["--nproc", "4", "--tp", "2", "--zero", "1"][..],
-            "--zero 1 with --tp 2",
+            &["--nproc", "4", "--tp", "2", "--zero", "3"][..],
+            "--zero 3 with --tp 2",
         ),
         (
             &["--nproc", "4", "--pp", "2", "--zero", "2"][..],

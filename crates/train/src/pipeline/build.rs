@@ -68,10 +68,7 @@ pub(super) fn config_err(field: &'static str, value: impl ToString, reason: Stri
     }
 }
 
-pub(super) fn intersect(a: &Range<usize>, b: &Range<usize>) -> Option<Range<usize>> {
-    let r = a.start.max(b.start)..a.end.min(b.end);
-    (r.start < r.end).then_some(r)
-}
+pub(super) use crate::zero::replica::intersect;
 
 /// The rows replica `dp.rank()` of `dp.size()` takes of every global micro-batch (the rows a
 /// data-parallel [`crate::Trainer`] rank of that index takes), or whole batches without `dp`.

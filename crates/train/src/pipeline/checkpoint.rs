@@ -46,13 +46,13 @@ use serde_json::json;
 
 use super::build::{intersect, replica_share};
 use super::engine::PipelineStage;
-use super::update::replica_part;
 use crate::checkpoint::{
     RunState, check_state_tensors, config_hash, piece_refs, read_state_range, save_collectively,
     saved_run, state_metas,
 };
 use crate::error::{Result, TrainError};
 use crate::source::Source;
+use crate::zero::replica::replica_part;
 use crate::zero::state::{StatePiece, flat_boxes};
 
 /// Everything a restore replaces, read and checked before anything is changed.

@@ -16,9 +16,9 @@ use comm::ReduceOp;
 use model::optim::clip::NORM_BLOCK;
 use model::optim::{AdamW, AdamWConfig, check_finite, clip_coef, grad_sum_sq, scale_grads};
 
-use super::build::intersect;
 use super::engine::PipelineStage;
 use crate::error::Result;
+use crate::zero::replica::{ReplicaShard, intersect};
 
 /// One range a stage updates: reduced and scaled whole, stepped by AdamW on `shard` (the
 /// whole range, or under ZeRO-1 this replica's contiguous part of it).
@@ -35,16 +35,8 @@ pub(super) struct Update {
     pub(super) decay: Vec<Range<usize>>,
 }
 
-/// Part `j` of `range` cut into `d` contiguous parts: `start + j L / d .. start + (j + 1) L / d`
-/// for `L = range.len()` (the ZeRO-1 shard of replica `j`, and the part it writes to a
-/// checkpoint, `pipeline::checkpoint`).
-pub(super) fn replica_part(range: &Range<usize>, d: usize, j: usize) -> Range<usize> {
-    let cut = |i: usize| range.start + i * range.len() / d.max(1);
-    cut(j)..cut(j + 1)
-}
-
 impl Update {
-    /// `range` cut into `d` contiguous shards ([`replica_part`]), of which replica `j` steps
+    /// `range` cut into `d` contiguous shards ([`crate::zero::replica::replica_part`]), of which replica `j` steps
     /// its own; `decay_all` are the model's decayed ranges.
     pub(super) fn new(
         cfg: AdamWConfig,
@@ -53,21 +45,13 @@ impl Update {
         d: usize,
         j: usize,
     ) -> Result<Update> {
-        let shard = replica_part(&range, d, j);
-        let counts = match d {
-            1 => Vec::new(),
-            _ => (0..d).map(|i| replica_part(&range, d, i).len()).collect(),
-        };
-        let decay = decay_all
-            .iter()
-            .filter_map(|x| intersect(x, &shard))
-            .map(|x| x.start - shard.start..x.end - shard.start)
-            .collect();
+        let part = ReplicaShard::new(range, d, j);
+        let decay = part.decay_in(decay_all);
         Ok(Update {
-            opt: AdamW::new(cfg, shard.len())?,
-            range,
-            shard,
-            counts,
+            opt: AdamW::new(cfg, part.shard.len())?,
+            range: part.range,
+            shard: part.shard,
+            counts: part.counts,
             decay,
         })
     }

@@ -84,8 +84,11 @@ impl Engine {
             .map_err(|e| refused(format!("building the pipeline stage: {e}")))?;
             Engine::Pipeline(Box::new(st))
         } else {
-            let t = TpTrainer::on_mesh(train, &mesh)
-                .map_err(|e| refused(format!("building the tensor-parallel rank: {e}")))?;
+            let t = match Stage::from_number(l.zero)? {
+                Some(stage) => TpTrainer::with_zero(train, &mesh, stage),
+                None => TpTrainer::on_mesh(train, &mesh),
+            }
+            .map_err(|e| refused(format!("building the tensor-parallel rank: {e}")))?;
             Engine::Tensor(Box::new(t))
         };
         Ok((engine, Some(MeshRun { shape, mesh })))

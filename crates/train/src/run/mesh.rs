@@ -11,9 +11,11 @@ use crate::planner::calibrate::{cluster_file, for_run};
 
 /// The planner's evaluation of a `shape` run of `cfg` over `group` on `nodes` nodes of
 /// `group.size() / nodes` ranks (shared memory inside a node and TCP between nodes, as the
-/// group measured them), with each rank's GEMM peak `peak_gflops`; and the linter's warnings.
+/// group measured them), with each rank's GEMM peak `peak_gflops` and ZeRO `zero` over the
+/// data-parallel axis; and the linter's warnings.
 pub fn planner_view(
     cfg: &TrainConfig,
+    zero: u8,
     shape: MeshShape,
     group: &ProcessGroup,
     nodes: usize,
@@ -41,6 +43,13 @@ pub fn planner_view(
         micro_batch: cfg.batch as u64,
         sequence_parallel: false,
         vocab_parallel: false,
+        zero: plan::layout::ZeroStage::try_from(zero).map_err(|reason| {
+            crate::TrainError::Config {
+                field: "zero",
+                value: zero.to_string(),
+                reason,
+            }
+        })?,
         ..plan::layout::Layout::new(shape.tp as u64, shape.pp as u64, shape.dp as u64)
     };
     let e = plan::step::evaluate(&job, &cluster, &layout)?;

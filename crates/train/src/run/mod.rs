@@ -78,7 +78,8 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
     let planned = match (&mesh, &world_group) {
         (Some(m), Some(g)) => {
             let nodes = g.topology().hosts.max(1);
-            let (e, lint) = mesh::planner_view(&cfg.train, m.shape, g, nodes, peak)?;
+            let (e, lint) =
+                mesh::planner_view(&cfg.train, cfg.layout.zero, m.shape, g, nodes, peak)?;
             say(outputs::mesh_line(cfg, m.shape, world, nodes));
             for w in m.mesh.warnings() {
                 say(format!("# warning (placement, forced): {w}"));

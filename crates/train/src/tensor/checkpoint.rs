@@ -70,11 +70,11 @@ impl TpTrainer {
     /// The whole parameters and AdamW moments, each in the whole model's layout order. A
     /// collective (every rank must call it); every rank gets them.
     pub fn gather_state(&self) -> Result<[Vec<f32>; 3]> {
-        let (m, v) = self.optimizer().moments();
+        let (m, v) = self.local_moments()?;
         Ok([
             self.gather_whole(self.params_shard())?,
-            self.gather_whole(m)?,
-            self.gather_whole(v)?,
+            self.gather_whole(&m)?,
+            self.gather_whole(&v)?,
         ])
     }
 

@@ -102,6 +102,31 @@ impl TpTrainer {
     }
 }
 
+impl TpTrainer {
+    /// [`TpTrainer::on_mesh`] with ZeRO `stage` over the data-parallel replicas (FSDP-style
+    /// sharding inside DP x TP, 000 §2.20). Stage 1 is built ([`crate::zero::replica`]): each
+    /// replica keeps AdamW's moments for `1/d` of its flat buffers, steps that part after the
+    /// replicas' sum and the clipping, and the parts are all-gathered back; the parameters are
+    /// bit-identical to the unsharded run. Errors naming `zero_stage` for stages 2 and 3 (not
+    /// built with tensor parallelism yet), else as `on_mesh`.
+    pub fn with_zero(
+        cfg: TrainConfig,
+        mesh: &DeviceMesh,
+        stage: crate::zero::Stage,
+    ) -> Result<Self> {
+        if stage != crate::zero::Stage::One {
+            return Err(refuse(
+                "zero_stage",
+                &stage.number().to_string(),
+                "tensor-parallel ranks shard only the optimizer state (ZeRO-1) so far",
+            ));
+        }
+        let mut t = Self::on_mesh(cfg, mesh)?;
+        t.shard_optimizer()?;
+        Ok(t)
+    }
+}
+
 /// This rank's setup as [`SETUP`] names it.
 fn setup(cfg: &TrainConfig, tp: &ProcessGroup, dp: &ProcessGroup) -> [i64; 6] {
     let config = group_id(&config_hash(cfg));

@@ -40,11 +40,7 @@ pub struct TpLayout {
     pub total: usize,
 }
 
-/// The part of `a` inside `b`, if any.
-fn intersect(a: &Range<usize>, b: &Range<usize>) -> Option<Range<usize>> {
-    let r = a.start.max(b.start)..a.end.min(b.end);
-    (r.start < r.end).then_some(r)
-}
+use crate::zero::replica::intersect;
 
 /// Appends `r` to `out`, merging it with the last range when adjacent.
 fn push_merged(out: &mut Vec<Range<usize>>, r: Range<usize>) {

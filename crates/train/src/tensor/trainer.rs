@@ -46,6 +46,7 @@ use crate::error::{Result, TrainError};
 use crate::grad::fetch;
 use crate::source::{Share, Source};
 use crate::trainer::{StateMemory, StepStats};
+use crate::zero::replica::ReplicaShard;
 
 /// The algorithm of the blocks' all-reduces, pinned. Left to itself the group picks one per
 /// op from its α-β model, which calibration measures anew in every run, so two runs could
@@ -97,8 +98,14 @@ pub struct TpTrainer {
     params: Vec<f32>,
     /// Their gradients (same length).
     grads: Vec<f32>,
+    /// AdamW over this rank's flat buffers, or under ZeRO-1 over its replica's part of them
+    /// (`zero1`).
     opt: AdamW,
+    /// The ranges `opt` decays (relative to the part under ZeRO-1).
     decay: Vec<Range<usize>>,
+    /// ZeRO-1 over the data-parallel replicas: the part of the flat buffers whose moments this
+    /// replica keeps and steps ([`crate::zero::replica`]).
+    zero1: Option<ReplicaShard>,
     norm_ranges: Vec<Range<usize>>,
     source: Source,
     inputs: Vec<u32>,
@@ -194,6 +201,7 @@ impl TpTrainer {
             step: 0,
             drawn: 0,
             rows_base: 0,
+            zero1: None,
             model,
             th,
             group,
@@ -324,6 +332,10 @@ impl TpTrainer {
         step: u64,
     ) -> Result<()> {
         check_len_eq("parameters", params.len(), self.params.len())?;
+        let (m, v) = match &self.zero1 {
+            Some(z) => (m[z.shard.clone()].to_vec(), v[z.shard.clone()].to_vec()),
+            None => (m, v),
+        };
         self.opt = AdamW::from_state(self.cfg.adamw, m, v, optimizer_step)?;
         self.params = params;
         self.step = step;
@@ -360,6 +372,37 @@ impl TpTrainer {
             optimizer: 4 * (m.len() + v.len()),
             comm_buffers: 0,
         }
+    }
+
+    /// Shards the optimizer state over the data-parallel replicas (ZeRO-1): from now on this
+    /// replica keeps AdamW's moments for its part of the flat buffers only, steps that part,
+    /// and all-gathers the parts into the parameters (exact: AdamW is elementwise). Called
+    /// before the first step; a no-op without replicas.
+    pub(super) fn shard_optimizer(&mut self) -> Result<()> {
+        let Some(dp) = self.dp.as_ref() else {
+            return Ok(());
+        };
+        let z = ReplicaShard::new(0..self.params.len(), dp.size(), dp.rank());
+        let decay_all = self.model.layout().decay_ranges(self.cfg.decay_all)?;
+        self.decay = z.decay_in(&decay_all);
+        self.opt = AdamW::new(self.cfg.adamw, z.shard.len())?;
+        self.zero1 = Some(z);
+        Ok(())
+    }
+
+    /// AdamW's two moments over this rank's whole flat buffers (under ZeRO-1 all-gathered
+    /// from the replicas' parts: a collective over the data-parallel group).
+    pub(crate) fn local_moments(&self) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (m, v) = self.opt.moments();
+        match (&self.zero1, &self.dp) {
+            (Some(z), Some(dp)) => Ok((z.gather_part(dp, m)?, z.gather_part(dp, v)?)),
+            _ => Ok((m.to_vec(), v.to_vec())),
+        }
+    }
+
+    /// Whether the optimizer state is sharded over the replicas (ZeRO-1).
+    pub fn zero_stage(&self) -> Option<crate::zero::Stage> {
+        self.zero1.as_ref().map(|_| crate::zero::Stage::One)
     }
 
     /// The squared global gradient norm over the whole model, every element counted once;
@@ -417,8 +460,19 @@ impl TpTrainer {
             scale_grads(&self.th, &mut self.grads, c);
         }
         let lr = self.cfg.schedule.lr_at(self.cfg.lr, self.step);
-        self.opt
-            .step(&self.th, &mut self.params, &self.grads, lr, &self.decay)?;
+        match (&self.zero1, &self.dp) {
+            (Some(z), Some(dp)) => {
+                let s = z.shard.clone();
+                let (params, grads) = (&mut self.params[s.clone()], &self.grads[s]);
+                self.opt.step(&self.th, params, grads, lr, &self.decay)?;
+                let t = Instant::now();
+                z.gather(dp, &mut self.params)?;
+                comm_seconds += t.elapsed().as_secs_f64();
+            }
+            _ => self
+                .opt
+                .step(&self.th, &mut self.params, &self.grads, lr, &self.decay)?,
+        }
         self.step = step;
         Ok(StepStats {
             step,

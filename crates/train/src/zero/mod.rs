@@ -31,6 +31,7 @@
 //! stage 3 adds a second all-gather (the backward's), 1.5x data parallel's traffic.
 
 pub mod plan;
+pub mod replica;
 pub mod spares;
 pub mod state;
 pub mod window;
