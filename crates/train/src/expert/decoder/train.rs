@@ -80,6 +80,9 @@ pub struct MoeStepStats {
     pub norm: f64,
     /// Learning rate of the step's update.
     pub lr: f32,
+    /// Seconds in the dense gradients' all-reduce (the dispatch and combine all-to-alls run
+    /// inside the layers' forward and backward and are not counted here).
+    pub allreduce_seconds: f64,
     /// Each layer's routing metrics (byte counts are this rank's).
     pub layers: Vec<MoeStats>,
 }
@@ -306,10 +309,12 @@ impl MoeTrainer {
         check_finite("loss", self.step, loss)?;
         self.model.backward(th, &self.params, &mut self.grads)?;
         let dense = self.layout().dense;
+        let t0 = std::time::Instant::now();
         if self.group.size() > 1 {
             self.group
                 .all_reduce_with(&mut self.grads[..dense], ReduceOp::Sum, &PINNED)?;
         }
+        let allreduce_seconds = t0.elapsed().as_secs_f64();
         let norm = self.global_norm()?;
         check_finite("gradient norm", self.step, norm)?;
         if let Some(c) = self.cfg.grad_clip.and_then(|max| clip_coef(norm, max)) {
@@ -322,6 +327,7 @@ impl MoeTrainer {
             aux: fwd.stats.iter().map(|s| s.aux_loss).sum(),
             norm,
             lr,
+            allreduce_seconds,
             layers: fwd.stats,
         })
     }
