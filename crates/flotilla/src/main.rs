@@ -17,6 +17,7 @@ mod data_verify_cmd;
 mod generate_cmd;
 mod loader_args;
 mod model_args;
+mod moe_args;
 mod page_cache;
 mod plan_cmd;
 mod spawn;

@@ -35,6 +35,10 @@ pub struct ModelArgs {
     /// Override the maximum sequence length.
     #[arg(long)]
     pub seq_len: Option<usize>,
+    /// Give the LM head its own (V, C) matrix instead of reusing the token embedding (the
+    /// GPT-2 presets tie them; the MoE decoder, --experts, has its own head).
+    #[arg(long)]
+    pub untied: bool,
 }
 
 impl ModelArgs {
@@ -67,6 +71,9 @@ impl ModelArgs {
         }
         if let Some(v) = self.seq_len {
             c.seq_len = v;
+        }
+        if self.untied {
+            c.tied_embeddings = false;
         }
         c.validate()?;
         Ok(c)

@@ -2,6 +2,7 @@
 //! launches this node's workers under the agent or runs [`train::run::run`] in this process,
 //! printing what the run reports beside a progress bar.
 use crate::model_args::{ModelArgs, TrainArgs};
+use crate::moe_args::MoeArgs;
 use crate::spawn::{NodePlan, NodeSpec, Supervision, Worker, agent_config};
 use anyhow::{Context, Result, bail};
 use comm::group::{GroupConfig, ProcessGroup};
@@ -21,6 +22,8 @@ pub struct Args {
     train: TrainArgs,
     #[command(flatten)]
     mesh: MeshArgs,
+    #[command(flatten)]
+    moe: MoeArgs,
     /// Data-parallel worker processes on this node: each trains on its --batch rows of every
     /// global batch of nproc x nnodes x batch rows, gradients all-reduced in buckets during the
     /// backward. Default: NPROC_PER_NODE, or Slurm's tasks (or GPUs) per node, else 2. Workers
@@ -168,6 +171,7 @@ impl Args {
         cfg.forecast = !self.no_plan;
         cfg.save = self.save.clone();
         cfg.export_hf = self.export_hf.clone();
+        cfg.moe = self.moe.settings()?;
         Ok(cfg)
     }
 }

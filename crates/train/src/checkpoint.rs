@@ -35,7 +35,8 @@ mod collective;
 mod fallback;
 
 pub(crate) use collective::{
-    check_state_tensors, read_state_range, read_whole_state, save_collectively, saved_run,
+    check_state_tensors, check_tensor_metas, newest_committed, read_state_range, read_whole_state,
+    save_collectively, saved_run, saved_run_hashed,
 };
 pub use fallback::resume_collectively;
 
@@ -512,18 +513,30 @@ pub(crate) fn rows_pieces<'a>(
         .iter()
         .enumerate()
         .filter_map(|(i, (m, bytes))| {
-            let s = ckpt::rank_rows(&m.shape, rank, world)?;
-            let bytes = match (m.shape.first(), s.0.first()) {
-                (Some(&rows), Some(first)) => {
-                    let row_bytes = bytes.len() / rows as usize;
-                    let at = first.offset as usize * row_bytes;
-                    &bytes[at..at + first.len as usize * row_bytes]
-                }
-                _ => *bytes,
-            };
+            let (s, bytes) = row_piece(m, bytes, rank, world)?;
             Some((i, s, bytes))
         })
         .collect()
+}
+
+/// Rank `rank` of `world`'s [`ckpt::rank_rows`] of the tensor `m` whose whole bytes are
+/// `bytes`, with the bytes of those rows (None: it owns no rows).
+pub(crate) fn row_piece<'a>(
+    m: &TensorMeta,
+    bytes: &'a [u8],
+    rank: u32,
+    world: u32,
+) -> Option<(Slice, &'a [u8])> {
+    let s = ckpt::rank_rows(&m.shape, rank, world)?;
+    let bytes = match (m.shape.first(), s.0.first()) {
+        (Some(&rows), Some(first)) => {
+            let row_bytes = bytes.len() / rows as usize;
+            let at = first.offset as usize * row_bytes;
+            &bytes[at..at + first.len as usize * row_bytes]
+        }
+        _ => bytes,
+    };
+    Some((s, bytes))
 }
 
 /// `pieces` as the writer takes them, each with its tensor from `metas`.

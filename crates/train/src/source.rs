@@ -101,6 +101,27 @@ impl Source {
         })
     }
 
+    /// The source of `spec` for `share` at a checkpoint's global row cursor `rows`: from the
+    /// loader's state `resume` for token datasets, else by skipping the `rows` rows the saving
+    /// run consumed (on any number of ranks); with the cursor split into whole global batches
+    /// of `share.batch x share.world` rows drawn and the rows before them.
+    pub(crate) fn resumed_at(
+        spec: &DataSpec,
+        vocab: usize,
+        seq_len: usize,
+        share: Share,
+        seed: u64,
+        resume: Option<&data::LoaderState>,
+        rows: u64,
+    ) -> Result<(Self, u64, u64)> {
+        let mut source = Self::new(spec, vocab, seq_len, share, seed, resume)?;
+        if resume.is_none() {
+            source.skip_rows(rows, seq_len)?;
+        }
+        let per = (share.batch * share.world).max(1) as u64;
+        Ok((source, rows / per, rows % per))
+    }
+
     /// The loader's metrics (data stall, batch latency), when reading datasets.
     pub fn loader_metrics(&self) -> Option<&LoaderMetrics> {
         self.kind.loader_metrics()

@@ -332,13 +332,15 @@ impl Trainer {
     ) -> Result<()> {
         let c = &self.cfg;
         let share = share(c, self.group());
-        self.source = Source::new(&c.data, c.model.vocab, c.seq_len, share, c.seed, loader)?;
-        if loader.is_none() {
-            self.source.skip_rows(rows, c.seq_len)?;
-        }
-        let per = self.global_rows();
-        self.drawn = rows / per;
-        self.rows_base = rows % per;
+        (self.source, self.drawn, self.rows_base) = Source::resumed_at(
+            &c.data,
+            c.model.vocab,
+            c.seq_len,
+            share,
+            c.seed,
+            loader,
+            rows,
+        )?;
         Ok(())
     }
 

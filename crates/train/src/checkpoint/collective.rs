@@ -30,11 +30,17 @@ pub(crate) struct SavedRun {
 /// Checks that `ckpt` was saved under `cfg`'s training config (its hash) and reads where the
 /// run was. Shared by every engine that resumes from the Trainer's format.
 pub(crate) fn saved_run(ckpt: &Checkpoint, cfg: &TrainConfig) -> Result<SavedRun> {
+    saved_run_hashed(ckpt, &config_hash(cfg), cfg.batch)
+}
+
+/// [`saved_run`] against the config hash `want` of an engine that hashes more than the
+/// training config (the MoE engine's settings); `batch` rows per rank only read checkpoints
+/// older than the global row cursor.
+pub(crate) fn saved_run_hashed(ckpt: &Checkpoint, want: &str, batch: usize) -> Result<SavedRun> {
     let resume = |reason: String| TrainError::Resume {
         step: ckpt.step(),
         reason,
     };
-    let want = config_hash(cfg);
     if ckpt.manifest().config_hash != want {
         return Err(resume(format!(
             "saved under training config {}, this run's is {want} (model, batch, data, \
@@ -58,7 +64,7 @@ pub(crate) fn saved_run(ckpt: &Checkpoint, cfg: &TrainConfig) -> Result<SavedRun
     let saved_world = state["world"].as_u64().unwrap_or(1);
     let rows = state["rows_drawn"]
         .as_u64()
-        .unwrap_or(drawn * saved_world * cfg.batch as u64);
+        .unwrap_or(drawn * saved_world * batch as u64);
     let loader = match &state["loader"] {
         serde_json::Value::String(s) => Some(data::LoaderState::from_json(s)?),
         _ => None,
@@ -69,6 +75,23 @@ pub(crate) fn saved_run(ckpt: &Checkpoint, cfg: &TrainConfig) -> Result<SavedRun
         rows,
         loader,
     })
+}
+
+/// The newest committed step under `dir`, opened (its manifest verified; each tensor's bytes
+/// are verified as read), or `None` when `dir` holds none. The mesh and expert engines resume
+/// from it.
+pub(crate) fn newest_committed(dir: &Path) -> Result<Option<Checkpoint>> {
+    if !dir.exists() {
+        return Ok(None);
+    }
+    let Some(&step) = ckpt::list_committed(dir)?.last() else {
+        return Ok(None);
+    };
+    Ok(Some(Checkpoint::open(
+        dir,
+        step,
+        ckpt::Verify::ManifestOnly,
+    )?))
 }
 
 /// The whole flat state of `layout` in `ckpt`: parameters, AdamW's first and second moments.
@@ -152,13 +175,18 @@ pub(crate) fn read_state_range(
 /// shapes and dtypes; refused naming the first tensor that is missing or differs (another
 /// model), or the counts when the checkpoint holds more.
 pub(crate) fn check_state_tensors(ckpt: &Checkpoint, layout: &Layout) -> Result<()> {
+    check_tensor_metas(ckpt, &state_metas(layout))
+}
+
+/// Checks that `ckpt` holds exactly the tensors `want` in their shapes and dtypes, as
+/// [`check_state_tensors`] does for a dense layout.
+pub(crate) fn check_tensor_metas(ckpt: &Checkpoint, want: &[ckpt::TensorMeta]) -> Result<()> {
     let resume = |reason: String| TrainError::Resume {
         step: ckpt.step(),
         reason,
     };
-    let want = state_metas(layout);
     let have = &ckpt.manifest().tensors;
-    for t in &want {
+    for t in want {
         match have.iter().find(|h| h.name == t.name) {
             None => {
                 return Err(resume(format!(

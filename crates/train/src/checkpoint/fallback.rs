@@ -23,14 +23,18 @@ const LOADED: i64 = 0;
 const DAMAGED: i64 = 1;
 const REFUSED: i64 = 2;
 
-/// Restores every rank of `world` from the newest committed step under `dir` that loads on
-/// all of them, calling `restore` on each rank; returns the step and the newer steps set aside
-/// (with why), or `None` when `dir` holds no committed step. A collective over `world`.
+/// Restores every rank of `world` (None: this process alone) from the newest committed step
+/// under `dir` that loads on all of them, calling `restore` on each rank; returns the step and
+/// the newer steps set aside (with why), or `None` when `dir` holds no committed step. A
+/// collective over `world`.
 pub fn resume_collectively(
     dir: &Path,
-    world: &ProcessGroup,
+    world: Option<&ProcessGroup>,
     mut restore: impl FnMut(&Checkpoint) -> Result<()>,
 ) -> Result<Option<(u64, Vec<String>)>> {
+    let Some(world) = world else {
+        return resume_alone(dir, restore);
+    };
     let lead = world.rank() == 0;
     // Rank 0's listing, so every rank walks the same steps.
     let listed = match lead && dir.exists() {
@@ -92,5 +96,38 @@ pub fn resume_collectively(
             "no committed step loads on every rank: {}",
             rejected.join("; ")
         ),
+    })
+}
+
+/// [`resume_collectively`] for one process: the newest committed step that restores, the newer
+/// ones that fail verification set aside.
+fn resume_alone(
+    dir: &Path,
+    mut restore: impl FnMut(&Checkpoint) -> Result<()>,
+) -> Result<Option<(u64, Vec<String>)>> {
+    if !dir.exists() {
+        return Ok(None);
+    }
+    let mut rejected = Vec::new();
+    let steps = ckpt::list_committed(dir)?;
+    for &step in steps.iter().rev() {
+        match Checkpoint::open(dir, step, Verify::ManifestOnly)
+            .map_err(TrainError::from)
+            .and_then(|c| restore(&c))
+        {
+            Ok(()) => return Ok(Some((step, rejected))),
+            Err(TrainError::Ckpt(e)) => {
+                let moved = ckpt::quarantine(dir, step)?;
+                rejected.push(format!("step {step}: {e} (moved to {})", moved.display()));
+            }
+            Err(other) => return Err(other),
+        }
+    }
+    if steps.is_empty() {
+        return Ok(None);
+    }
+    Err(TrainError::Resume {
+        step: 0,
+        reason: format!("no committed step loads: {}", rejected.join("; ")),
     })
 }

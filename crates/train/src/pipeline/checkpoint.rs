@@ -39,7 +39,7 @@
 use std::ops::Range;
 use std::path::Path;
 
-use ckpt::{Checkpoint, CheckpointMeta, RankWriter, Verify, f32_bytes};
+use ckpt::{Checkpoint, CheckpointMeta, RankWriter, f32_bytes};
 use comm::ReduceOp;
 use model::optim::AdamW;
 use serde_json::json;
@@ -301,13 +301,10 @@ impl PipelineStage {
     /// each tensor's bytes are verified as read). Returns the step resumed from, or `None` when
     /// `dir` holds no committed step. A collective: every rank calls it and reads the same step.
     pub fn resume(&mut self, dir: &Path) -> Result<Option<u64>> {
-        if !dir.exists() {
-            return Ok(None);
-        }
-        let Some(&step) = ckpt::list_committed(dir)?.last() else {
+        let Some(ckpt) = crate::checkpoint::newest_committed(dir)? else {
             return Ok(None);
         };
-        self.restore(&Checkpoint::open(dir, step, Verify::ManifestOnly)?)?;
-        Ok(Some(step))
+        self.restore(&ckpt)?;
+        Ok(Some(ckpt.step()))
     }
 }

@@ -9,6 +9,7 @@ use crate::checkpoint::CheckpointConfig;
 use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
 use crate::pipeline::ScheduleKind;
+use crate::run::expert::{MoeSettings, check_moe};
 
 /// Gradient bucket size of data-parallel runs (see [`crate::ddp`]), 1 MiB.
 pub const DEFAULT_BUCKET_BYTES: usize = 1 << 20;
@@ -95,6 +96,8 @@ pub struct RunConfig {
     pub export_hf: Option<PathBuf>,
     /// The launcher's restart generation this run belongs to (0 for a first run).
     pub generation: u64,
+    /// Train the MoE decoder with expert parallelism instead of the dense model (None: dense).
+    pub moe: Option<MoeSettings>,
 }
 
 impl RunConfig {
@@ -111,14 +114,18 @@ impl RunConfig {
             save: None,
             export_hf: None,
             generation: 0,
+            moe: None,
         }
     }
 
     /// Checks what can be checked before any worker starts, for a job of `world` ranks: the
     /// mesh degrees (with the equation), and every setting this layout does not honour,
-    /// refused with the reason.
+    /// refused with the reason (for MoE runs, [`check_moe`]).
     pub fn check(&self, world: usize) -> Result<()> {
         self.train.validate()?;
+        if let Some(s) = &self.moe {
+            return check_moe(self, s, world);
+        }
         let l = &self.layout;
         if l.bucket_bytes == 0 {
             return Err(refused("--bucket-mb: must be positive".into()));

@@ -5,12 +5,15 @@
 //!   ([`Trainer`]).
 //! - [`Engine::Tensor`]: DP x TP on a device mesh ([`TpTrainer`]).
 //! - [`Engine::Pipeline`]: DP x PP, and DP x PP x TP ([`PipelineStage`]).
+//! - [`Engine::Expert`]: the MoE decoder with expert parallelism over the data-parallel ranks
+//!   ([`ExpertEngine`] around [`crate::expert::MoeTrainer`]).
 use std::path::Path;
 
 use comm::group::ProcessGroup;
 use comm::mesh::{DeviceMesh, MeshShape};
 
 use super::config::{RunConfig, refused};
+use super::expert::ExpertEngine;
 use crate::checkpoint::resume_collectively;
 use crate::error::Result;
 use crate::pipeline::PipelineStage;
@@ -26,6 +29,8 @@ pub enum Engine {
     Tensor(Box<TpTrainer>),
     /// DP x PP (x TP).
     Pipeline(Box<PipelineStage>),
+    /// MoE with expert parallelism (EP = the data-parallel ranks).
+    Expert(Box<ExpertEngine>),
 }
 
 /// A mesh run's shape and the mesh it runs on (kept for the run's length: the engine's groups
@@ -47,6 +52,10 @@ impl Engine {
     ) -> Result<(Engine, Option<MeshRun>)> {
         let l = &cfg.layout;
         let train = cfg.train.clone();
+        if let Some(s) = &cfg.moe {
+            let e = ExpertEngine::build(cfg, s, group)?;
+            return Ok((Engine::Expert(Box::new(e)), None));
+        }
         let Some(group) = group else {
             return Ok((Engine::Data(Box::new(Trainer::new(train)?)), None));
         };
@@ -115,6 +124,7 @@ impl Engine {
                     comm_seconds: s.wait_seconds,
                 })
             }
+            Engine::Expert(e) => e.step(),
         }
     }
 
@@ -124,6 +134,7 @@ impl Engine {
             Engine::Data(t) => t.steps_done(),
             Engine::Tensor(t) => t.steps_done(),
             Engine::Pipeline(p) => p.steps_done(),
+            Engine::Expert(e) => e.steps_done(),
         }
     }
 
@@ -133,13 +144,17 @@ impl Engine {
             Engine::Data(t) => t.state_memory(),
             Engine::Tensor(t) => t.state_memory(),
             Engine::Pipeline(p) => p.state_memory(),
+            Engine::Expert(e) => e.state_memory(),
         }
     }
 
-    /// Model FLOPs per trained token (6N + 12LTC) of the whole model.
+    /// Model FLOPs per trained token (6N + 12LTC) of the whole model; for MoE, N counts the
+    /// parameters a token is active in ([`ExpertEngine::flops_per_token`]).
     pub fn flops_per_token(&self, cfg: &crate::TrainConfig) -> f64 {
-        if let Engine::Data(t) = self {
-            return t.flops_per_token();
+        match self {
+            Engine::Data(t) => return t.flops_per_token(),
+            Engine::Expert(e) => return e.flops_per_token(cfg.seq_len),
+            _ => {}
         }
         let mut c = cfg.model.clone();
         c.seq_len = cfg.seq_len;
@@ -157,38 +172,42 @@ impl Engine {
             }
             Engine::Tensor(t) => t.gather_params(),
             Engine::Pipeline(p) => p.gather_params(),
+            Engine::Expert(e) => e.whole_params(),
         }
     }
 
-    /// Resumes a mesh engine from the newest committed step under `dir` that loads on every
-    /// rank of `world`, falling back past damaged ones ([`crate::checkpoint::resume_collectively`]);
-    /// the step and the steps set aside. A collective over `world`.
-    pub fn resume_mesh(
+    /// Resumes a synchronously saving engine (mesh or expert) from the newest committed step
+    /// under `dir` that loads on every rank of `world` (None: one process), falling back past
+    /// damaged ones ([`crate::checkpoint::resume_collectively`]); the step and the steps set
+    /// aside. A collective over `world`.
+    pub fn resume_sync(
         &mut self,
         dir: &Path,
-        world: &ProcessGroup,
+        world: Option<&ProcessGroup>,
     ) -> Result<Option<(u64, Vec<String>)>> {
         match self {
-            Engine::Data(_) => Err(not_mesh()),
+            Engine::Data(_) => Err(not_sync()),
             Engine::Tensor(t) => resume_collectively(dir, world, |c| t.restore(c)),
             Engine::Pipeline(p) => resume_collectively(dir, world, |c| p.restore(c)),
+            Engine::Expert(e) => resume_collectively(dir, world, |c| e.trainer().restore(c)),
         }
     }
 
-    /// Saves a mesh engine's current step synchronously (a collective; every rank writes its
-    /// rows, rank 0 commits); returns the step.
-    pub fn save_mesh(&mut self, dir: &Path, run_id: &str) -> Result<u64> {
+    /// Saves a mesh or expert engine's current step synchronously (a collective; every rank
+    /// writes its pieces, rank 0 commits); returns the step.
+    pub fn save_sync(&mut self, dir: &Path, run_id: &str) -> Result<u64> {
         match self {
-            Engine::Data(_) => Err(not_mesh()),
+            Engine::Data(_) => Err(not_sync()),
             Engine::Tensor(t) => t.save_checkpoint(dir, run_id),
             Engine::Pipeline(p) => p.save_checkpoint(dir, run_id),
+            Engine::Expert(e) => e.trainer().save_checkpoint(dir, run_id),
         }
     }
 }
 
 /// The data-parallel engine checkpoints through [`crate::Checkpointer`] (asynchronous saves,
-/// the automatic interval, fallback), not through the mesh engines' synchronous path.
-fn not_mesh() -> crate::TrainError {
+/// the automatic interval, fallback), not through the mesh and expert engines' synchronous path.
+fn not_sync() -> crate::TrainError {
     crate::TrainError::Config {
         field: "checkpoint",
         value: "mesh".into(),

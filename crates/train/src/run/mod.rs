@@ -1,6 +1,6 @@
 //! The one run loop (issue 27): every layout's engine runs under it. It owns the checkpoints
 //! (resume with fallback, asynchronous saves, the automatic Young/Daly interval for the
-//! data-parallel engine; synchronous saves for the mesh engines), the metrics (JSON lines),
+//! data-parallel engine; synchronous saves for the mesh and expert engines), the metrics (JSON lines),
 //! MFU, the planner's forecast beside the measurement, the heartbeats and chaos hooks (through
 //! the [`Observer`]), and `--save` / `--export-hf`. The command line maps its arguments to a
 //! [`RunConfig`] and prints the lines the loop reports.
@@ -10,6 +10,7 @@
 //! due checkpoint is saved, and the observer hears the step complete (heartbeat, chaos).
 pub mod config;
 pub mod engine;
+pub mod expert;
 pub mod mesh;
 mod outputs;
 pub mod report;
@@ -21,6 +22,7 @@ use comm::group::ProcessGroup;
 
 pub use config::{LayoutConfig, RunConfig};
 pub use engine::Engine;
+pub use expert::{ExpertEngine, MoeSettings};
 
 use crate::checkpoint::{CheckpointConfig, Checkpointer, SaveSummary};
 use crate::error::{Context, Result};
@@ -49,8 +51,8 @@ pub trait Observer {
 enum Saver {
     /// The data-parallel engine's checkpointer (asynchronous or not, automatic interval).
     Checkpointer(Box<Checkpointer>),
-    /// A mesh engine's synchronous saves every `every` steps (0: only at the end).
-    Mesh(CheckpointConfig),
+    /// A mesh or expert engine's synchronous saves every `every` steps (0: only at the end).
+    Sync(CheckpointConfig),
 }
 
 /// Trains `cfg` on this rank of `group` (None: one process), reporting to `obs`.
@@ -133,8 +135,8 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
         }
         let saved = match (saved, &mut saver) {
             (Some(saved), _) => Some(outputs::slowest(&engine, saved)?),
-            (None, Some(Saver::Mesh(c))) if c.every > 0 && s.step.is_multiple_of(c.every) => {
-                Some(save_mesh(&mut engine, c, &cfg.train)?)
+            (None, Some(Saver::Sync(c))) if c.every > 0 && s.step.is_multiple_of(c.every) => {
+                Some(save_sync(&mut engine, c, &cfg.train)?)
             }
             _ => None,
         };
@@ -189,6 +191,9 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
         planned.as_ref(),
         &measured,
     )?);
+    if let Engine::Expert(e) = &engine {
+        lines.push(e.summary());
+    }
     if let Engine::Data(t) = &engine
         && cfg.forecast
         && measured.steps > 0
@@ -258,15 +263,10 @@ fn open_saver(
             }
             Ok(Some(Saver::Checkpointer(Box::new(opened.checkpointer))))
         }
-        mesh => {
-            let world = world.ok_or_else(|| crate::TrainError::Config {
-                field: "checkpoint",
-                value: "mesh".into(),
-                reason: "a mesh run has a world group".into(),
-            })?;
-            match mesh
-                .resume_mesh(&c.dir, world)
-                .ctx(|| "resuming the mesh run".into())?
+        sync => {
+            match sync
+                .resume_sync(&c.dir, world)
+                .ctx(|| "resuming the run".into())?
             {
                 Some((step, rejected)) => {
                     for r in &rejected {
@@ -276,7 +276,7 @@ fn open_saver(
                 }
                 None => say(format!("# no checkpoint in {dir}: starting at step 0")),
             }
-            Ok(Some(Saver::Mesh(c.clone())))
+            Ok(Some(Saver::Sync(c.clone())))
         }
     }
 }
@@ -293,8 +293,8 @@ fn step(
     }
 }
 
-/// A mesh engine's synchronous save of its current step, and its line.
-fn save_mesh(
+/// A mesh or expert engine's synchronous save of its current step, and its line.
+fn save_sync(
     engine: &mut Engine,
     c: &CheckpointConfig,
     train: &crate::TrainConfig,
@@ -302,7 +302,7 @@ fn save_mesh(
     let t = Instant::now();
     let run_id = format!("train-seed{}", train.seed);
     let step = engine
-        .save_mesh(&c.dir, &run_id)
+        .save_sync(&c.dir, &run_id)
         .ctx(|| "saving a checkpoint".into())?;
     let pause = t.elapsed();
     let line = format!(
@@ -339,10 +339,10 @@ fn finish_saves(
                 ck.config().dir.display()
             ));
         }
-        (engine, Some(Saver::Mesh(c)))
+        (engine, Some(Saver::Sync(c)))
             if trained && (c.every == 0 || !train.steps.is_multiple_of(c.every)) =>
         {
-            lines.push(save_mesh(engine, c, train)?.1);
+            lines.push(save_sync(engine, c, train)?.1);
         }
         _ => {}
     }

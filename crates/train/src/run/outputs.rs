@@ -16,9 +16,13 @@ use crate::forecast::Measured;
 pub(super) fn header(cfg: &RunConfig, engine: &Engine, fpt: f64, peak: f64) -> Vec<String> {
     let t = &cfg.train;
     let m = &t.model;
+    let (params, active) = match engine {
+        Engine::Expert(e) => (e.whole_len(), " (active per token)"),
+        _ => (Layout::new(m).total, ""),
+    };
     let mut lines = vec![
         format!(
-            "# model: {} layers, d_model {}, heads {}/{}, ffn {}, vocab {}, seq_len {}; {:.2}M parameters; {:.1} MFLOP/token",
+            "# model: {} layers, d_model {}, heads {}/{}, ffn {}, vocab {}, seq_len {}; {:.2}M parameters; {:.1} MFLOP/token{active}",
             m.layers,
             m.d_model,
             m.heads,
@@ -26,7 +30,7 @@ pub(super) fn header(cfg: &RunConfig, engine: &Engine, fpt: f64, peak: f64) -> V
             m.ffn,
             m.vocab,
             t.seq_len,
-            Layout::new(m).total as f64 / 1e6,
+            params as f64 / 1e6,
             fpt / 1e6
         ),
         format!(
@@ -97,6 +101,15 @@ pub(super) fn state_lines(
     let (Some(e), false) = (planned, matches!(engine, Engine::Data(_))) else {
         return Ok(match engine {
             Engine::Data(t) => vec![report::state_line(t)],
+            Engine::Expert(x) => {
+                let m = x.state_memory();
+                vec![format!(
+                    "# state per rank (measured, the same on every rank): params {:.2} MB, grads {:.2} MB, optimizer {:.2} MB",
+                    m.params as f64 / 1e6,
+                    m.grads as f64 / 1e6,
+                    m.optimizer as f64 / 1e6
+                )]
+            }
             _ => vec![],
         });
     };

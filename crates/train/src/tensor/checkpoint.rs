@@ -29,7 +29,7 @@
 //!   with `b` rows and `grad_accum` 2).
 use std::path::Path;
 
-use ckpt::{Checkpoint, CheckpointMeta, RankWriter, Verify};
+use ckpt::{Checkpoint, CheckpointMeta, RankWriter};
 use serde_json::json;
 
 use super::data_parallel::failures;
@@ -146,14 +146,10 @@ impl TpTrainer {
     /// `dir` holds no committed step. Every rank of the `dp x tp` world calls it and reads the
     /// same step.
     pub fn resume(&mut self, dir: &Path) -> Result<Option<u64>> {
-        if !dir.exists() {
-            return Ok(None);
-        }
-        let Some(&step) = ckpt::list_committed(dir)?.last() else {
+        let Some(ckpt) = crate::checkpoint::newest_committed(dir)? else {
             return Ok(None);
         };
-        let ckpt = Checkpoint::open(dir, step, Verify::ManifestOnly)?;
         self.restore(&ckpt)?;
-        Ok(Some(step))
+        Ok(Some(ckpt.step()))
     }
 }

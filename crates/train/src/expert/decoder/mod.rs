@@ -23,6 +23,7 @@
 //!   tokens through the all-to-all) and each router's (summed inside the layer) are already
 //!   the ep = 1 gradient, and the dense gradients become it when summed over the group
 //!   (= the average of the ranks' own-rows mean gradients, the shares being equal).
+pub mod checkpoint;
 pub mod layout;
 pub mod train;
 

@@ -17,7 +17,10 @@
 //!    global (layer, expert) order, so the same on every rank for every ep. Clipped as
 //!    `torch.nn.utils.clip_grad_norm_`.
 //! 5. AdamW (model::optim) over the rank's buffer, element-wise, so the replicated tensors
-//!    stay equal and each expert is updated exactly where it lives.
+//!    stay equal and each expert is updated exactly where it lives, at the learning rate of
+//!    the trainer's schedule for this step ([`MoeTrainer::with_schedule`]; constant unless
+//!    set), decaying the matrices and embeddings, or every tensor
+//!    ([`MoeTrainer::with_decay_all`]).
 //!
 //! EP = p on p shares of a global batch therefore makes the update EP = 1 makes on the whole
 //! batch (the capacity rule is already global over the group), within float summation order;
@@ -32,7 +35,7 @@ use comm::ReduceOp;
 use comm::group::{OpOptions, ProcessGroup};
 use model::Threads;
 use model::optim::{
-    AdamW, AdamWConfig, check_finite, check_max_norm, clip_coef, grad_sum_sq, scale_grads,
+    AdamW, AdamWConfig, Schedule, check_finite, check_max_norm, clip_coef, grad_sum_sq, scale_grads,
 };
 
 /// The dense all-reduce's options: [`TP_ALL_REDUCE`] pinned (deterministic, same bytes on
@@ -51,7 +54,8 @@ pub struct MoeTrainConfig {
     pub batch: usize,
     /// Tokens per row (T), in `1..=model.seq_len`.
     pub seq_len: usize,
-    /// Learning rate (constant), finite and >= 0.
+    /// Peak learning rate, finite and >= 0: constant unless the trainer is given a schedule
+    /// ([`MoeTrainer::with_schedule`]).
     pub lr: f32,
     /// AdamW settings.
     pub adamw: AdamWConfig,
@@ -74,6 +78,11 @@ pub struct MoeStepStats {
     pub aux: f64,
     /// Global gradient norm before clipping.
     pub norm: f64,
+    /// Learning rate of the step's update.
+    pub lr: f32,
+    /// Seconds in the dense gradients' all-reduce (the dispatch and combine all-to-alls run
+    /// inside the layers' forward and backward and are not counted here).
+    pub allreduce_seconds: f64,
     /// Each layer's routing metrics (byte counts are this rank's).
     pub layers: Vec<MoeStats>,
 }
@@ -95,10 +104,15 @@ pub struct MoeTrainer {
     grads: Vec<f32>,
     opt: AdamW,
     decay: Vec<std::ops::Range<usize>>,
+    schedule: Schedule,
+    decay_all: bool,
     source: Source,
     inputs: Vec<u32>,
     targets: Vec<u32>,
     step: u64,
+    /// Batches drawn since the source was (re)built, and the global row cursor then.
+    drawn: u64,
+    rows_base: u64,
 }
 
 impl MoeTrainer {
@@ -138,6 +152,10 @@ impl MoeTrainer {
             inputs: vec![0; n],
             targets: vec![0; n],
             step: 0,
+            drawn: 0,
+            rows_base: 0,
+            schedule: Schedule::Constant,
+            decay_all: false,
             cfg,
             group,
             th,
@@ -147,9 +165,125 @@ impl MoeTrainer {
         })
     }
 
+    /// The trainer with the learning rate of step `s` (0-based) `schedule.lr_at(cfg.lr, s)`,
+    /// as the dense trainers take it; refuses an invalid schedule by its field.
+    pub fn with_schedule(mut self, schedule: Schedule) -> Result<Self> {
+        schedule.validate()?;
+        self.schedule = schedule;
+        Ok(self)
+    }
+
+    /// The trainer with weight decay on every tensor (`all`, torch's default, as
+    /// [`crate::TrainConfig::decay_all`]) or on the matrices and embeddings only (the default,
+    /// [`MoeModelLayout::decay_ranges`]).
+    pub fn with_decay_all(mut self, all: bool) -> Self {
+        let total = self.layout().total;
+        self.decay_all = all;
+        self.decay = if all {
+            std::iter::once(0..total).collect()
+        } else {
+            self.layout().decay_ranges()
+        };
+        self
+    }
+
     /// This rank's layout.
     pub fn layout(&self) -> &MoeModelLayout {
         self.model.layout()
+    }
+
+    /// The training config.
+    pub fn config(&self) -> &MoeTrainConfig {
+        &self.cfg
+    }
+
+    /// The learning-rate schedule and whether every tensor is decayed (the settings a
+    /// checkpoint's config hash covers beside the config).
+    pub fn schedule(&self) -> (Schedule, bool) {
+        (self.schedule, self.decay_all)
+    }
+
+    /// The EP group.
+    pub fn group(&self) -> &ProcessGroup {
+        &self.group
+    }
+
+    /// Steps completed.
+    pub fn steps_done(&self) -> u64 {
+        self.step
+    }
+
+    /// AdamW's state (its moments share the parameters' flat layout).
+    pub fn optimizer(&self) -> &AdamW {
+        &self.opt
+    }
+
+    /// Rows of the data stream consumed by the whole group (the global row cursor).
+    pub fn rows_drawn(&self) -> u64 {
+        self.rows_base + self.drawn * (self.cfg.batch * self.group.size()) as u64
+    }
+
+    /// Batches this rank drew since its source was built or reset.
+    pub fn batches_drawn(&self) -> u64 {
+        self.drawn
+    }
+
+    /// The data source's loader state (token datasets only).
+    pub fn loader_state(&mut self) -> Option<data::LoaderState> {
+        self.source.loader_state()
+    }
+
+    /// Resident bytes of this rank's training state: its flat parameters, gradients and
+    /// AdamW's two moments (`layout().total` f32 elements each; activations excluded).
+    pub fn state_memory(&self) -> crate::StateMemory {
+        let (m, v) = self.opt.moments();
+        crate::StateMemory {
+            params: 4 * self.params.len(),
+            grads: 4 * self.grads.len(),
+            optimizer: 4 * (m.len() + v.len()),
+            comm_buffers: 0,
+        }
+    }
+
+    /// Replaces this rank's parameters and AdamW moments (its flat layout) and the step
+    /// counters, as a checkpoint recorded them.
+    pub(crate) fn load_state(
+        &mut self,
+        [params, m, v]: [Vec<f32>; 3],
+        optimizer_step: u64,
+        step: u64,
+    ) -> Result<()> {
+        crate::expert::check_len("moe trainer parameters", self.params.len(), params.len())?;
+        self.opt = AdamW::from_state(self.cfg.adamw, m, v, optimizer_step)?;
+        self.params = params;
+        self.step = step;
+        Ok(())
+    }
+
+    /// Rebuilds the data source at a checkpoint's position: from the loader's state for token
+    /// datasets, else by skipping the `rows` rows the saving group consumed (any EP degree);
+    /// this rank then draws its share of the global batches that follow.
+    pub(crate) fn reset_source(
+        &mut self,
+        loader: Option<&data::LoaderState>,
+        rows: u64,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let share = Share {
+            batch: c.batch,
+            world: self.group.size(),
+            rank: self.group.rank(),
+        };
+        (self.source, self.drawn, self.rows_base) = Source::resumed_at(
+            &c.data,
+            c.model.vocab,
+            c.seq_len,
+            share,
+            c.seed,
+            loader,
+            rows,
+        )?;
+        Ok(())
     }
 
     /// This rank's parameters ([`MoeModelLayout::gather`] joins the group's).
@@ -159,9 +293,11 @@ impl MoeTrainer {
 
     /// One optimizer step (collective over the group).
     pub fn step(&mut self) -> Result<MoeStepStats> {
+        let lr = self.schedule.lr_at(self.cfg.lr, self.step);
         self.step += 1;
         self.source
             .next_batch(&mut self.inputs, &mut self.targets)?;
+        self.drawn += 1;
         let th = &self.th;
         self.grads.fill(0.0);
         let fwd = self
@@ -173,21 +309,25 @@ impl MoeTrainer {
         check_finite("loss", self.step, loss)?;
         self.model.backward(th, &self.params, &mut self.grads)?;
         let dense = self.layout().dense;
+        let t0 = std::time::Instant::now();
         if self.group.size() > 1 {
             self.group
                 .all_reduce_with(&mut self.grads[..dense], ReduceOp::Sum, &PINNED)?;
         }
+        let allreduce_seconds = t0.elapsed().as_secs_f64();
         let norm = self.global_norm()?;
         check_finite("gradient norm", self.step, norm)?;
         if let Some(c) = self.cfg.grad_clip.and_then(|max| clip_coef(norm, max)) {
             scale_grads(th, &mut self.grads, c);
         }
         self.opt
-            .step(th, &mut self.params, &self.grads, self.cfg.lr, &self.decay)?;
+            .step(th, &mut self.params, &self.grads, lr, &self.decay)?;
         Ok(MoeStepStats {
             loss,
             aux: fwd.stats.iter().map(|s| s.aux_loss).sum(),
             norm,
+            lr,
+            allreduce_seconds,
             layers: fwd.stats,
         })
     }
