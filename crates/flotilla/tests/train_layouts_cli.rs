@@ -332,7 +332,8 @@ fn a_mesh_run_falls_back_past_a_damaged_checkpoint() {
         "2",
     ];
     let mut first = dp_tp.to_vec();
-    first.extend_from_slice(&["--ckpt-dir", ck_s, "--ckpt-every", "2"]);
+    // Synchronous saves here (every rank agreeing on each write); the others are asynchronous.
+    first.extend_from_slice(&["--ckpt-dir", ck_s, "--ckpt-every", "2", "--ckpt-sync"]);
     step_lines(&first);
     // Step 3 is the last of the first run; its rank 3 file is damaged.
     let newest = ck.join("step-3").join("rank-00003.safetensors");

@@ -5,7 +5,8 @@
 //! micro-batches of 2 rows); PP2 x TP2 (one replica, Megatron blocks inside each stage) with
 //! --batch 2 --grad-accum 4; each update is the mean of the same four 2-row means (summation
 //! order aside), and --grad-accum is not part of the config hash (the batch is), so the
-//! checkpoints are interchangeable. Also: bad degrees are
+//! checkpoints are interchangeable. Every save is asynchronous (the default): each rank's
+//! pieces copied into the host buffer and written in the background, rank 0 committing. Also: bad degrees are
 //! refused before any worker starts, with the equation.
 
 #[path = "support/cli.rs"]
@@ -81,7 +82,6 @@ fn run(layout: &[&str], steps: u64, dir: &std::path::Path) -> String {
         dir,
         "--ckpt-every",
         "3",
-        "--ckpt-sync",
         "--no-plan",
         "--max-restarts",
         "0",

@@ -315,12 +315,18 @@ impl Checkpointer {
         Ok(self)
     }
 
+    /// [`Checkpointer::commit_after`] for the data-parallel engine, whose `world` ranks are
+    /// its data-parallel degree.
+    fn after_write(&self, mut meta: CheckpointMeta) -> ckpt::AfterWrite {
+        meta.world_size = self.world;
+        meta.layout["dp"] = self.world.into();
+        self.commit_after(meta)
+    }
+
     /// What runs once this rank's file is durable: commit (one rank), publish the piece list
     /// (ranks 1..), or collect every list and commit (rank 0 of several).
-    fn after_write(&self, mut meta: CheckpointMeta) -> ckpt::AfterWrite {
+    fn commit_after(&self, meta: CheckpointMeta) -> ckpt::AfterWrite {
         let (root, rank, world) = (self.cfg.dir.clone(), self.rank, self.world);
-        meta.world_size = world;
-        meta.layout["dp"] = world.into();
         Box::new(move |step, pieces| {
             if rank != 0 {
                 return ckpt::handoff::publish_pieces(&root, step, rank, &pieces);
@@ -471,18 +477,59 @@ impl Checkpointer {
         let metas = state_metas(trainer.model().layout());
         let pieces = trainer.checkpoint_pieces(self.rank, self.world);
         let pieces = piece_refs(&metas, &pieces);
+        self.write(step, &pieces, after)?;
+        let bytes = piece_bytes(&pieces);
+        self.record(step, bytes, started.elapsed())
+    }
+
+    /// Saves `step` from the pieces an engine built itself: a model-parallel or expert engine's
+    /// pieces of the checkpoint `meta` describes (`meta.world_size` its writers, this
+    /// checkpointer's `world`). Asynchronous saves copy the pieces into the host buffer and
+    /// write in the background; the training pause is the caller's gathering plus this copy.
+    pub fn save_pieces(
+        &mut self,
+        step: u64,
+        meta: CheckpointMeta,
+        pieces: &[(&TensorMeta, &Slice, &[u8])],
+    ) -> Result<SaveSummary> {
+        let started = Instant::now();
+        let after = self.commit_after(meta);
+        self.write(step, pieces, after)?;
+        self.record(step, piece_bytes(pieces), started.elapsed())
+    }
+
+    /// Writes this rank's `pieces` of `step`, in the background when asynchronous (after the
+    /// save in flight, if any), then `after` commits or hands over.
+    fn write(
+        &mut self,
+        step: u64,
+        pieces: &[(&TensorMeta, &Slice, &[u8])],
+        after: ckpt::AfterWrite,
+    ) -> Result<()> {
         match &mut self.saver {
             Some(saver) => {
                 saver.wait(SAVE_TIMEOUT)?;
-                saver.save(step, &pieces, after)?;
+                saver.save(step, pieces, after)?;
             }
             None => {
-                let written = RankWriter::write_all(&self.cfg.dir, step, self.rank, &pieces)?;
+                let written = RankWriter::write_all(&self.cfg.dir, step, self.rank, pieces)?;
                 after(step, written)?;
             }
         }
-        let bytes = piece_bytes(&pieces);
-        self.record(step, bytes, started.elapsed())
+        Ok(())
+    }
+
+    /// The step saved last by this checkpointer, if any.
+    pub fn last_saved(&self) -> Option<u64> {
+        self.last_saved
+    }
+
+    /// Waits for the asynchronous save in flight, if any, to be written and committed.
+    pub fn wait(&mut self) -> Result<()> {
+        if let Some(saver) = &mut self.saver {
+            saver.wait(SAVE_TIMEOUT)?;
+        }
+        Ok(())
     }
 
     /// At the end of a run: saves the final step unless it was already saved (or is already
@@ -495,9 +542,7 @@ impl Checkpointer {
         } else {
             None
         };
-        if let Some(saver) = &mut self.saver {
-            saver.wait(SAVE_TIMEOUT)?;
-        }
+        self.wait()?;
         Ok(summary)
     }
 }
@@ -537,6 +582,22 @@ pub(crate) fn row_piece<'a>(
         _ => bytes,
     };
     Some((s, bytes))
+}
+
+/// This rank's [`ckpt::rank_rows`] of the whole state (`state`: parameters and AdamW's two
+/// moments in `layout`'s order), as [`rows_pieces`] cuts them: what an engine that gathers the
+/// whole state writes as writer `rank` of `world`.
+pub(crate) fn whole_state_rows<'a>(
+    layout: &Layout,
+    state: &'a [Vec<f32>; 3],
+    rank: u32,
+    world: u32,
+) -> Vec<StatePiece<'a>> {
+    rows_pieces(
+        &state_views(layout, &state[0], &state[1], &state[2]),
+        rank,
+        world,
+    )
 }
 
 /// `pieces` as the writer takes them, each with its tensor from `metas`.

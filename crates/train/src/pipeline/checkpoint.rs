@@ -47,8 +47,8 @@ use serde_json::json;
 use super::build::{intersect, replica_share};
 use super::engine::PipelineStage;
 use crate::checkpoint::{
-    RunState, check_state_tensors, config_hash, piece_refs, read_state_range, save_collectively,
-    saved_run, state_metas,
+    Checkpointer, RunState, SaveSummary, check_state_tensors, config_hash, piece_refs,
+    read_state_range, save_collectively, saved_run, state_metas,
 };
 use crate::error::{Result, TrainError};
 use crate::source::Source;
@@ -189,6 +189,22 @@ impl PipelineStage {
         save_collectively(dir, step, writer, meta, write, |ok, what| {
             self.agree_saved(step, ok, what)
         })
+    }
+
+    /// Saves the current step through `ck` (asynchronously when it saves so: tensor-parallel
+    /// stages assemble their entries in the foreground, a collective, then this rank's pieces
+    /// are copied into the host buffer and written in the background), `ck` saving as
+    /// [`PipelineStage::writer`].
+    pub fn save_into(&mut self, ck: &mut Checkpointer, run_id: &str) -> Result<SaveSummary> {
+        let step = self.step;
+        let views = match &self.tensor {
+            Some(t) => Some(self.tensor_views(t)?),
+            None => None,
+        };
+        let meta = self.checkpoint_meta(run_id);
+        let pieces = self.checkpoint_pieces(views.as_ref());
+        let refs = piece_refs(&meta.tensors, &pieces);
+        ck.save_pieces(step, meta.clone(), &refs)
     }
 
     /// An error on every rank whose `ok` is true when any rank's is false (that rank returns

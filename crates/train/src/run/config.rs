@@ -126,6 +126,18 @@ impl RunConfig {
         if let Some(s) = &self.moe {
             return check_moe(self, s, world);
         }
+        if world > 1
+            && self
+                .checkpoint
+                .as_ref()
+                .is_some_and(|c| c.auto_mtbf.is_some())
+        {
+            // Each rank would time its own saves and the ranks could disagree on when to save.
+            return Err(refused(format!(
+                "--ckpt-auto-mtbf with {world} workers: the automatic interval is single-process \
+                 only so far; use --ckpt-every"
+            )));
+        }
         let l = &self.layout;
         if l.bucket_bytes == 0 {
             return Err(refused("--bucket-mb: must be positive".into()));
@@ -175,16 +187,6 @@ impl RunConfig {
                 return Err(refused(format!(
                     "{what}: not built for the mesh engines yet"
                 )));
-            }
-            if self
-                .checkpoint
-                .as_ref()
-                .is_some_and(|c| c.auto_mtbf.is_some())
-            {
-                return Err(refused(
-                    "--ckpt-auto-mtbf with --tp/--pp: mesh runs save synchronously on --ckpt-every"
-                        .into(),
-                ));
             }
         } else if l.zero != 0 && world == 1 {
             return Err(refused(format!(

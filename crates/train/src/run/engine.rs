@@ -193,6 +193,21 @@ impl Engine {
         }
     }
 
+    /// Saves a mesh or expert engine's current step through `ck` (asynchronous unless the
+    /// checkpointer writes synchronously; the gathering it needs is a collective).
+    pub fn save_into(
+        &mut self,
+        ck: &mut crate::Checkpointer,
+        run_id: &str,
+    ) -> Result<crate::SaveSummary> {
+        match self {
+            Engine::Data(_) => Err(not_sync()),
+            Engine::Tensor(t) => t.save_into(ck, run_id),
+            Engine::Pipeline(p) => p.save_into(ck, run_id),
+            Engine::Expert(e) => e.trainer().save_into(ck, run_id),
+        }
+    }
+
     /// Saves a mesh or expert engine's current step synchronously (a collective; every rank
     /// writes its pieces, rank 0 commits); returns the step.
     pub fn save_sync(&mut self, dir: &Path, run_id: &str) -> Result<u64> {

@@ -51,8 +51,13 @@ pub trait Observer {
 enum Saver {
     /// The data-parallel engine's checkpointer (asynchronous or not, automatic interval).
     Checkpointer(Box<Checkpointer>),
-    /// A mesh or expert engine's synchronous saves every `every` steps (0: only at the end).
+    /// A mesh or expert engine's synchronous saves every `every` steps (0: only at the end),
+    /// every rank agreeing on each write before rank 0 commits (`--ckpt-sync`).
     Sync(CheckpointConfig),
+    /// A mesh or expert engine's saves every `every` steps through a checkpointer (the
+    /// default: asynchronous, the engine's pieces copied into the host buffer and written in
+    /// the background).
+    Pieces(Box<Checkpointer>),
 }
 
 /// Trains `cfg` on this rank of `group` (None: one process), reporting to `obs`.
@@ -134,9 +139,13 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
             obs.line(&report::step_line(&s, steps, fpt, peak_all, world));
         }
         let saved = match (saved, &mut saver) {
-            (Some(saved), _) => Some(outputs::slowest(&engine, saved)?),
-            (None, Some(Saver::Sync(c))) if c.every > 0 && s.step.is_multiple_of(c.every) => {
+            (Some(saved), _) => Some(outputs::slowest(world_group.as_ref(), saved)?),
+            (None, Some(Saver::Sync(c))) if due(c, s.step) => {
                 Some(save_sync(&mut engine, c, &cfg.train)?)
+            }
+            (None, Some(Saver::Pieces(ck))) if due(ck.config(), s.step) => {
+                let saved = save_pieces(&mut engine, ck, &cfg.train)?;
+                Some(outputs::slowest(world_group.as_ref(), saved)?)
             }
             _ => None,
         };
@@ -153,7 +162,13 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
         obs.completed(&s).map_err(crate::TrainError::Observer)?;
     }
     obs.finishing();
-    let finished = finish_saves(&mut engine, saver.as_mut(), first < steps, &cfg.train)?;
+    let finished = finish_saves(
+        &mut engine,
+        saver.as_mut(),
+        world_group.as_ref(),
+        first < steps,
+        &cfg.train,
+    )?;
     if lead {
         finished.iter().for_each(|l| obs.line(l));
     }
@@ -276,9 +291,33 @@ fn open_saver(
                 }
                 None => say(format!("# no checkpoint in {dir}: starting at step 0")),
             }
-            Ok(Some(Saver::Sync(c.clone())))
+            if !c.asynchronous {
+                return Ok(Some(Saver::Sync(c.clone())));
+            }
+            let (rank, size) = world.map_or((0, 1), |g| (g.rank() as u32, g.size() as u32));
+            let run_id = format!("train-seed{}", cfg.train.seed);
+            let ck = Checkpointer::new(c.clone(), &run_id)?.with_shard(rank, size)?;
+            Ok(Some(Saver::Pieces(Box::new(ck))))
         }
     }
+}
+
+/// Whether `step` is due for a save every `c.every` steps.
+fn due(c: &CheckpointConfig, step: u64) -> bool {
+    c.every > 0 && step.is_multiple_of(c.every)
+}
+
+/// A mesh or expert engine's save of its current step through `ck` (asynchronous unless
+/// `--ckpt-sync`).
+fn save_pieces(
+    engine: &mut Engine,
+    ck: &mut Checkpointer,
+    train: &crate::TrainConfig,
+) -> Result<SaveSummary> {
+    let run_id = format!("train-seed{}", train.seed);
+    engine
+        .save_into(ck, &run_id)
+        .ctx(|| "saving a checkpoint".into())
 }
 
 /// One step of `engine`, with the checkpointer around it when it has one; the save that
@@ -324,6 +363,7 @@ fn save_sync(
 fn finish_saves(
     engine: &mut Engine,
     saver: Option<&mut Saver>,
+    world: Option<&ProcessGroup>,
     trained: bool,
     train: &crate::TrainConfig,
 ) -> Result<Vec<String>> {
@@ -331,7 +371,7 @@ fn finish_saves(
     match (engine, saver) {
         (Engine::Data(t), Some(Saver::Checkpointer(ck))) => {
             if let Some(saved) = ck.finish(t)? {
-                let saved = resume::slowest_rank(t, saved)?;
+                let saved = resume::slowest_rank(world, saved)?;
                 lines.push(report::saved_line(&saved));
             }
             lines.push(format!(
@@ -343,6 +383,18 @@ fn finish_saves(
             if trained && (c.every == 0 || !train.steps.is_multiple_of(c.every)) =>
         {
             lines.push(save_sync(engine, c, train)?.1);
+        }
+        (engine, Some(Saver::Pieces(ck))) => {
+            let step = engine.steps_done();
+            if trained && ck.last_saved() != Some(step) {
+                let saved = save_pieces(engine, ck, train)?;
+                lines.push(outputs::slowest(world, saved)?.1);
+            }
+            ck.wait()?;
+            lines.push(format!(
+                "# checkpoints committed in {}",
+                ck.config().dir.display()
+            ));
         }
         _ => {}
     }

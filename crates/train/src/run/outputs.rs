@@ -76,12 +76,12 @@ pub(super) fn mesh_line(cfg: &RunConfig, shape: MeshShape, world: usize, nodes: 
     )
 }
 
-/// A save of the data-parallel engine as the slowest rank saw it, and its line.
-pub(super) fn slowest(engine: &Engine, saved: SaveSummary) -> Result<(SaveSummary, String)> {
-    let saved = match engine {
-        Engine::Data(t) => super::resume::slowest_rank(t, saved)?,
-        _ => saved,
-    };
+/// A save as the slowest rank of `world` saw it, and its line.
+pub(super) fn slowest(
+    world: Option<&ProcessGroup>,
+    saved: SaveSummary,
+) -> Result<(SaveSummary, String)> {
+    let saved = super::resume::slowest_rank(world, saved)?;
     let line = report::saved_line(&saved);
     Ok((saved, line))
 }

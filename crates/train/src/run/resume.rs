@@ -3,6 +3,8 @@
 //! saw it.
 use std::path::Path;
 
+use comm::group::ProcessGroup;
+
 use crate::checkpoint::{CheckpointConfig, Checkpointer, SaveSummary};
 use crate::error::{Context, Result, TrainError};
 use crate::trainer::Trainer;
@@ -85,8 +87,8 @@ fn agree_on_step(trainer: &Trainer, dir: &Path) -> Result<()> {
 
 /// A save as the slowest rank saw it: every rank saves at the same step, so the ranks agree
 /// here on the longest pause (a small all-reduce).
-pub fn slowest_rank(trainer: &Trainer, mut saved: SaveSummary) -> Result<SaveSummary> {
-    if let Some(g) = trainer.group() {
+pub fn slowest_rank(world: Option<&ProcessGroup>, mut saved: SaveSummary) -> Result<SaveSummary> {
+    if let Some(g) = world {
         let mut v = [saved.pause.as_secs_f64(), saved.bytes as f64];
         g.all_reduce(&mut v[..1], comm::ReduceOp::Max)?;
         g.all_reduce(&mut v[1..], comm::ReduceOp::Sum)?;

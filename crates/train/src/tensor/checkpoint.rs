@@ -35,8 +35,8 @@ use serde_json::json;
 use super::data_parallel::failures;
 use super::trainer::TpTrainer;
 use crate::checkpoint::{
-    RunState, check_state_tensors, config_hash, piece_refs, read_whole_state, rows_pieces,
-    save_collectively, saved_run, state_metas, state_views,
+    Checkpointer, RunState, SaveSummary, check_state_tensors, config_hash, piece_refs,
+    read_whole_state, save_collectively, saved_run, state_metas, whole_state_rows,
 };
 use crate::error::{Result, TrainError};
 
@@ -87,21 +87,42 @@ impl TpTrainer {
     /// any rank is an error on all and nothing is committed. Returns the step saved.
     pub fn save_checkpoint(&mut self, dir: &Path, run_id: &str) -> Result<u64> {
         let step = self.steps_done();
-        let [params, m, v] = self.gather_state()?;
-        let (tp, replicas) = (self.tp() as u32, self.replicas() as u32);
-        let rank = self.replica() as u32 * tp + self.rank() as u32;
-        let writers = replicas * tp;
+        let state = self.gather_state()?;
+        let (rank, writers) = self.writer();
         let mut meta = self.checkpoint_meta(run_id);
         meta.world_size = writers;
         let write = |meta: &CheckpointMeta| {
-            let views = state_views(&self.layout().whole, &params, &m, &v);
-            let pieces = rows_pieces(&views, rank, writers);
+            let pieces = whole_state_rows(&self.layout().whole, &state, rank, writers);
             let refs = piece_refs(&meta.tensors, &pieces);
             Ok(RankWriter::write_all(dir, step, rank, &refs)?)
         };
         save_collectively(dir, step, (rank, writers), meta, write, |ok, what| {
             self.agree(step, ok, what)
         })
+    }
+
+    /// This rank's writer index `replica·tp + rank` and the `replicas·tp` writers (its rank and
+    /// size in the mesh's world).
+    pub fn writer(&self) -> (u32, u32) {
+        let (tp, replicas) = (self.tp() as u32, self.replicas() as u32);
+        (
+            self.replica() as u32 * tp + self.rank() as u32,
+            replicas * tp,
+        )
+    }
+
+    /// Saves the current step through `ck` (asynchronously when it saves so: the whole state
+    /// gathered in the foreground, a collective, then copied into its host buffer and written
+    /// in the background), `ck` saving as [`TpTrainer::writer`].
+    pub fn save_into(&mut self, ck: &mut Checkpointer, run_id: &str) -> Result<SaveSummary> {
+        let step = self.steps_done();
+        let state = self.gather_state()?;
+        let (rank, writers) = self.writer();
+        let mut meta = self.checkpoint_meta(run_id);
+        meta.world_size = writers;
+        let pieces = whole_state_rows(&self.layout().whole, &state, rank, writers);
+        let refs = piece_refs(&meta.tensors, &pieces);
+        ck.save_pieces(step, meta.clone(), &refs)
     }
 
     /// Sums every rank's failure flag over the `dp x tp` world: an error on every rank when

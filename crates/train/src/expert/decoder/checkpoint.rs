@@ -32,8 +32,8 @@ use serde_json::json;
 
 use super::{MoeModelLayout, MoeTrainer};
 use crate::checkpoint::{
-    EXP_AVG_PREFIX, EXP_AVG_SQ_PREFIX, MODEL_PREFIX, check_tensor_metas, newest_committed,
-    piece_refs, row_piece, save_collectively, saved_run_hashed,
+    Checkpointer, EXP_AVG_PREFIX, EXP_AVG_SQ_PREFIX, MODEL_PREFIX, SaveSummary, check_tensor_metas,
+    newest_committed, piece_refs, row_piece, save_collectively, saved_run_hashed,
 };
 use crate::error::{Result, TrainError};
 use crate::zero::state::StatePiece;
@@ -141,10 +141,40 @@ impl MoeTrainer {
     /// Returns the step saved.
     pub fn save_checkpoint(&mut self, dir: &Path, run_id: &str) -> Result<u64> {
         let step = self.steps_done();
-        let (rank, ep) = (self.group().rank() as u32, self.group().size() as u32);
+        let (rank, ep) = self.writer();
+        let meta = self.checkpoint_meta(run_id);
+        let write = |meta: &CheckpointMeta| {
+            let pieces = self.owned_pieces(&meta.tensors);
+            let refs = piece_refs(&meta.tensors, &pieces);
+            Ok(RankWriter::write_all(dir, step, rank, &refs)?)
+        };
+        save_collectively(dir, step, (rank, ep), meta, write, |ok, what| {
+            self.agree(step, ok, what)
+        })
+    }
+
+    /// Saves the current step through `ck` (asynchronously when it saves so: this rank's pieces
+    /// copied into the host buffer and written in the background), `ck` saving as
+    /// [`MoeTrainer::writer`].
+    pub fn save_into(&mut self, ck: &mut Checkpointer, run_id: &str) -> Result<SaveSummary> {
+        let step = self.steps_done();
+        let meta = self.checkpoint_meta(run_id);
+        let pieces = self.owned_pieces(&meta.tensors);
+        let refs = piece_refs(&meta.tensors, &pieces);
+        ck.save_pieces(step, meta.clone(), &refs)
+    }
+
+    /// This rank's index and the writers: the EP group's rank and size.
+    pub fn writer(&self) -> (u32, u32) {
+        (self.group().rank() as u32, self.group().size() as u32)
+    }
+
+    /// Everything of a checkpoint of the current step but the tensors' bytes.
+    fn checkpoint_meta(&mut self, run_id: &str) -> CheckpointMeta {
+        let (_, ep) = self.writer();
         let loader = self.loader_state().map(|s| s.to_json());
         let state = json!({
-            "step": step,
+            "step": self.steps_done(),
             "optimizer_step": self.optimizer().step_count(),
             "batches_drawn": self.batches_drawn(),
             "rows_drawn": self.rows_drawn(),
@@ -153,37 +183,37 @@ impl MoeTrainer {
             "world": ep,
             "moe_model_config": format!("{:?}", self.config().model),
         });
-        let entries = entries(self.layout());
-        let meta = CheckpointMeta {
+        CheckpointMeta {
             run_id: run_id.to_string(),
             world_size: ep,
             layout: json!({"ep": ep, "experts": self.config().model.moe.experts,
                 "split": "dim0 (dense, routers); experts whole by owner"}),
             config_hash: self.config_hash(),
-            tensors: metas(&entries),
+            tensors: metas(&entries(self.layout())),
             state,
-        };
+        }
+    }
+
+    /// The pieces this rank owns (module doc) of the tensors `tensors`: its experts whole, its
+    /// rows of the replicated tensors, for the parameters and both moments.
+    fn owned_pieces<'a>(&'a self, tensors: &[TensorMeta]) -> Vec<StatePiece<'a>> {
+        let (rank, ep) = self.writer();
+        let entries = entries(self.layout());
         let (m, v) = self.optimizer().moments();
         let bufs = [self.params(), m, v];
-        let write = |meta: &CheckpointMeta| {
-            let mut pieces: Vec<StatePiece> = Vec::new();
-            for (k, buf) in bufs.iter().enumerate() {
-                for (j, e) in entries.iter().enumerate() {
-                    let Some(r) = &e.local else { continue };
-                    let (i, bytes) = (k * entries.len() + j, f32_bytes(&buf[r.clone()]));
-                    if !e.replicated {
-                        pieces.push((i, Slice::full(&e.shape), bytes));
-                    } else if let Some((s, b)) = row_piece(&meta.tensors[i], bytes, rank, ep) {
-                        pieces.push((i, s, b));
-                    }
+        let mut pieces: Vec<StatePiece> = Vec::new();
+        for (k, buf) in bufs.iter().enumerate() {
+            for (j, e) in entries.iter().enumerate() {
+                let Some(r) = &e.local else { continue };
+                let (i, bytes) = (k * entries.len() + j, f32_bytes(&buf[r.clone()]));
+                if !e.replicated {
+                    pieces.push((i, Slice::full(&e.shape), bytes));
+                } else if let Some((s, b)) = row_piece(&tensors[i], bytes, rank, ep) {
+                    pieces.push((i, s, b));
                 }
             }
-            let refs = piece_refs(&meta.tensors, &pieces);
-            Ok(RankWriter::write_all(dir, step, rank, &refs)?)
-        };
-        save_collectively(dir, step, (rank, ep), meta, write, |ok, what| {
-            self.agree(step, ok, what)
-        })
+        }
+        pieces
     }
 
     /// An error on every rank whose `ok` is true when any rank's is false.
