@@ -375,3 +375,59 @@ fn a_mesh_run_falls_back_past_a_damaged_checkpoint() {
         "{out}"
     );
 }
+
+/// Trains `layout` for 6 steps with asynchronous checkpoints every 2 steps and `--save`, with
+/// `extra` flags; returns stdout and the saved model's bytes.
+fn saved_model(layout: &[&str], extra: &[&str]) -> (String, Vec<u8>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ck, saved) = (tmp.path().join("ck"), tmp.path().join("saved"));
+    let mut args = vec!["train"];
+    args.extend_from_slice(MICRO);
+    args.extend_from_slice(layout);
+    args.extend_from_slice(&["--layers", "2", "--threads", "1", "--steps", "6"]);
+    args.extend_from_slice(&["--log-every", "1", "--no-plan", "--ckpt-every", "2"]);
+    args.extend_from_slice(&["--ckpt-dir", ck.to_str().unwrap()]);
+    args.extend_from_slice(&["--save", saved.to_str().unwrap()]);
+    args.extend_from_slice(extra);
+    let (ok, out, err) = flotilla(&args);
+    assert!(ok, "flotilla {args:?} failed:\n{out}\n{err}");
+    let bytes = std::fs::read(saved.join("model.safetensors")).unwrap();
+    (out, bytes)
+}
+
+#[test]
+fn mesh_runs_killed_at_random_end_bit_identical_to_their_twins() {
+    let _one = serial();
+    for layout in [
+        &[
+            "--nproc",
+            "4",
+            "--pp",
+            "2",
+            "--batch",
+            "2",
+            "--grad-accum",
+            "2",
+        ][..],
+        &["--nproc", "4", "--tp", "2", "--zero", "1", "--batch", "2"][..],
+    ] {
+        let (_, twin) = saved_model(layout, &["--max-restarts", "0"]);
+        let chaos = [
+            "--chaos",
+            "kill@random",
+            "--chaos-seed",
+            "11",
+            "--max-restarts",
+            "3",
+        ];
+        let (out, killed) = saved_model(layout, &chaos);
+        assert!(
+            out.contains("restart 1/3"),
+            "{layout:?}: no restart:\n{out}"
+        );
+        assert!(
+            killed == twin,
+            "{layout:?}: the recovered run's parameters differ from its twin's:\n{out}"
+        );
+    }
+}

@@ -38,6 +38,7 @@ pub(crate) use collective::{
     check_state_tensors, check_tensor_metas, newest_committed, read_state_range, read_whole_state,
     save_collectively, saved_run, saved_run_hashed,
 };
+pub(crate) use fallback::clear_leftovers;
 pub use fallback::resume_collectively;
 
 /// Prefix of the parameter tensors.

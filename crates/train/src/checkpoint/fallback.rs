@@ -33,9 +33,14 @@ pub fn resume_collectively(
     mut restore: impl FnMut(&Checkpoint) -> Result<()>,
 ) -> Result<Option<(u64, Vec<String>)>> {
     let Some(world) = world else {
+        clear_leftovers(dir)?;
         return resume_alone(dir, restore);
     };
     let lead = world.rank() == 0;
+    if lead {
+        // Before the broadcast below: no rank saves until every rank has resumed.
+        clear_leftovers(dir)?;
+    }
     // Rank 0's listing, so every rank walks the same steps.
     let listed = match lead && dir.exists() {
         true => ckpt::list_committed(dir)?,
@@ -130,4 +135,16 @@ fn resume_alone(
         step: 0,
         reason: format!("no committed step loads: {}", rejected.join("; ")),
     })
+}
+
+/// Removes what saves that never committed left under `dir` (staging directories with their
+/// rank files and published piece lists, steps without a commit marker), as a run starts and
+/// before any of its ranks saves: an interrupted generation's piece list of a step would
+/// otherwise be collected in place of the list the new generation's rank is about to publish
+/// for the same step. Only the rank that commits calls it, before the ranks' first collective.
+pub(crate) fn clear_leftovers(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        ckpt::gc(dir, ckpt::GcMode::AllUncommitted)?;
+    }
+    Ok(())
 }

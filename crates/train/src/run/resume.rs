@@ -34,6 +34,10 @@ pub fn open(trainer: &mut Trainer, cfg: CheckpointConfig) -> Result<Opened> {
     let resume = |trainer: &mut Trainer| {
         Checkpointer::resume(dir, trainer).ctx(|| format!("resuming from {}", dir.display()))
     };
+    if lead {
+        // Before the barrier below: no rank saves until every rank has resumed.
+        crate::checkpoint::clear_leftovers(dir)?;
+    }
     let resumed = if lead { resume(trainer)? } else { None };
     if let Some(g) = trainer.group() {
         g.barrier().ctx(|| "resume barrier".into())?;
