@@ -431,3 +431,48 @@ fn mesh_runs_killed_at_random_end_bit_identical_to_their_twins() {
         );
     }
 }
+
+#[test]
+fn mesh_runs_read_a_token_dataset_and_report_the_stall() {
+    let _one = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = tmp.path().join("ds");
+    let (ok, _, err) = flotilla(&[
+        "data",
+        "synth",
+        "--out",
+        ds.to_str().unwrap(),
+        "--tokens",
+        "2e5",
+        "--vocab",
+        "257",
+        "--shard-size",
+        "64KiB",
+        "--doc-tokens",
+        "1000",
+        "--no-progress",
+    ]);
+    assert!(ok, "{err}");
+    for layout in [
+        &[
+            "--nproc",
+            "4",
+            "--pp",
+            "2",
+            "--batch",
+            "2",
+            "--grad-accum",
+            "2",
+        ][..],
+        &["--nproc", "4", "--tp", "2", "--batch", "2"][..],
+    ] {
+        let mut args = vec!["train"];
+        args.extend_from_slice(MICRO);
+        args.extend_from_slice(layout);
+        args.extend_from_slice(&["--layers", "2", "--threads", "1", "--steps", "3"]);
+        args.extend_from_slice(&["--no-plan", "--dataset", ds.to_str().unwrap()]);
+        let (ok, out, err) = flotilla(&args);
+        assert!(ok, "{layout:?}:\n{out}\n{err}");
+        assert!(out.contains("# data: stall"), "{layout:?}:\n{out}");
+    }
+}

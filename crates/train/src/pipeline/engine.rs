@@ -141,6 +141,12 @@ impl PipelineStage {
         &self.cfg
     }
 
+    /// The data loader's metrics (stall, batch build latency), when the run reads a token
+    /// dataset.
+    pub fn data_metrics(&self) -> Option<&data::LoaderMetrics> {
+        self.source.loader_metrics()
+    }
+
     /// The schedule this stage runs its part of.
     pub fn schedule(&self) -> &Schedule {
         &self.schedule

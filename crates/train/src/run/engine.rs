@@ -128,6 +128,16 @@ impl Engine {
         }
     }
 
+    /// The data loader's metrics, when the run reads a token dataset (the lead rank's).
+    pub fn data_metrics(&mut self) -> Option<data::LoaderMetrics> {
+        match self {
+            Engine::Data(t) => t.data_metrics().cloned(),
+            Engine::Tensor(t) => t.data_metrics().cloned(),
+            Engine::Pipeline(p) => p.data_metrics().cloned(),
+            Engine::Expert(e) => e.trainer().data_metrics().cloned(),
+        }
+    }
+
     /// Steps completed.
     pub fn steps_done(&self) -> u64 {
         match self {

@@ -220,9 +220,7 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
         log.finish()?;
         lines.push(format!("# metrics in {path}"));
     }
-    if let Engine::Data(t) = &engine
-        && let Some(m) = t.data_metrics()
-    {
+    if let Some(m) = engine.data_metrics() {
         lines.push(format!(
             "# data: stall {:.2} % of step time (eq. 4.2), batch build P50 {:.3} ms P99 {:.3} ms, \
              prefetch depth {}, {} batches",

@@ -214,6 +214,12 @@ impl TpTrainer {
         &self.cfg
     }
 
+    /// The data loader's metrics (stall, batch build latency), when the run reads a token
+    /// dataset.
+    pub fn data_metrics(&self) -> Option<&data::LoaderMetrics> {
+        self.source.loader_metrics()
+    }
+
     /// The tensor-parallel degree (the group's size).
     pub fn tp(&self) -> usize {
         self.group.size()

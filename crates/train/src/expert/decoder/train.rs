@@ -291,6 +291,12 @@ impl MoeTrainer {
         &self.params
     }
 
+    /// The data loader's metrics (stall, batch build latency), when the run reads a token
+    /// dataset.
+    pub fn data_metrics(&self) -> Option<&data::LoaderMetrics> {
+        self.source.loader_metrics()
+    }
+
     /// One optimizer step (collective over the group).
     pub fn step(&mut self) -> Result<MoeStepStats> {
         let lr = self.schedule.lr_at(self.cfg.lr, self.step);
