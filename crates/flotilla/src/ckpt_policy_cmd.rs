@@ -20,7 +20,7 @@ pub struct GcArgs {
     #[arg(long, value_name = "K")]
     keep_last: Option<usize>,
     /// Retention: also keep every committed step whose number is a multiple of N.
-    #[arg(long, value_name = "N", value_parser = crate::flag_range::positive_u64())]
+    #[arg(long, value_name = "N")]
     keep_every: Option<u64>,
     /// Collect every uncommitted leftover, also those newer than the newest committed step
     /// (which may be a save in flight): only when no job writes to ROOT.
