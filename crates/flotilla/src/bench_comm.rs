@@ -9,6 +9,7 @@
 //! (W-1)/W (all-gather, reduce-scatter, all-to-all) or 1 (broadcast, reduce). Beside each
 //! measurement: the alpha-beta model's prediction for the algorithm that ran.
 
+use crate::flag_range::{MAX_NPROC, positive_u64, positive_usize, seconds, usize_in};
 use crate::spawn::{NodeSpec, Worker, run_node};
 use anyhow::{Context, Result, bail};
 use comm::algo::Algo;
@@ -18,12 +19,13 @@ use std::time::Duration;
 
 /// Options of `flotilla bench comm`.
 #[derive(clap::Args, Debug, Clone)]
+#[command(allow_negative_numbers = true)]
 pub struct Args {
     /// Ranks on this node (processes).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = usize_in(1, MAX_NPROC))]
     pub nproc: usize,
     /// Nodes in the job.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = positive_usize())]
     pub nnodes: usize,
     /// This node's index.
     #[arg(long, default_value_t = 0)]
@@ -60,15 +62,15 @@ pub struct Args {
     #[arg(long, default_value = "auto")]
     pub transport: String,
     /// Seconds of timed iterations per op and size.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.5, value_parser = seconds)]
     pub target_seconds: f64,
     /// Repeat the whole sweep this many times (iterations of all rounds are pooled).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = positive_usize())]
     pub rounds: usize,
     /// Bounds of the iteration count.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = positive_usize())]
     pub min_iters: usize,
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, value_parser = positive_usize())]
     pub max_iters: usize,
     /// Print the calibrated alpha and beta per transport.
     #[arg(long)]
@@ -77,7 +79,7 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Stop the job if it runs longer than this many seconds.
-    #[arg(long, default_value_t = 1800)]
+    #[arg(long, default_value_t = 1800, value_parser = positive_u64())]
     pub job_timeout_s: u64,
     /// After the warm-up of each op and size, verify one call's result against the closed form
     /// (costs a buffer refill, one call and a comparison per op and size).
@@ -155,6 +157,13 @@ pub fn run(a: Args) -> Result<()> {
     // Validate everything before starting processes.
     let ops: Vec<OpKind> = a.ops.iter().map(|o| op_kind(o)).collect::<Result<_>>()?;
     let sizes = sizes(&a)?;
+    if a.min_iters > a.max_iters {
+        bail!(
+            "--min-iters {} exceeds --max-iters {}",
+            a.min_iters,
+            a.max_iters
+        );
+    }
     let dtype = DType::parse(&a.dtype)?;
     let algo = a
         .algo

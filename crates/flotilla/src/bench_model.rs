@@ -1,10 +1,14 @@
 //! `flotilla bench model`: training throughput in the peer benchmark's
 //! format (`../shared/peers/ddp_gpt_bench.py`, mode single), and the GEMM
 //! kernel's rate at 1024^3 and 2048^3.
+use crate::flag_range::{positive_usize, usize_in};
 use crate::model_args::{ModelArgs, TrainArgs};
 use anyhow::{Result, bail};
 use train::Trainer;
 use train::metrics::{gemm_gflops, mfu};
+
+/// Largest square GEMM `--gemm` measures: 16384 (three f32 matrices of 1 GiB each).
+const MAX_GEMM: u64 = 1 << 14;
 
 /// Options of `flotilla bench model`.
 #[derive(clap::Args, Debug)]
@@ -17,10 +21,10 @@ pub struct Args {
     #[arg(long = "untimed", default_value_t = 3)]
     untimed: u64,
     /// GEMM sizes to measure (square).
-    #[arg(long, value_delimiter = ',', default_value = "1024,2048")]
+    #[arg(long, value_delimiter = ',', default_value = "1024,2048", value_parser = usize_in(1, MAX_GEMM))]
     gemm: Vec<usize>,
     /// GEMM repetitions (median reported).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = positive_usize())]
     gemm_reps: usize,
     /// Print where the timed steps' time went, per kernel.
     #[arg(long)]

@@ -41,6 +41,12 @@ const KICK: u64 = 32 << 20;
 /// Longest wait for a background save.
 const SAVE_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// `--ranks`, `--reshard-ranks`: 1 to [`crate::flag_range::MAX_THREADS`] (each rank is a
+/// thread).
+fn bench_ranks() -> clap::builder::RangedI64ValueParser<u32> {
+    clap::value_parser!(u32).range(1..=crate::flag_range::MAX_THREADS as i64)
+}
+
 /// Options of `flotilla ckpt bench`.
 #[derive(clap::Args)]
 pub struct Args {
@@ -51,13 +57,13 @@ pub struct Args {
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     pub size: u64,
     /// Ranks (threads) that save and load with the same layout.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = bench_ranks())]
     pub ranks: u32,
     /// Ranks of the resharding load (default: `--ranks` + 1).
-    #[arg(long)]
+    #[arg(long, value_parser = bench_ranks())]
     pub reshard_ranks: Option<u32>,
     /// Rounds to run.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub rounds: u32,
     /// Cold page cache: drop the kernel's caches before every read (root only: writes
     /// /proc/sys/vm/drop_caches).
@@ -481,13 +487,6 @@ fn round(args: &Args, root: &Path, index: u32, bench: &mut Bench) -> Result<Roun
 /// Runs the benchmark and prints one line (or JSON object) per round.
 pub fn run(args: Args) -> Result<()> {
     let reshard = args.reshard_ranks.unwrap_or(args.ranks + 1);
-    if args.ranks == 0 || args.rounds == 0 || reshard == 0 {
-        bail!(
-            "--ranks {}, --reshard-ranks {reshard} and --rounds {} must be at least 1",
-            args.ranks,
-            args.rounds
-        );
-    }
     let rows = args.size / (ROW_BYTES * TENSORS as u64);
     let most = u64::from(args.ranks.max(reshard));
     if rows < most {

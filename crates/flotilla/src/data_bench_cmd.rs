@@ -5,23 +5,25 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use data::stress::{StressConfig, sequential_read};
 use data::{Dataset, Loader};
 
+use crate::flag_range::{fraction_below_one, positive_f64};
 use crate::loader_args::LoaderRunArgs;
 use crate::page_cache::drop_caches;
 
 /// Options of `flotilla data bench`.
 #[derive(clap::Args)]
+#[command(allow_negative_numbers = true)]
 pub struct Args {
     #[command(flatten)]
     pub run: LoaderRunArgs,
     /// Epochs of the first dataset the loader reads (fractions allowed).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = positive_f64)]
     pub epochs: f64,
     /// Where in the first epoch the resume test restarts, as a fraction.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.5, value_parser = fraction_below_one)]
     pub resume_at: f64,
     /// Cold page cache: drop the kernel's caches before the raw read and before the loader
     /// (root only: writes /proc/sys/vm/drop_caches), so both read the disk.
@@ -34,13 +36,6 @@ pub struct Args {
 
 /// Runs the benchmark and prints its figures.
 pub fn run(args: Args) -> Result<()> {
-    if !(args.epochs > 0.0 && (0.0..1.0).contains(&args.resume_at)) {
-        bail!(
-            "--epochs {} must be positive and --resume-at {} in [0, 1)",
-            args.epochs,
-            args.resume_at
-        );
-    }
     let datasets = args.run.loader.open()?;
     let config = args.run.config()?;
     let paths: Vec<PathBuf> = datasets

@@ -8,6 +8,8 @@ use data::prepare::{InputFormat, PrepareConfig, TextDocs, parse_byte_size, prepa
 use data::{Tokenizer, TokenizerSpec};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::flag_range::{MAX_THREADS, usize_in};
+
 /// Options of `flotilla data prepare`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -42,7 +44,7 @@ pub struct Args {
     #[arg(long, default_value = "64MiB", value_parser = doc_size)]
     max_doc_size: u64,
     /// Tokenizer threads (0: every core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = usize_in(0, MAX_THREADS))]
     threads: usize,
     /// Replace a dataset already in the output directory.
     #[arg(long)]

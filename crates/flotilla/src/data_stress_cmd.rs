@@ -5,18 +5,20 @@ use std::time::Duration;
 use anyhow::Result;
 use data::{Loader, stress::StressConfig, stress::StressReport};
 
+use crate::flag_range::{finite_nonneg_f64, seconds};
 use crate::loader_args::LoaderRunArgs;
 
 /// Options of `flotilla data stress`.
 #[derive(clap::Args)]
+#[command(allow_negative_numbers = true)]
 pub struct Args {
     #[command(flatten)]
     pub run: LoaderRunArgs,
     /// Tokens per second to consume; 0 takes batches as fast as the loader makes them.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = finite_nonneg_f64)]
     pub rate: f64,
     /// Seconds to run.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = seconds)]
     pub duration: f64,
     /// Print the report as JSON.
     #[arg(long)]
@@ -29,9 +31,6 @@ pub fn run(args: Args) -> Result<()> {
     let width = datasets[0].manifest().token_bytes;
     let config = args.run.config()?;
     let mut loader = Loader::new(datasets, &config, None)?;
-    if !(args.duration.is_finite() && args.duration > 0.0) {
-        anyhow::bail!("--duration {}: expected positive seconds", args.duration);
-    }
     let stress = StressConfig {
         target_tokens_per_s: (args.rate > 0.0).then_some(args.rate),
         duration: Duration::from_secs_f64(args.duration),

@@ -7,6 +7,8 @@ use data::prepare::parse_byte_size;
 use data::synth::{SynthConfig, write_synthetic};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::flag_range::{positive_u64, positive_usize};
+
 /// Options of `flotilla data synth`.
 #[derive(clap::Args)]
 pub struct Args {
@@ -20,10 +22,10 @@ pub struct Args {
     #[arg(long, default_value_t = 50257)]
     pub vocab: u32,
     /// Likely successors per token.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = positive_usize())]
     pub branching: usize,
     /// Tokens per document.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = positive_u64())]
     pub doc_tokens: u64,
     /// Target shard size in token bytes, e.g. 64MiB.
     #[arg(long, default_value = "64MiB", value_parser = shard_size)]

@@ -5,13 +5,15 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use data::{Dataset, verify_dataset};
 
+use crate::flag_range::{MAX_THREADS, usize_in};
+
 /// Options of `flotilla data verify`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Dataset directory (holding manifest.json).
     dir: PathBuf,
     /// Threads hashing shards in parallel (0: every core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = usize_in(0, MAX_THREADS))]
     threads: usize,
 }
 

@@ -1,5 +1,7 @@
 //! `flotilla generate`: sample text from a model saved by `flotilla train --save`.
 use anyhow::{Context, Result};
+
+use crate::flag_range::{MAX_THREADS, finite_nonneg_f64, usize_in};
 use data::TokenizerKind;
 use model::Threads;
 use model::model::Model;
@@ -8,6 +10,7 @@ use std::path::PathBuf;
 
 /// Options of `flotilla generate`.
 #[derive(clap::Args, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct Args {
     /// Directory written by `flotilla train --save`.
     #[arg(long)]
@@ -19,7 +22,7 @@ pub struct Args {
     #[arg(long, default_value_t = 200)]
     tokens: usize,
     /// Softmax temperature (0 = greedy).
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, value_parser = finite_nonneg_f64)]
     temperature: f64,
     /// Sample among the k most likely tokens (0 = all).
     #[arg(long, default_value_t = 40)]
@@ -28,7 +31,7 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Compute threads.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = usize_in(1, MAX_THREADS))]
     threads: usize,
 }
 

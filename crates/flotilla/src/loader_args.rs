@@ -5,6 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+
+use crate::flag_range::{
+    MAX_THREADS, positive_f64, positive_u64, positive_usize, seconds, usize_in,
+};
 use data::{Dataset, LoaderConfig, Prefetch};
 
 /// Which datasets to read and how to cut, shuffle and deliver them.
@@ -15,25 +19,25 @@ pub struct LoaderArgs {
     #[arg(long = "dataset", value_name = "DIR")]
     pub datasets: Vec<PathBuf>,
     /// Mixture weights, one per --dataset, comma-separated (default: equal).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = positive_f64)]
     pub weights: Vec<f64>,
     /// Reader threads.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = usize_in(1, MAX_THREADS))]
     pub workers: usize,
     /// Prefetch depth in batches, or `auto` (from P99 batch latency and step time, eq. 4.3).
     #[arg(long, default_value = "auto")]
     pub prefetch: String,
     /// Shuffle window in sequences (the bounded within-shard shuffle buffer).
-    #[arg(long, default_value_t = 1 << 16)]
+    #[arg(long, default_value_t = 1 << 16, value_parser = positive_u64())]
     pub shuffle_window: u64,
     /// Data-parallel world size this loader is one rank of.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = positive_u64())]
     pub world: u64,
     /// This loader's rank.
     #[arg(long, default_value_t = 0)]
     pub rank: u64,
     /// Seconds `next` waits for a batch before failing.
-    #[arg(long, default_value_t = 120.0)]
+    #[arg(long, default_value_t = 120.0, value_parser = seconds)]
     pub data_timeout: f64,
 }
 
@@ -44,10 +48,10 @@ pub struct LoaderRunArgs {
     #[command(flatten)]
     pub loader: LoaderArgs,
     /// Tokens per sequence.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = positive_usize())]
     pub seq_len: usize,
     /// Sequences per global batch.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = positive_u64())]
     pub global_batch: u64,
     /// Shuffle seed.
     #[arg(long, default_value_t = 0)]
@@ -105,12 +109,6 @@ impl LoaderArgs {
                 self.datasets.len()
             ),
         };
-        if !(self.data_timeout.is_finite() && self.data_timeout > 0.0) {
-            bail!(
-                "--data-timeout {}: expected positive seconds",
-                self.data_timeout
-            );
-        }
         c.timeout = Duration::from_secs_f64(self.data_timeout);
         check_memory(&c)?;
         Ok(c)

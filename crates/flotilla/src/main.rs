@@ -14,6 +14,7 @@ mod data_prepare_cmd;
 mod data_stress_cmd;
 mod data_synth_cmd;
 mod data_verify_cmd;
+mod flag_range;
 mod generate_cmd;
 mod loader_args;
 mod model_args;
@@ -88,6 +89,12 @@ fn main() {
         }
     };
     let cli = Cli::parse_from(args);
+    if cli.command.talks_to_peers() {
+        // Rust ignores SIGPIPE: a write to a closed socket is an EPIPE error the comm and
+        // launch code report (naming the peer), which a signal would turn into a silent death.
+    } else {
+        restore_default_sigpipe();
+    }
     let result = match cli.command {
         Command::Bench {
             what: BenchCommand::Comm(a),
@@ -106,6 +113,32 @@ fn main() {
         // A refused configuration is not worth a restart (the agent reads this exit code).
         let refused = is_refusal(&e);
         std::process::exit(if refused { launch::EXIT_REFUSED } else { 1 });
+    }
+}
+
+impl Command {
+    /// Whether the command exchanges data with other processes over sockets (`train`, `bench
+    /// comm`, `plan --calibrate`): those keep Rust's ignored SIGPIPE.
+    fn talks_to_peers(&self) -> bool {
+        match self {
+            Command::Train(_) => true,
+            Command::Bench { what } => matches!(what, BenchCommand::Comm(_)),
+            Command::Plan(a) => a.calibrate,
+            Command::Generate(_) | Command::Data { .. } | Command::Ckpt { .. } => false,
+        }
+    }
+}
+
+/// Restores the default action of SIGPIPE (end the process quietly), as other Unix tools have
+/// it: `flotilla ckpt ls DIR | head -c1` then stops at its next write once `head` has gone,
+/// instead of `println!` panicking on the broken pipe (Rust's runtime ignores SIGPIPE, so the
+/// write returns EPIPE and `println!` panics on it).
+fn restore_default_sigpipe() {
+    // SAFETY: `signal` with SIG_DFL installs no handler (no code runs in signal context); it
+    // is called once, from the main thread, before this process starts any thread that could
+    // race on the disposition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

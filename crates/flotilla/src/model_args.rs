@@ -1,4 +1,7 @@
 //! Command-line options that build a model and a training config.
+use crate::flag_range::{
+    MAX_THREADS, finite_nonneg_f64, positive_f64, positive_usize, unit_interval, usize_in,
+};
 use crate::loader_args::LoaderArgs;
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -15,25 +18,25 @@ pub struct ModelArgs {
     #[arg(long, default_value = "tiny")]
     pub config: String,
     /// Override the number of blocks.
-    #[arg(long)]
+    #[arg(long, value_parser = positive_usize())]
     pub layers: Option<usize>,
     /// Override the model width.
-    #[arg(long)]
+    #[arg(long, value_parser = positive_usize())]
     pub d_model: Option<usize>,
     /// Override the query heads.
-    #[arg(long)]
+    #[arg(long, value_parser = positive_usize())]
     pub heads: Option<usize>,
     /// Override the key/value heads.
-    #[arg(long)]
+    #[arg(long, value_parser = positive_usize())]
     pub kv_heads: Option<usize>,
     /// Override the feed-forward width.
-    #[arg(long)]
+    #[arg(long, value_parser = positive_usize())]
     pub ffn: Option<usize>,
     /// Override the vocabulary size.
-    #[arg(long)]
+    #[arg(long, value_parser = positive_usize())]
     pub vocab: Option<usize>,
     /// Override the maximum sequence length.
-    #[arg(long)]
+    #[arg(long, value_parser = positive_usize())]
     pub seq_len: Option<usize>,
     /// Give the LM head its own (V, C) matrix instead of reusing the token embedding (the
     /// GPT-2 presets tie them; the MoE decoder, --experts, has its own head).
@@ -84,11 +87,11 @@ impl ModelArgs {
 #[derive(Args, Clone, Debug)]
 pub struct TrainArgs {
     /// Sequences per micro-batch (per process under --nproc).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = positive_usize())]
     pub batch: usize,
     /// Micro-batches per optimizer step (gradient accumulation; data-parallel ranks
     /// communicate only after the last).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = positive_usize())]
     pub grad_accum: usize,
     /// Optimizer steps.
     #[arg(long, default_value_t = 50)]
@@ -103,22 +106,22 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0)]
     pub warmup: u64,
     /// Final learning rate as a fraction of the peak.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, value_parser = unit_interval)]
     pub min_lr_ratio: f64,
     /// AdamW decoupled weight decay.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, value_parser = finite_nonneg_f64)]
     pub weight_decay: f64,
     /// Decay only matrices and embeddings (GPT-2 convention) instead of every tensor.
     #[arg(long)]
     pub decay_matrices_only: bool,
     /// Clip the global gradient norm to this value.
-    #[arg(long)]
+    #[arg(long, value_parser = positive_f64)]
     pub grad_clip: Option<f64>,
     /// Seed of the initialisation and the data stream.
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,
     /// Compute threads (default: all cores).
-    #[arg(long)]
+    #[arg(long, value_parser = usize_in(1, MAX_THREADS))]
     pub threads: Option<usize>,
     /// Recompute block activations in the backward (less memory).
     #[arg(long)]
@@ -131,7 +134,7 @@ pub struct TrainArgs {
     #[arg(long, default_value = "markov")]
     pub data: String,
     /// Successors per token of the built-in Markov corpus.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = positive_usize())]
     pub branching: usize,
     /// Tokenizer for grammar and text data: byte or gpt2.
     #[arg(long, default_value = "byte")]

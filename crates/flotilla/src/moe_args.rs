@@ -1,4 +1,5 @@
 //! `flotilla train`'s mixture-of-experts options, mapped to [`train::run::MoeSettings`].
+use crate::flag_range::number_in;
 use anyhow::{Result, bail};
 use train::run::MoeSettings;
 
@@ -59,19 +60,6 @@ impl MoeArgs {
             ep: self.ep.map_or(1, |p| p as usize),
         }))
     }
-}
-
-/// A number in `lo..=hi` (`lo` excluded when `open`), else a message naming the range.
-fn number_in(s: &str, lo: f64, hi: f64, open: bool) -> Result<f64, String> {
-    let v: f64 = s
-        .parse()
-        .map_err(|e| format!("{s:?} is not a number: {e}"))?;
-    let above = if open { v > lo } else { v >= lo };
-    if !(v.is_finite() && above && v <= hi) {
-        let low = if open { "(" } else { "[" };
-        return Err(format!("{v} is outside {low}{lo}, {hi}]"));
-    }
-    Ok(v)
 }
 
 /// `--capacity-factor`: in (0, 64].

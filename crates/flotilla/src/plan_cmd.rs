@@ -11,6 +11,8 @@
 
 use std::path::PathBuf;
 
+use crate::flag_range::{MAX_THREADS, positive_f64, positive_u64, usize_in};
+
 use anyhow::{Context, Result, bail};
 use plan::cluster::{Cluster, ClusterFile};
 use plan::job::{Job, JobFile, ModelFile};
@@ -20,6 +22,7 @@ use plan::sweep::{render_sweep, sweep};
 
 /// Options of `flotilla plan`.
 #[derive(clap::Args)]
+#[command(allow_negative_numbers = true)]
 pub struct Args {
     /// Job TOML: [model], [training], optional [layout], [checkpoint], [data]
     /// (see examples/plan/). Without it, give --model.
@@ -36,19 +39,19 @@ pub struct Args {
     #[arg(long)]
     device: Option<String>,
     /// Nodes; overrides the cluster file.
-    #[arg(long)]
+    #[arg(long, value_parser = positive_u64())]
     nodes: Option<u64>,
     /// Devices per node; overrides the cluster file.
-    #[arg(long)]
+    #[arg(long, value_parser = positive_u64())]
     devices_per_node: Option<u64>,
     /// Inter-node link preset (ib-hdr, ib-ndr, ib-xdr, roce-100, roce-400, ...).
     #[arg(long)]
     inter: Option<String>,
     /// Global batch in sequences (default without a job file: 1024).
-    #[arg(long)]
+    #[arg(long, value_parser = positive_u64())]
     global_batch: Option<u64>,
     /// Tokens to train (for time, cost and energy).
-    #[arg(long)]
+    #[arg(long, value_parser = positive_f64)]
     tokens: Option<f64>,
     /// Search all layouts instead of evaluating the job's [layout] (implied when it has none).
     #[arg(long)]
@@ -61,7 +64,7 @@ pub struct Args {
     tp_across_nodes: bool,
     /// Search each of these node counts and print the best layout, time, cost and whether it
     /// meets `deadline_days` (e.g. `--sweep-nodes 16,32,64,128`).
-    #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
+    #[arg(long, value_delimiter = ',', value_name = "N,N,...", value_parser = positive_u64())]
     sweep_nodes: Vec<u64>,
     /// Show every formula with its inputs and the seed section it comes from.
     #[arg(long)]
@@ -72,9 +75,14 @@ pub struct Args {
     /// Measure this machine (GEMM FLOP/s, copy bandwidth, shared-memory and TCP alpha/beta)
     /// and write it as a cluster file whose device is "this-machine".
     #[arg(long)]
-    calibrate: bool,
+    pub calibrate: bool,
     /// Threads per rank for --calibrate (ranks = cores / threads).
-    #[arg(long, default_value_t = 1, requires = "calibrate")]
+    #[arg(
+        long,
+        default_value_t = 1,
+        requires = "calibrate",
+        value_parser = usize_in(1, MAX_THREADS)
+    )]
     threads: usize,
     /// Where --calibrate writes the cluster file (default: standard output).
     #[arg(long, value_name = "CLUSTER.toml", requires = "calibrate")]

@@ -4,6 +4,7 @@
 //! agent ([`Supervision`]: heartbeats, chaos). `train` adds heartbeats, the watchdog, restarts
 //! and chaos to [`agent_config`]'s settings.
 
+use crate::flag_range::MAX_NPROC;
 use anyhow::{Context, Result, bail};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -171,6 +172,15 @@ impl NodePlan {
                     .map_or_else(String::new, |s| format!("; from the {s} environment"))
             );
         }
+        if plan.nproc as u64 > MAX_NPROC {
+            // `--nproc` is bounded where it is parsed; NPROC_PER_NODE and Slurm's counts here.
+            bail!(
+                "nproc {}{}: at most {MAX_NPROC} workers per node",
+                plan.nproc,
+                plan.source
+                    .map_or_else(String::new, |s| format!(" from the {s} environment"))
+            );
+        }
         Ok(plan)
     }
 }
@@ -286,5 +296,23 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("--rdzv 'nowhere'"), "{e}");
+    }
+
+    #[test]
+    fn the_environment_cannot_ask_for_unbounded_workers() {
+        let torchrun = launch::NodeEnv {
+            source: "torchrun",
+            nproc_per_node: Some(100_000),
+            ..launch::NodeEnv::default()
+        };
+        let e = NodePlan::combine(None, None, None, None, Some(torchrun))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("nproc 100000 from the torchrun environment"),
+            "{e}"
+        );
+        assert!(e.contains("at most 1024"), "{e}");
     }
 }

@@ -1,6 +1,7 @@
 //! `flotilla train`: maps the command line to a [`train::run::RunConfig`], then either
 //! launches this node's workers under the agent or runs [`train::run::run`] in this process,
 //! printing what the run reports beside a progress bar.
+use crate::flag_range::{MAX_DEGREE, MAX_NPROC, positive_f64, positive_u64, seconds, usize_in};
 use crate::model_args::{ModelArgs, TrainArgs};
 use crate::moe_args::MoeArgs;
 use crate::spawn::{NodePlan, NodeSpec, Supervision, Worker, agent_config};
@@ -14,7 +15,8 @@ use train::run::{LayoutConfig, RunConfig};
 
 /// Options of `flotilla train`.
 #[derive(clap::Args, Debug)]
-#[command(args_override_self = true)]
+// A negative number is a value, refused by its flag's range check (not an unknown flag).
+#[command(args_override_self = true, allow_negative_numbers = true)]
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
@@ -29,7 +31,7 @@ pub struct Args {
     /// backward. Default: NPROC_PER_NODE, or Slurm's tasks (or GPUs) per node, else 2. Workers
     /// run under the agent (heartbeats, watchdog, restarts); --nproc 1 on one node without
     /// --chaos trains in this process.
-    #[arg(long)]
+    #[arg(long, value_parser = usize_in(1, MAX_NPROC))]
     nproc: Option<usize>,
     /// Nodes in the job: N, or MIN:MAX for an elastic job (each generation runs on the nodes
     /// still alive, at least MIN; a lost node is dropped at the next restart) (default: NNODES
@@ -48,17 +50,17 @@ pub struct Args {
     #[arg(long, default_value_t = 3)]
     max_restarts: u64,
     /// A worker whose heartbeat is silent this long has failed (dead or stopped).
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, value_parser = seconds)]
     heartbeat_timeout_s: f64,
     /// A worker whose step does not advance this long has failed (hung inside the loop).
-    #[arg(long, default_value_t = 600.0)]
+    #[arg(long, default_value_t = 600.0, value_parser = seconds)]
     watchdog_s: f64,
     /// Longest time from a worker's start to its first completed step (joining the group and
     /// resuming included).
-    #[arg(long, default_value_t = 600.0)]
+    #[arg(long, default_value_t = 600.0, value_parser = seconds)]
     startup_timeout_s: f64,
     /// Deadline for every node's agent to register for a generation (gang admission).
-    #[arg(long, default_value_t = 300.0)]
+    #[arg(long, default_value_t = 300.0, value_parser = seconds)]
     admission_timeout_s: f64,
     /// Fault injection, generation 0 only: kill@STEP[:RANK], hang@STEP[:RANK] (SIGSTOP),
     /// stall@STEP[:RANK] (no progress, heartbeat alive), corrupt-newest (the newest committed
@@ -79,7 +81,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     metrics: Option<PathBuf>,
     /// Stop the whole job (every worker) if it runs longer than this.
-    #[arg(long, default_value_t = 24 * 3600)]
+    #[arg(long, default_value_t = 24 * 3600, value_parser = positive_u64())]
     job_timeout_s: u64,
     /// Print a line every this many steps.
     #[arg(long, default_value_t = 10)]
@@ -106,12 +108,13 @@ pub struct Args {
     #[arg(
         long,
         value_name = "SECS",
+        value_parser = positive_f64,
         requires = "ckpt_dir",
         conflicts_with = "ckpt_every"
     )]
     ckpt_auto_mtbf: Option<f64>,
     /// MFU denominator in GFLOP/s (default: measure this machine's 2048^3 GEMM).
-    #[arg(long)]
+    #[arg(long, value_parser = positive_f64)]
     peak_gflops: Option<f64>,
     /// No progress bar (plain lines only).
     #[arg(long)]
@@ -128,11 +131,11 @@ pub struct MeshArgs {
     /// Tensor-parallel degree: each block's attention and MLP split over T ranks (Megatron
     /// column/row-parallel linears, four all-reduces per block per micro-batch), the
     /// embeddings and head replicated. T must divide the world, heads, kv_heads and ffn.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = usize_in(1, MAX_DEGREE))]
     tp: usize,
     /// Pipeline stages: the blocks cut into P contiguous stages exchanging activations
     /// point to point; --grad-accum micro-batches per step run under --pipeline-schedule.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = usize_in(1, MAX_DEGREE))]
     pp: usize,
     /// Pipeline schedule: 1f1b, gpipe, or interleaved:V (V chunks per stage).
     #[arg(long, default_value = "1f1b")]
@@ -181,21 +184,8 @@ impl Args {
 pub fn run(a: Args) -> Result<()> {
     // `flotilla train` alone: the embedded default job (see `EMBEDDED_CKPT_DIR`).
     let embedded = std::env::args_os().count() == 2;
-    if a.nproc == Some(0) {
-        bail!("--nproc 0: at least one process is needed");
-    }
     if !(a.bucket_mb > 0.0 && a.bucket_mb.is_finite()) {
         bail!("--bucket-mb {}: must be a positive number", a.bucket_mb);
-    }
-    for (flag, v) in [
-        ("--heartbeat-timeout-s", a.heartbeat_timeout_s),
-        ("--watchdog-s", a.watchdog_s),
-        ("--startup-timeout-s", a.startup_timeout_s),
-        ("--admission-timeout-s", a.admission_timeout_s),
-    ] {
-        if !(v > 0.0 && v.is_finite() && v < 1e9) {
-            bail!("{flag} {v}: must be a positive number of seconds");
-        }
     }
     let chaos = a.chaos.as_deref().map(launch::Chaos::parse).transpose()?;
     if chaos.as_ref().is_some_and(|c| c.corrupt_newest) && a.ckpt_dir.is_none() {

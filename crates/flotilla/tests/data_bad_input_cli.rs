@@ -1,41 +1,19 @@
 //! A dataset manifest that is a FIFO or a link to `/dev/zero`, through the binary: `data
 //! verify` and `data inspect` exit non-zero within a deadline, naming the manifest, instead of
 //! blocking on the FIFO or reading the device until memory runs out.
+#[path = "support/cli.rs"]
+mod cli;
+
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long one command may take before the test calls it hung.
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// Runs `flotilla args...` with output to files in `scratch`, killing it at [`DEADLINE`];
-/// returns (success, stderr). Fails the test if it was still running then.
+/// Runs `flotilla args...` killing it at [`DEADLINE`]; returns (success, stderr).
 fn run_with_deadline(scratch: &Path, args: &[&str]) -> (bool, String) {
-    let err_path = scratch.join("stderr.txt");
-    let out_path = scratch.join("stdout.txt");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(std::fs::File::create(&err_path).unwrap())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > DEADLINE {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            panic!("flotilla {args:?} still running after {DEADLINE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (
-        status.success(),
-        std::fs::read_to_string(&err_path).unwrap(),
-    )
+    let (status, _, err) = cli::run_with_deadline(scratch, args, DEADLINE);
+    (status.success(), err)
 }
 
 fn s(p: &Path) -> &str {

@@ -1,7 +1,9 @@
 //! Running the built `flotilla` binary from integration tests.
 #![allow(dead_code)]
 
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 /// Runs `flotilla args...`; returns (success, stdout, stderr).
 pub fn flotilla(args: &[&str]) -> (bool, String, String) {
@@ -80,4 +82,49 @@ pub fn micro_on_node(node: usize, rdzv: &str) -> Vec<String> {
         args.push(a.into());
     }
     args
+}
+
+/// Runs `flotilla args...` with stdin closed, `stdout` as its standard output and its standard
+/// error in a file in `scratch`, killing it at `deadline`; returns (status, stderr). Fails the
+/// test if it was still running then.
+pub fn run_to_with_deadline(
+    scratch: &Path,
+    args: &[&str],
+    stdout: Stdio,
+    deadline: Duration,
+) -> (ExitStatus, String) {
+    let err_path = scratch.join("stderr.txt");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("flotilla {args:?} still running after {deadline:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status, std::fs::read_to_string(&err_path).unwrap())
+}
+
+/// [`run_to_with_deadline`] with the standard output in a file in `scratch`; returns (status,
+/// stdout, stderr).
+pub fn run_with_deadline(
+    scratch: &Path,
+    args: &[&str],
+    deadline: Duration,
+) -> (ExitStatus, String, String) {
+    let out_path = scratch.join("stdout.txt");
+    let stdout = std::fs::File::create(&out_path).unwrap();
+    let (status, err) = run_to_with_deadline(scratch, args, stdout.into(), deadline);
+    (status, std::fs::read_to_string(&out_path).unwrap(), err)
 }

@@ -157,6 +157,17 @@ impl RunConfig {
         }
         if l.splits_model() {
             l.shape(world)?;
+            // The stages' own check (pipeline::build), made here so that no worker starts.
+            let v = l.schedule.virtual_stages().max(1);
+            let chunks = l.pp.saturating_mul(v);
+            if l.pp > 1 && chunks > t.model.layers {
+                return Err(refused(format!(
+                    "--pp {} x {v} chunk(s) per stage = {chunks} pipeline chunks, but the model \
+                     has {} blocks (--layers): every chunk needs at least one block, layers >= \
+                     pp x chunks per stage",
+                    l.pp, t.model.layers
+                )));
+            }
             if world == 1 {
                 return Err(refused(
                     "--tp/--pp split the model over workers: run with --nproc 2 or more".into(),
@@ -233,6 +244,25 @@ mod tests {
         assert_eq!((s.dp, s.pp, s.tp), (2, 2, 2));
         assert!(layout(0, 1).shape(4).is_err());
         assert!(!layout(1, 1).splits_model() && layout(2, 1).splits_model());
+    }
+
+    #[test]
+    fn a_pipeline_needs_a_block_per_chunk() {
+        let mut train = TrainConfig::new(model::config::ModelConfig::preset("tiny").unwrap(), 1);
+        train.model.layers = 1;
+        let cfg = RunConfig::new(train.clone(), layout(1, 2));
+        let e = cfg.check(2).unwrap_err();
+        assert!(e.is_refusal());
+        assert!(
+            e.to_string().contains("--pp 2 x 1 chunk(s) per stage = 2"),
+            "{e}"
+        );
+        train.model.layers = 2;
+        assert!(RunConfig::new(train.clone(), layout(1, 2)).check(2).is_ok());
+        let mut interleaved = layout(1, 2);
+        interleaved.schedule = ScheduleKind::Interleaved { virtual_stages: 2 };
+        let e = RunConfig::new(train, interleaved).check(2).unwrap_err();
+        assert!(e.to_string().contains("= 4 pipeline chunks"), "{e}");
     }
 
     #[test]
