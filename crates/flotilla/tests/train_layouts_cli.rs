@@ -20,6 +20,28 @@ fn serial() -> MutexGuard<'static, ()> {
 
 const STEPS: u64 = 3;
 
+/// Runs `flotilla train` with [`MICRO`] on two blocks and one thread per worker, every step
+/// logged, no forecast, then `layout` and `extra`; asserts it succeeds and returns stdout.
+fn train_ok(layout: &[&str], extra: &[&str]) -> String {
+    let mut args = vec!["train"];
+    args.extend_from_slice(MICRO);
+    args.extend_from_slice(layout);
+    args.extend_from_slice(&["--layers", "2", "--threads", "1", "--log-every", "1"]);
+    args.extend_from_slice(&["--no-plan"]);
+    args.extend_from_slice(extra);
+    let (ok, out, err) = flotilla(&args);
+    assert!(ok, "flotilla {args:?} failed:\n{out}\n{err}");
+    out
+}
+
+/// The step lines of `out` up to their learning rate (step, loss).
+fn losses(out: &str) -> Vec<String> {
+    out.lines()
+        .filter(|l| l.starts_with("step "))
+        .map(|l| l.split(" lr ").next().unwrap_or(l).to_string())
+        .collect()
+}
+
 /// Trains `layout` for [`STEPS`] with metrics, a saved model and an export in `dir`; checks
 /// each output.
 fn outputs_of(layout: &[&str]) {
@@ -31,30 +53,21 @@ fn outputs_of(layout: &[&str]) {
         tmp.path().join("hf"),
     );
     let steps = STEPS.to_string();
-    let mut args = vec!["train"];
-    args.extend_from_slice(MICRO);
-    args.extend_from_slice(layout);
-    args.extend_from_slice(&[
-        "--layers",
-        "2",
-        "--threads",
-        "1",
-        "--steps",
-        &steps,
-        "--log-every",
-        "1",
-        "--no-plan",
-        "--max-restarts",
-        "0",
-        "--metrics",
-        metrics.to_str().unwrap(),
-        "--save",
-        saved.to_str().unwrap(),
-        "--export-hf",
-        hf.to_str().unwrap(),
-    ]);
-    let (ok, out, err) = flotilla(&args);
-    assert!(ok, "flotilla {args:?} failed:\n{out}\n{err}");
+    let out = train_ok(
+        layout,
+        &[
+            "--steps",
+            &steps,
+            "--max-restarts",
+            "0",
+            "--metrics",
+            metrics.to_str().unwrap(),
+            "--save",
+            saved.to_str().unwrap(),
+            "--export-hf",
+            hf.to_str().unwrap(),
+        ],
+    );
     assert!(
         out.contains(&format!("step      {STEPS}/{STEPS} loss")),
         "{out}"
@@ -149,28 +162,10 @@ fn pp2_x_tp2_writes_metrics_a_saved_model_and_an_export() {
 fn step_lines(layout: &[&str]) -> Vec<String> {
     let _one = serial();
     let steps = STEPS.to_string();
-    let mut args = vec!["train"];
-    args.extend_from_slice(MICRO);
-    args.extend_from_slice(layout);
-    args.extend_from_slice(&[
-        "--layers",
-        "2",
-        "--threads",
-        "1",
-        "--steps",
-        &steps,
-        "--log-every",
-        "1",
-        "--no-plan",
-        "--max-restarts",
-        "0",
-    ]);
-    let (ok, out, err) = flotilla(&args);
-    assert!(ok, "flotilla {args:?} failed:\n{out}\n{err}");
-    out.lines()
-        .filter(|l| l.starts_with("step "))
-        .map(|l| l.split(" lr ").next().unwrap().to_string())
-        .collect()
+    losses(&train_ok(
+        layout,
+        &["--steps", &steps, "--max-restarts", "0"],
+    ))
 }
 
 #[test]
@@ -221,24 +216,12 @@ fn dp2_x_tp2_with_zero1_is_exact_and_holds_the_planners_state() {
     let ck = tmp.path().join("ck");
     let ck = ck.to_str().unwrap();
     let run_to = |zero: &str, steps: &str, ck: Option<&str>| -> String {
-        let mut args = vec!["train"];
-        args.extend_from_slice(MICRO);
-        args.extend_from_slice(&["--nproc", "4", "--tp", "2", "--zero", zero]);
-        args.extend_from_slice(&["--batch", "2", "--grad-accum", "2", "--layers", "2"]);
-        args.extend_from_slice(&["--threads", "1", "--steps", steps, "--log-every", "1"]);
-        args.extend_from_slice(&["--no-plan", "--max-restarts", "0"]);
+        let layout = ["--nproc", "4", "--tp", "2", "--zero", zero, "--batch", "2"];
+        let mut extra = vec!["--grad-accum", "2", "--steps", steps, "--max-restarts", "0"];
         if let Some(dir) = ck {
-            args.extend_from_slice(&["--ckpt-dir", dir, "--ckpt-every", "2"]);
+            extra.extend_from_slice(&["--ckpt-dir", dir, "--ckpt-every", "2"]);
         }
-        let (ok, out, err) = flotilla(&args);
-        assert!(ok, "{out}\n{err}");
-        out
-    };
-    let losses = |out: &str| -> Vec<String> {
-        out.lines()
-            .filter(|l| l.starts_with("step "))
-            .map(|l| l.split(" lr ").next().unwrap().to_string())
-            .collect()
+        train_ok(&layout, &extra)
     };
     let plain = run_to("0", "3", None);
     let zero1 = run_to("1", "3", None);
@@ -293,7 +276,8 @@ fn what_a_mesh_engine_does_not_build_is_refused_before_spawning() {
         let mut args = vec!["train"];
         args.extend_from_slice(MICRO);
         args.extend_from_slice(layout);
-        args.extend_from_slice(&["--steps", "1"]);
+        // Two blocks, so a two-stage pipeline is itself fine.
+        args.extend_from_slice(&["--layers", "2", "--steps", "1"]);
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
             .args(&args)
             .output()
@@ -340,28 +324,17 @@ fn a_mesh_run_falls_back_past_a_damaged_checkpoint() {
     assert!(newest.is_file(), "{newest:?}");
     damage(&newest);
     let _one = serial();
-    let mut args = vec!["train"];
-    args.extend_from_slice(MICRO);
-    args.extend_from_slice(&dp_tp);
-    args.extend_from_slice(&[
-        "--layers",
-        "2",
-        "--threads",
-        "1",
+    let extra = [
         "--steps",
         "4",
-        "--log-every",
-        "1",
-        "--no-plan",
         "--max-restarts",
         "0",
         "--ckpt-dir",
         ck_s,
         "--ckpt-every",
         "2",
-    ]);
-    let (ok, out, err) = flotilla(&args);
-    assert!(ok, "{out}\n{err}");
+    ];
+    let out = train_ok(&dp_tp, &extra);
     assert!(
         out.contains("# checkpoint rejected (lost): step 3"),
         "{out}"
@@ -381,16 +354,11 @@ fn a_mesh_run_falls_back_past_a_damaged_checkpoint() {
 fn saved_model(layout: &[&str], extra: &[&str]) -> (String, Vec<u8>) {
     let tmp = tempfile::tempdir().unwrap();
     let (ck, saved) = (tmp.path().join("ck"), tmp.path().join("saved"));
-    let mut args = vec!["train"];
-    args.extend_from_slice(MICRO);
-    args.extend_from_slice(layout);
-    args.extend_from_slice(&["--layers", "2", "--threads", "1", "--steps", "6"]);
-    args.extend_from_slice(&["--log-every", "1", "--no-plan", "--ckpt-every", "2"]);
+    let mut args = vec!["--steps", "6", "--ckpt-every", "2"];
     args.extend_from_slice(&["--ckpt-dir", ck.to_str().unwrap()]);
     args.extend_from_slice(&["--save", saved.to_str().unwrap()]);
     args.extend_from_slice(extra);
-    let (ok, out, err) = flotilla(&args);
-    assert!(ok, "flotilla {args:?} failed:\n{out}\n{err}");
+    let out = train_ok(layout, &args);
     let bytes = std::fs::read(saved.join("model.safetensors")).unwrap();
     (out, bytes)
 }
@@ -466,13 +434,7 @@ fn mesh_runs_read_a_token_dataset_and_report_the_stall() {
         ][..],
         &["--nproc", "4", "--tp", "2", "--batch", "2"][..],
     ] {
-        let mut args = vec!["train"];
-        args.extend_from_slice(MICRO);
-        args.extend_from_slice(layout);
-        args.extend_from_slice(&["--layers", "2", "--threads", "1", "--steps", "3"]);
-        args.extend_from_slice(&["--no-plan", "--dataset", ds.to_str().unwrap()]);
-        let (ok, out, err) = flotilla(&args);
-        assert!(ok, "{layout:?}:\n{out}\n{err}");
+        let out = train_ok(layout, &["--steps", "3", "--dataset", ds.to_str().unwrap()]);
         assert!(out.contains("# data: stall"), "{layout:?}:\n{out}");
     }
 }
