@@ -237,7 +237,7 @@ fn without_restarts_a_failure_ends_the_job_and_is_named() {
         (&["--chaos", "explode@3"][..], "explode@3"),
         (&["--chaos", "kill@8"][..], "--steps 8"),
         (&["--chaos", "corrupt-newest"][..], "--ckpt-dir"),
-        (&["--watchdog-s", "0"][..], "--watchdog-s 0"),
+        (&["--watchdog-s", "0"][..], "--watchdog-s"),
     ] {
         let (ok, _, err) = run(extra);
         assert!(!ok && err.contains(needle), "{extra:?}: {err}");
