@@ -200,7 +200,7 @@ pub fn run(a: Args) -> Result<()> {
             if plan.nproc * plan.nnodes > 1 || chaos.is_some() {
                 launch(&a, &cfg, &plan, chaos.unwrap_or_default(), embedded)
             } else {
-                train::run::run(&cfg, None, &mut Printer::new(&a, None)?)?;
+                train::run::run(&cfg, None, &mut Printer::new(&a, Supervision::default())?)?;
                 Ok(())
             }
         }
@@ -227,11 +227,7 @@ pub fn run(a: Args) -> Result<()> {
             let group =
                 ProcessGroup::new(&w.rdv, "world", w.rank, w.world, GroupConfig::from_env()?)
                     .with_context(|| format!("joining the training group as rank {}", w.rank))?;
-            let mut printer = Printer::new(&a, Some(sup))?;
-            if w.rank != 0 {
-                printer.pb = ProgressBar::hidden();
-            }
-            train::run::run(&cfg, Some(group), &mut printer)?;
+            train::run::run(&cfg, Some(group), &mut Printer::new(&a, sup)?)?;
             Ok(())
         }
     }
@@ -245,8 +241,9 @@ struct Printer {
 }
 
 impl Printer {
-    fn new(a: &Args, sup: Option<Supervision>) -> Result<Self> {
-        let pb = if a.no_progress {
+    /// The printer of the rank `sup` supervises: the progress bar only on rank 0.
+    fn new(a: &Args, sup: Supervision) -> Result<Self> {
+        let pb = if a.no_progress || sup.rank != 0 {
             ProgressBar::hidden()
         } else {
             ProgressBar::new(0)
@@ -257,10 +254,7 @@ impl Printer {
             )
             .context("progress template")?,
         );
-        Ok(Self {
-            pb,
-            sup: sup.unwrap_or_default(),
-        })
+        Ok(Self { pb, sup })
     }
 }
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use ckpt::policy::IntervalPlanner;
 use ckpt::{
-    AsyncSaver, Checkpoint, CheckpointMeta, DType, RankWriter, Slice, TensorMeta, Verify, f32_bytes,
+    AsyncSaver, Checkpoint, CheckpointMeta, DType, RankWriter, Slice, TensorMeta, f32_bytes,
 };
 use serde_json::json;
 
@@ -62,6 +62,12 @@ pub fn config_hash(cfg: &TrainConfig) -> String {
     c.threads = 0;
     c.grad_accum = 1;
     ckpt::checksum_hex(format!("{c:?}").as_bytes())
+}
+
+/// The run id a training run's checkpoints record (`train-seed<seed>`): the same for every
+/// layout, so a checkpoint names the run whichever engine saved it.
+pub fn run_id(cfg: &TrainConfig) -> String {
+    format!("train-seed{}", cfg.seed)
 }
 
 /// How a run checkpoints.
@@ -344,37 +350,7 @@ impl Checkpointer {
     /// newer steps that were rejected (with why), or `None` when `dir` holds no committed step.
     /// A checkpoint of another training config is an error, not a reason to fall back.
     pub fn resume(dir: &Path, trainer: &mut Trainer) -> Result<Option<(u64, Vec<String>)>> {
-        if !dir.exists() {
-            return Ok(None);
-        }
-        let mut rejected = Vec::new();
-        for step in ckpt::list_committed(dir)?.into_iter().rev() {
-            let restored = Checkpoint::open(dir, step, Verify::ManifestOnly)
-                .map_err(TrainError::from)
-                .and_then(|c| trainer.restore(&c));
-            match restored {
-                Ok(()) => return Ok(Some((step, rejected))),
-                Err(TrainError::Ckpt(e)) => {
-                    // Set aside so the resumed run can commit this step again.
-                    let moved = ckpt::quarantine(dir, step)?;
-                    // Most checkpoint errors name their step already.
-                    let mut why = e.to_string();
-                    if !why.starts_with(&format!("step {step}:")) {
-                        why = format!("step {step}: {why}");
-                    }
-                    rejected.push(format!("{why} (moved to {})", moved.display()));
-                }
-                Err(other) => return Err(other),
-            }
-        }
-        if rejected.is_empty() {
-            Ok(None)
-        } else {
-            Err(TrainError::Resume {
-                step: 0,
-                reason: format!("no committed step loads: {}", rejected.join("; ")),
-            })
-        }
+        fallback::resume_alone(dir, |c| trainer.restore(c))
     }
 
     /// Maps the asynchronous saver's host buffer for `trainer`'s state now (done by the first

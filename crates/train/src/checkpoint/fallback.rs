@@ -79,16 +79,16 @@ pub fn resume_collectively(
                 },
             });
         }
-        let why = match &outcome {
-            Err(e) => format!("{e}"),
-            Ok(()) => "verification failed".into(),
-        };
         if lead {
-            let moved = ckpt::quarantine(dir, step)?;
-            rejected.push(format!(
-                "step {step}: on rank(s) {failed:?}: {why} (moved to {})",
-                moved.display()
-            ));
+            let why = match &outcome {
+                Err(e) => e.to_string(),
+                Ok(()) => "verification failed".into(),
+            };
+            rejected.push(set_aside(
+                dir,
+                step,
+                &format!("on rank(s) {failed:?}: {why}"),
+            )?);
         }
         world.barrier()?;
     }
@@ -104,9 +104,9 @@ pub fn resume_collectively(
     })
 }
 
-/// [`resume_collectively`] for one process: the newest committed step that restores, the newer
-/// ones that fail verification set aside.
-fn resume_alone(
+/// [`resume_collectively`] for one process (and [`crate::Checkpointer::resume`]): the newest
+/// committed step that restores, the newer ones that fail verification set aside.
+pub(super) fn resume_alone(
     dir: &Path,
     mut restore: impl FnMut(&Checkpoint) -> Result<()>,
 ) -> Result<Option<(u64, Vec<String>)>> {
@@ -121,10 +121,7 @@ fn resume_alone(
             .and_then(|c| restore(&c))
         {
             Ok(()) => return Ok(Some((step, rejected))),
-            Err(TrainError::Ckpt(e)) => {
-                let moved = ckpt::quarantine(dir, step)?;
-                rejected.push(format!("step {step}: {e} (moved to {})", moved.display()));
-            }
+            Err(TrainError::Ckpt(e)) => rejected.push(set_aside(dir, step, &e.to_string())?),
             Err(other) => return Err(other),
         }
     }
@@ -135,6 +132,18 @@ fn resume_alone(
         step: 0,
         reason: format!("no committed step loads: {}", rejected.join("; ")),
     })
+}
+
+/// Sets `step` aside ([`ckpt::quarantine`], so the resumed run can commit that step again) and
+/// says why: `step N: why (moved to ...)`, once (most checkpoint errors name their step already).
+fn set_aside(dir: &Path, step: u64, why: &str) -> Result<String> {
+    let moved = ckpt::quarantine(dir, step)?;
+    let prefix = format!("step {step}:");
+    let why = match why.starts_with(&prefix) {
+        true => why.to_string(),
+        false => format!("{prefix} {why}"),
+    };
+    Ok(format!("{why} (moved to {})", moved.display()))
 }
 
 /// Removes what saves that never committed left under `dir` (staging directories with their

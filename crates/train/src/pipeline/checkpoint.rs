@@ -121,14 +121,14 @@ impl PipelineStage {
             // The first `chunks` updates are the chunk ranges (`build`); a tied last stage's
             // extra `wte` update is stage 0's to write.
             for u in &self.updates[..self.chunks.len()] {
-                let part = replica_part(&u.range, d, j);
+                let part = replica_part(&u.part.range, d, j);
                 let (m, v) = u.opt.moments();
                 // Where element `x` of the flat buffer lies in each source: the parameters are
-                // whole-model, the moments cover `u.shard` (which holds `part`, sharded or not).
+                // whole-model, the moments cover `u.part.shard` (which holds `part`, sharded or not).
                 let sources = [
                     (&self.params[..], 0),
-                    (m, u.shard.start),
-                    (v, u.shard.start),
+                    (m, u.part.shard.start),
+                    (v, u.part.shard.start),
                 ];
                 self.range_pieces(&part, sources, &mut out);
             }
@@ -259,7 +259,7 @@ impl PipelineStage {
             });
         }
         for ((u, params), opt) in self.updates.iter_mut().zip(loaded.params).zip(loaded.opts) {
-            self.params[u.range.clone()].copy_from_slice(&params);
+            self.params[u.part.range.clone()].copy_from_slice(&params);
             u.opt = opt;
         }
         self.step = loaded.step;
@@ -304,8 +304,9 @@ impl PipelineStage {
     ) -> Result<(Vec<Vec<f32>>, Vec<AdamW>)> {
         let (mut params, mut opts) = (Vec::new(), Vec::new());
         for u in &self.updates {
-            let [p, m, v] = read_state_range(ckpt, &self.layout, u.range.clone())?;
-            let mine: Range<usize> = u.shard.start - u.range.start..u.shard.end - u.range.start;
+            let [p, m, v] = read_state_range(ckpt, &self.layout, u.part.range.clone())?;
+            let mine: Range<usize> =
+                u.part.shard.start - u.part.range.start..u.part.shard.end - u.part.range.start;
             let (m, v) = (m[mine.clone()].to_vec(), v[mine].to_vec());
             opts.push(AdamW::from_state(self.cfg.adamw, m, v, optimizer_step)?);
             params.push(p);

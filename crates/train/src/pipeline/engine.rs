@@ -176,7 +176,7 @@ impl PipelineStage {
     /// AdamW moment elements this stage keeps per moment (its ranges' lengths, divided over
     /// the replicas under ZeRO-1).
     pub fn optimizer_len(&self) -> usize {
-        self.updates.iter().map(|u| u.shard.len()).sum()
+        self.updates.iter().map(|u| u.part.shard.len()).sum()
     }
 
     /// This stage's index (its rank in the pipeline group).
@@ -279,7 +279,7 @@ impl PipelineStage {
         self.drawn += m as u64;
         // The owned ranges only (a middle stage's tied `wte` is not one of them).
         for u in &self.updates {
-            self.grads[u.range.clone()].fill(0.0);
+            self.grads[u.part.range.clone()].fill(0.0);
         }
         let nc = self.cfg.micro_tokens() * self.cfg.model.d_model;
         let mut losses = vec![f64::NAN; m];

@@ -28,8 +28,8 @@ impl PipelineStage {
         let (mut m, mut v) = (vec![0f32; total], vec![0f32; total]);
         for u in &self.updates {
             let (um, uv) = u.opt.moments();
-            m[u.shard.clone()].copy_from_slice(um);
-            v[u.shard.clone()].copy_from_slice(uv);
+            m[u.part.shard.clone()].copy_from_slice(um);
+            v[u.part.shard.clone()].copy_from_slice(uv);
         }
         Ok([
             self.stage_view(t, &self.params)?,
@@ -72,8 +72,11 @@ impl PipelineStage {
         let mut params = Vec::with_capacity(self.updates.len());
         let mut opts = Vec::with_capacity(self.updates.len());
         for u in &self.updates {
-            params.push(p[u.range.clone()].to_vec());
-            let (um, uv) = (m[u.shard.clone()].to_vec(), v[u.shard.clone()].to_vec());
+            params.push(p[u.part.range.clone()].to_vec());
+            let (um, uv) = (
+                m[u.part.shard.clone()].to_vec(),
+                v[u.part.shard.clone()].to_vec(),
+            );
             opts.push(AdamW::from_state(self.cfg.adamw, um, uv, optimizer_step)?);
         }
         Ok((params, opts))

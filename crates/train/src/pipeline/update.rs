@@ -20,18 +20,15 @@ use super::engine::PipelineStage;
 use crate::error::Result;
 use crate::zero::replica::{ReplicaShard, intersect};
 
-/// One range a stage updates: reduced and scaled whole, stepped by AdamW on `shard` (the
+/// One range a stage updates: reduced and scaled whole, stepped by AdamW on `part.shard` (the
 /// whole range, or under ZeRO-1 this replica's contiguous part of it).
 pub(super) struct Update {
-    /// The range in the flat buffers.
-    pub(super) range: Range<usize>,
-    /// The part this replica's optimizer steps.
-    pub(super) shard: Range<usize>,
-    /// Every replica's shard length, in replica order (for the all-gather; empty unsharded).
-    pub(super) counts: Vec<usize>,
-    /// AdamW over `shard`.
+    /// The range in the flat buffers (`part.range`) and the part this replica's optimizer
+    /// steps (`part.shard`).
+    pub(super) part: ReplicaShard,
+    /// AdamW over `part.shard`.
     pub(super) opt: AdamW,
-    /// Decayed ranges, relative to `shard.start`.
+    /// Decayed ranges, relative to `part.shard.start`.
     pub(super) decay: Vec<Range<usize>>,
 }
 
@@ -49,9 +46,7 @@ impl Update {
         let decay = part.decay_in(decay_all);
         Ok(Update {
             opt: AdamW::new(cfg, part.shard.len())?,
-            range: part.range,
-            shard: part.shard,
-            counts: part.counts,
+            part,
             decay,
         })
     }
@@ -130,7 +125,11 @@ impl PipelineStage {
         let d = match &self.dp {
             Some(dp) if dp.size() > 1 => {
                 for u in &self.updates {
-                    dp.all_reduce_with(&mut self.grads[u.range.clone()], ReduceOp::Sum, &opts)?;
+                    dp.all_reduce_with(
+                        &mut self.grads[u.part.range.clone()],
+                        ReduceOp::Sum,
+                        &opts,
+                    )?;
                 }
                 dp.size()
             }
@@ -140,7 +139,7 @@ impl PipelineStage {
         let scale = 1.0 / m as f32 / d as f32;
         if m > 1 || d > 1 {
             for u in &self.updates {
-                scale_grads(&self.th, &mut self.grads[u.range.clone()], scale);
+                scale_grads(&self.th, &mut self.grads[u.part.range.clone()], scale);
             }
         }
         let norm = match &self.tensor {
@@ -151,12 +150,12 @@ impl PipelineStage {
         check_finite("gradient norm", step, norm)?;
         if let Some(c) = self.cfg.grad_clip.and_then(|max| clip_coef(norm, max)) {
             for u in &self.updates {
-                scale_grads(&self.th, &mut self.grads[u.range.clone()], c);
+                scale_grads(&self.th, &mut self.grads[u.part.range.clone()], c);
             }
         }
         let lr = self.cfg.schedule.lr_at(self.cfg.lr, self.step);
         for u in &mut self.updates {
-            let shard = u.shard.clone();
+            let shard = u.part.shard.clone();
             u.opt.step(
                 &self.th,
                 &mut self.params[shard.clone()],
@@ -168,9 +167,7 @@ impl PipelineStage {
         // ZeRO-1: every replica stepped its shard; all-gather the ranges back (exact copies).
         if let Some(dp) = self.dp.as_ref().filter(|d| self.zero && d.size() > 1) {
             for u in &self.updates {
-                let mut whole = vec![0f32; u.range.len()];
-                dp.all_gather_v(&self.params[u.shard.clone()], &mut whole, &u.counts)?;
-                self.params[u.range.clone()].copy_from_slice(&whole);
+                u.part.gather(dp, &mut self.params)?;
             }
         }
         Ok((norm, lr))

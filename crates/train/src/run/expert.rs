@@ -154,7 +154,8 @@ pub fn check_moe(cfg: &RunConfig, s: &MoeSettings, world: usize) -> Result<()> {
         .is_some_and(|c| c.auto_mtbf.is_some())
     {
         return Err(refused(format!(
-            "--ckpt-auto-mtbf with --experts {e}: MoE runs save synchronously on --ckpt-every"
+            "--ckpt-auto-mtbf with --experts {e}: the automatic interval is not built for the \
+             MoE engine; use --ckpt-every"
         )));
     }
     moe_train_config(t, s).map(drop)

@@ -1,6 +1,7 @@
 //! The one run loop (issue 27): every layout's engine runs under it. It owns the checkpoints
-//! (resume with fallback, asynchronous saves, the automatic Young/Daly interval for the
-//! data-parallel engine; synchronous saves for the mesh and expert engines), the metrics (JSON lines),
+//! (resume with fallback past damaged steps and asynchronous saves for every engine,
+//! `--ckpt-sync` for synchronous ones; the automatic Young/Daly interval for a one-process
+//! data-parallel run), the metrics (JSON lines),
 //! MFU, the planner's forecast beside the measurement, the heartbeats and chaos hooks (through
 //! the [`Observer`]), and `--save` / `--export-hf`. The command line maps its arguments to a
 //! [`RunConfig`] and prints the lines the loop reports.
@@ -24,7 +25,7 @@ pub use config::{LayoutConfig, RunConfig};
 pub use engine::Engine;
 pub use expert::{ExpertEngine, MoeSettings};
 
-use crate::checkpoint::{CheckpointConfig, Checkpointer, SaveSummary};
+use crate::checkpoint::{CheckpointConfig, Checkpointer, SaveSummary, run_id};
 use crate::error::{Context, Result};
 use crate::forecast::Measured;
 use crate::metrics::{gemm_gflops, mfu};
@@ -293,8 +294,7 @@ fn open_saver(
                 return Ok(Some(Saver::Sync(c.clone())));
             }
             let (rank, size) = world.map_or((0, 1), |g| (g.rank() as u32, g.size() as u32));
-            let run_id = format!("train-seed{}", cfg.train.seed);
-            let ck = Checkpointer::new(c.clone(), &run_id)?.with_shard(rank, size)?;
+            let ck = Checkpointer::new(c.clone(), &run_id(&cfg.train))?.with_shard(rank, size)?;
             Ok(Some(Saver::Pieces(Box::new(ck))))
         }
     }
@@ -312,9 +312,8 @@ fn save_pieces(
     ck: &mut Checkpointer,
     train: &crate::TrainConfig,
 ) -> Result<SaveSummary> {
-    let run_id = format!("train-seed{}", train.seed);
     engine
-        .save_into(ck, &run_id)
+        .save_into(ck, &run_id(train))
         .ctx(|| "saving a checkpoint".into())
 }
 
@@ -337,9 +336,8 @@ fn save_sync(
     train: &crate::TrainConfig,
 ) -> Result<(SaveSummary, String)> {
     let t = Instant::now();
-    let run_id = format!("train-seed{}", train.seed);
     let step = engine
-        .save_sync(&c.dir, &run_id)
+        .save_sync(&c.dir, &run_id(train))
         .ctx(|| "saving a checkpoint".into())?;
     let pause = t.elapsed();
     let line = format!(

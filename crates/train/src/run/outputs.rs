@@ -98,21 +98,30 @@ pub(super) fn state_lines(
     let Some(g) = group else {
         return Ok(vec![]);
     };
-    let (Some(e), false) = (planned, matches!(engine, Engine::Data(_))) else {
-        return Ok(match engine {
-            Engine::Data(t) => vec![report::state_line(t)],
-            Engine::Expert(x) => {
-                let m = x.state_memory();
-                vec![format!(
-                    "# state per rank (measured, the same on every rank): params {:.2} MB, grads {:.2} MB, optimizer {:.2} MB",
-                    m.params as f64 / 1e6,
-                    m.grads as f64 / 1e6,
-                    m.optimizer as f64 / 1e6
-                )]
-            }
-            _ => vec![],
-        });
-    };
+    match (engine, planned) {
+        (Engine::Data(t), _) => Ok(vec![report::state_line(t)]),
+        (Engine::Expert(x), _) => {
+            let m = x.state_memory();
+            Ok(vec![format!(
+                "# state per rank (measured, the same on every rank): params {:.2} MB, grads {:.2} MB, optimizer {:.2} MB",
+                m.params as f64 / 1e6,
+                m.grads as f64 / 1e6,
+                m.optimizer as f64 / 1e6
+            )])
+        }
+        (mesh, Some(e)) => mesh_state_lines(mesh, g, e, measured),
+        (_, None) => Ok(vec![]),
+    }
+}
+
+/// A mesh run's largest per-rank state beside the planner's, and for pipelines the most idle
+/// stage's wait beside the planner's bubble (a collective over `g`).
+fn mesh_state_lines(
+    engine: &Engine,
+    g: &ProcessGroup,
+    e: &plan::step::Evaluation,
+    measured: &Measured,
+) -> Result<Vec<String>> {
     let mem = engine.state_memory();
     let idle = if measured.step_s > 0.0 {
         measured.comm_s / measured.step_s

@@ -54,7 +54,7 @@ pub fn open(trainer: &mut Trainer, cfg: CheckpointConfig) -> Result<Opened> {
         None => (None, vec![]),
     };
     let asynchronous = cfg.asynchronous;
-    let run_id = format!("train-seed{}", trainer.config().seed);
+    let run_id = crate::checkpoint::run_id(trainer.config());
     let (rank, world) = (trainer.rank() as u32, trainer.world() as u32);
     let mut checkpointer = Checkpointer::new(cfg, &run_id)?.with_shard(rank, world)?;
     let mapped = checkpointer.prepare(trainer)?;
