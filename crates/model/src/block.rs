@@ -432,7 +432,10 @@ impl Block {
             timed!("matmul.fwd", self.linear(th, p, w, b, out, inp, n, c, oc));
             return Ok(());
         }
-        timed!("matmul.fwd", self.linear(th, p, w, &None, out, inp, n, c, oc));
+        timed!(
+            "matmul.fwd",
+            self.linear(th, p, w, &None, out, inp, n, c, oc)
+        );
         comm.sum(out)?;
         add_bias(out, opt(p, b));
         Ok(())

@@ -75,7 +75,18 @@ fn reference(
     let mut g = vec![0f32; p.len()];
     let mut dx = dout.to_vec();
     block
-        .backward(&th, &d, p, &mut g, rope.as_ref(), &a, &mut s, x, &mut dx, &mut Alone)
+        .backward(
+            &th,
+            &d,
+            p,
+            &mut g,
+            rope.as_ref(),
+            &a,
+            &mut s,
+            x,
+            &mut dx,
+            &mut Alone,
+        )
         .unwrap();
     (out, dx, g)
 }

@@ -46,9 +46,9 @@ use model::optim::grad_sum_sq;
 use super::build::{Chunk, config_err, intersect};
 use super::engine::PipelineStage;
 use super::tensor_blocks::TpBlocks;
-use crate::tensor::{PINNED, TpGroup};
 use crate::config::TrainConfig;
 use crate::error::Result;
+use crate::tensor::{PINNED, TpGroup};
 use crate::tensor::{TpLayout, check_tp};
 use crate::zero::Window;
 

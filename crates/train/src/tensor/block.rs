@@ -139,7 +139,8 @@ impl<T: Real> TpBlock<T> {
         let d = &self.shard.dims;
         let a = BlockActs::carve(&mut self.acts, d);
         let mut s = BlockScratch::carve(&mut self.scratch, d);
-        self.block.backward(th, d, p, g, rope, &a, &mut s, x, dx, comm)?;
+        self.block
+            .backward(th, d, p, g, rope, &a, &mut s, x, dx, comm)?;
         Ok(())
     }
 }

@@ -78,9 +78,7 @@ impl<T: Element> BlockComm<T> for TpGroup<'_> {
 
     fn sum(&mut self, buf: &mut [T]) -> std::result::Result<(), ::model::ModelError> {
         let t = Instant::now();
-        let r = self
-            .group
-            .all_reduce_with(buf, ReduceOp::Sum, &PINNED);
+        let r = self.group.all_reduce_with(buf, ReduceOp::Sum, &PINNED);
         self.seconds += t.elapsed().as_secs_f64();
         r.map_err(|e| ::model::ModelError::Comm(Box::new(e)))
     }

@@ -84,7 +84,9 @@ impl TpModel {
         comm: &mut C,
     ) -> Result<f64> {
         check_len("tp rank params", p.len(), self.layout.total)?;
-        let loss = self.model.forward_with(th, p, tokens, Some(targets), comm)?;
+        let loss = self
+            .model
+            .forward_with(th, p, tokens, Some(targets), comm)?;
         loss.ok_or(TrainError::Config {
             field: "tp model",
             value: "forward".into(),
