@@ -295,12 +295,7 @@ fn save(root: &Path, step: u64, rows: u64, states: &[RankState]) -> Result<f64> 
             .map(|(rank, st)| {
                 let metas = &metas;
                 s.spawn(move || -> Result<Vec<Piece>> {
-                    Ok(RankWriter::write_all(
-                        root,
-                        step,
-                        rank as u32,
-                        &st.pieces(metas),
-                    )?)
+                    RankWriter::write_all(root, step, rank as u32, &st.pieces(metas))
                 })
             })
             .collect();

@@ -221,8 +221,23 @@ fn state_mb(out: &str) -> ([f64; 3], [f64; 3]) {
     )
 }
 
+/// Losses of `out`'s step lines, as numbers.
+fn loss_values(out: &str) -> Vec<f64> {
+    losses(out)
+        .iter()
+        .filter_map(|l| {
+            l.split("loss ")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
 #[test]
-fn dp2_x_tp2_with_zero1_is_exact_and_holds_the_planners_state() {
+fn dp2_x_tp2_with_zero1_and_zero3_hold_the_planners_state() {
     let _one = serial();
     let tmp = tempfile::tempdir().unwrap();
     let ck = tmp.path().join("ck");
@@ -255,7 +270,23 @@ fn dp2_x_tp2_with_zero1_is_exact_and_holds_the_planners_state() {
             "measured {m} MB vs planner {p} MB:\n{zero1}"
         );
     }
-    // A ZeRO-1 checkpoint (the replicas' moment parts gathered) resumes to the straight run.
+    // ZeRO-3 over the replicas (FSDP x TP): parameters, gradients and optimizer state halve
+    // over the two replicas, each within 5% of the planner's; the losses are the plain run's
+    // within float summation order.
+    let zero3 = run_to("3", "3", None);
+    let (measured, planned) = state_mb(&zero3);
+    for (m, p) in measured.iter().zip(&planned) {
+        assert!(
+            (m - p).abs() <= 0.05 * p,
+            "ZeRO-3: measured {m} MB vs planner {p} MB:\n{zero3}"
+        );
+    }
+    let (a, b) = (loss_values(&zero3), loss_values(&plain));
+    assert_eq!(a.len(), 3, "{zero3}");
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-4 * y.abs(), "ZeRO-3 loss {x} vs {y}");
+    }
+    // A ZeRO-1 checkpoint (each rank writing its owned parts) resumes to the straight run.
     run_to("1", "2", Some(ck));
     let resumed = run_to("1", "3", Some(ck));
     assert!(
@@ -269,16 +300,16 @@ fn dp2_x_tp2_with_zero1_is_exact_and_holds_the_planners_state() {
 fn what_a_mesh_engine_does_not_build_is_refused_before_spawning() {
     for (layout, want) in [
         (
-            &["--nproc", "4", "--tp", "2", "--zero", "3"][..],
-            "--zero 3 with --tp 2",
+            &["--nproc", "4", "--tp", "2", "--pp", "2", "--zero", "1"][..],
+            "--zero 1 with --tp 2 and --pp 2",
         ),
         (
             &["--nproc", "4", "--pp", "2", "--zero", "2"][..],
             "--zero 2 with --pp 2",
         ),
         (
-            &["--nproc", "2", "--tp", "2", "--bf16"][..],
-            "--bf16 with --tp 2",
+            &["--nproc", "4", "--tp", "2", "--pp", "2", "--bf16"][..],
+            "--bf16 with --tp 2 and --pp 2",
         ),
         (
             &["--nproc", "2", "--zero", "1", "--bf16"][..],

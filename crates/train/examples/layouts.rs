@@ -18,7 +18,6 @@ use plan::layout::Layout;
 #[path = "support/this_machine.rs"]
 mod this_machine;
 use train::pipeline::{PipelineStage, ScheduleKind};
-use train::tensor::TpTrainer;
 use train::{DataSpec, TrainConfig, Trainer};
 
 /// Rows of every global batch.
@@ -71,7 +70,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
                 _ => {
                     let cfg = config(steps, GLOBAL_ROWS / MICRO);
-                    let mut t = TpTrainer::new(cfg, g)
+                    let mut t = Trainer::tensor_parallel(cfg, g)
                         .map_err(|e| comm::CommError::InvalidArgument(e.to_string()))?;
                     (0..steps).map(|_| t.step().map(|s| s.seconds)).collect()
                 }

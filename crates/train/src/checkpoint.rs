@@ -28,8 +28,9 @@ use serde_json::json;
 use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
 use crate::trainer::{StepStats, Trainer};
-use crate::zero::state::StatePiece;
-use model::layout::Layout;
+use crate::zero::state::{StatePiece, flat_boxes};
+use model::layout::{Layout, ParamEntry};
+use std::ops::Range;
 
 mod collective;
 mod fallback;
@@ -184,17 +185,47 @@ impl Trainer {
     /// The pieces this rank, `rank` of `world`, writes of the current step: its rows of every
     /// tensor ([`ckpt::rank_rows`]) when every rank holds the whole state, or its owned parts
     /// under ZeRO. Each names its tensor by index into [`state_metas`].
+    ///
+    /// A tensor-parallel rank writes only its shards, as boxes of the whole tensors
+    /// ([`crate::tensor::TpPart::place`]; replicated tensors by TP rank 0): under ZeRO its
+    /// owned parts of them, else every `world`-th of its pieces (the replicas hold the same
+    /// shards and share the writing; `rank`, `world` are then the data-parallel ones).
     pub fn checkpoint_pieces(&self, rank: u32, world: u32) -> Vec<StatePiece<'_>> {
         let (m, v) = self.optimizer().moments();
+        let layout = self.model().layout();
+        let whole = |e: &ParamEntry, r: Range<usize>| flat_boxes(&e.shape, r);
+        let sharded = |e: &ParamEntry, r: Range<usize>| match &self.tensor {
+            Some(t) => t.place(e, r),
+            None => whole(e, r),
+        };
         if let Some(z) = self.zero_engine() {
-            return z.state_pieces(self.model().layout(), self.params(), m, v);
+            return z.state_pieces(layout, (self.params(), m, v), &sharded);
         }
-        rows_pieces(&self.checkpoint_tensors(), rank, world)
+        if self.tensor.is_none() {
+            return rows_pieces(&self.checkpoint_tensors(), rank, world);
+        }
+        let n = layout.entries.len();
+        let bufs = [self.master_params(), m, v];
+        let mut out = Vec::new();
+        for (which, buf) in bufs.iter().enumerate() {
+            for (i, e) in layout.entries.iter().enumerate() {
+                for (slice, sub) in sharded(e, 0..e.numel()) {
+                    let at = e.offset + sub.start;
+                    out.push((which * n + i, slice, f32_bytes(&buf[at..at + sub.len()])));
+                }
+            }
+        }
+        let (rank, world) = (rank as usize, world.max(1) as usize);
+        out.into_iter()
+            .enumerate()
+            .filter(|(k, _)| k % world == rank)
+            .map(|(_, p)| p)
+            .collect()
     }
 
     /// Everything but the tensors: run id, layout and the non-tensor state (see the module doc).
     pub fn checkpoint_meta(&mut self, run_id: &str) -> CheckpointMeta {
-        let tensors = state_metas(self.model().layout());
+        let tensors = state_metas(self.whole_layout());
         let loader = self.source_mut().loader_state().map(|s| s.to_json());
         let state = RunState {
             step: self.steps_done(),
@@ -209,11 +240,18 @@ impl Trainer {
         CheckpointMeta {
             run_id: run_id.to_string(),
             world_size: 1,
-            layout: match self.zero_stage() {
-                Some(stage) => {
+            layout: match (self.zero_stage(), self.tp()) {
+                (Some(stage), 1) => {
                     json!({"dp": 1, "tp": 1, "pp": 1, "split": "zero-flat", "zero": stage.number()})
                 }
-                None => json!({"dp": 1, "tp": 1, "pp": 1, "split": "dim0"}),
+                (None, 1) => json!({"dp": 1, "tp": 1, "pp": 1, "split": "dim0"}),
+                (stage, tp) => json!({
+                    "dp": self.world(),
+                    "tp": tp,
+                    "pp": 1,
+                    "split": "tp-shards",
+                    "zero": stage.map_or(0, |s| s.number()),
+                }),
             },
             config_hash: config_hash(self.config()),
             tensors,
@@ -223,11 +261,31 @@ impl Trainer {
 
     /// Loads `ckpt` into this trainer: parameters, optimizer moments and step, and the data
     /// source's position. Refused, naming what differs, if it was saved under another config.
+    ///
+    /// A tensor-parallel rank reads the whole tensors and keeps its shards (moments alike).
     pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
+        check_state_tensors(ckpt, self.whole_layout())?;
         let run = saved_run(ckpt, self.config())?;
-        let [master, m, v] = read_whole_state(ckpt, self.model().layout())?;
+        let mut state = read_whole_state(ckpt, self.whole_layout())?;
+        if let Some(t) = &self.tensor {
+            for buf in state.iter_mut() {
+                let mut mine = vec![0f32; t.layout.total];
+                t.layout.shard_params(buf, &mut mine)?;
+                *buf = mine;
+            }
+        }
+        let [master, m, v] = state;
         self.load_state(master, m, v, run.optimizer_step, run.step)?;
         self.reset_source(run.loader.as_ref(), run.rows)
+    }
+
+    /// The whole model's layout: the tensors a checkpoint of this trainer holds (a
+    /// tensor-parallel rank's buffer is a split of it).
+    pub fn whole_layout(&self) -> &Layout {
+        match &self.tensor {
+            Some(t) => &t.layout.whole,
+            None => self.model().layout(),
+        }
     }
 }
 
@@ -559,22 +617,6 @@ pub(crate) fn row_piece<'a>(
         _ => bytes,
     };
     Some((s, bytes))
-}
-
-/// This rank's [`ckpt::rank_rows`] of the whole state (`state`: parameters and AdamW's two
-/// moments in `layout`'s order), as [`rows_pieces`] cuts them: what an engine that gathers the
-/// whole state writes as writer `rank` of `world`.
-pub(crate) fn whole_state_rows<'a>(
-    layout: &Layout,
-    state: &'a [Vec<f32>; 3],
-    rank: u32,
-    world: u32,
-) -> Vec<StatePiece<'a>> {
-    rows_pieces(
-        &state_views(layout, &state[0], &state[1], &state[2]),
-        rank,
-        world,
-    )
 }
 
 /// `pieces` as the writer takes them, each with its tensor from `metas`.

@@ -65,9 +65,18 @@ pub struct GradBuckets {
     ready_from: usize,
     /// An error raised inside the backward hook, reported by `finish`.
     failed: Option<TrainError>,
+    /// The options of the buckets' all-reduces (the group's choice unless pinned).
+    options: OpOptions,
 }
 
 impl GradBuckets {
+    /// The buckets' all-reduces with `options` (a pinned algorithm: tensor-parallel ranks'
+    /// groups must sum their replicated tensors in the same order).
+    pub fn with_options(mut self, options: OpOptions) -> Self {
+        self.options = options;
+        self
+    }
+
     /// Plans buckets of at least `bucket_bytes` over `layout`'s gradient buffer for `group`.
     pub fn new(group: ProcessGroup, layout: &Layout, bucket_bytes: usize) -> Self {
         let buckets = plan_buckets(layout, bucket_bytes);
@@ -82,6 +91,7 @@ impl GradBuckets {
             spare,
             ready_from: layout.total,
             failed: None,
+            options: OpOptions::default(),
         }
     }
 
@@ -111,7 +121,7 @@ impl GradBuckets {
             buf.extend_from_slice(&grads[bucket]);
             match self
                 .group
-                .all_reduce_async(buf, ReduceOp::Sum, OpOptions::default())
+                .all_reduce_async(buf, ReduceOp::Sum, self.options)
             {
                 Ok(work) => self.inflight.push(work),
                 Err(e) => self.failed = Some(e.into()),

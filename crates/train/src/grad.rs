@@ -5,11 +5,12 @@ use std::time::Instant;
 
 use model::Threads;
 use model::model::Model;
-use model::optim::{check_finite, clip_grad_norm, grad_norm};
+use model::optim::{check_finite, clip_coef, clip_grad_norm, grad_norm, scale_grads};
 
 use crate::ddp::GradBuckets;
 use crate::error::Result;
 use crate::source::Source;
+use crate::tensor::{Alone, BlockComm, TpGroup, TpPart};
 
 /// The [`GradStep`] of a trainer's fields. A macro, not a method: a method would borrow the
 /// whole trainer, while the staging thread of `step_with_staging` holds other fields.
@@ -23,6 +24,7 @@ macro_rules! grad_step {
             targets: &$t.targets,
             grads: &mut $t.grads,
             sync: $t.sync.as_mut(),
+            tensor: $t.tensor.as_ref(),
         }
     };
 }
@@ -37,6 +39,9 @@ pub(crate) struct GradStep<'a> {
     pub(crate) targets: &'a [u32],
     pub(crate) grads: &'a mut [f32],
     pub(crate) sync: Option<&'a mut GradBuckets>,
+    /// The tensor-parallel part: the blocks sum over its group, the norm counts each element
+    /// of the whole model once over it.
+    pub(crate) tensor: Option<&'a TpPart>,
 }
 
 /// What it produced.
@@ -115,12 +120,19 @@ impl GradStep<'_> {
             targets,
             grads,
             sync,
+            tensor,
         } = self;
         if first {
             grads.fill(0.0);
         }
+        let mut group = tensor.map(|t| TpGroup::new(&t.group));
+        let mut alone = Alone;
+        let comm: &mut dyn BlockComm<f32> = match &mut group {
+            Some(g) => g,
+            None => &mut alone,
+        };
         let loss = model
-            .forward(th, params, inputs, Some(targets))?
+            .forward_with(th, params, inputs, Some(targets), comm)?
             .unwrap_or(f64::NAN);
         check_finite("loss", step, loss)?;
         *loss_sum += loss;
@@ -130,16 +142,19 @@ impl GradStep<'_> {
         // Data parallel: only the last micro-batch's backward communicates.
         let synced = match sync {
             Some(s) if last => {
-                model.backward_hooked(th, params, grads, &mut |range, g| s.ready(range, g))?;
+                let ready = &mut |range, g: &mut [f32]| s.ready(range, g);
+                model.backward_hooked_with(th, params, grads, ready, comm)?;
                 comm_seconds = s.finish(grads, scale)?.as_secs_f64();
                 loss = s.mean(loss)?;
                 true
             }
             _ => {
-                model.backward(th, params, grads)?;
+                model.backward_hooked_with(th, params, grads, &mut |_, _| {}, comm)?;
                 false
             }
         };
+        // The blocks' sums over the tensor-parallel group are exposed too.
+        comm_seconds += group.as_ref().map_or(0.0, |g| g.seconds);
         if !last {
             return Ok(None);
         }
@@ -147,9 +162,16 @@ impl GradStep<'_> {
             grads.iter_mut().for_each(|g| *g *= scale);
         }
         let _p = model::profile::scope("grad_norm");
-        let norm = match clip {
-            Some(max) => clip_grad_norm(th, grads, max),
-            None => grad_norm(th, grads),
+        let norm = match (tensor, clip) {
+            (Some(t), clip) => {
+                let norm = t.sum_sq(th, grads)?.sqrt();
+                if let Some(c) = clip.and_then(|max| clip_coef(norm, max)) {
+                    scale_grads(th, grads, c);
+                }
+                norm
+            }
+            (None, Some(max)) => clip_grad_norm(th, grads, max),
+            (None, None) => grad_norm(th, grads),
         };
         check_finite("gradient norm", step, norm)?;
         Ok(Some(GradOut {

@@ -3,6 +3,7 @@ use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
 use crate::grad::{Accum, GradOut, GradStep, fetch, grad_step};
 use crate::source::Source;
+use crate::tensor::{Alone, BlockComm, TpGroup, TpPart};
 use crate::zero::{Stage, Window, Zero};
 use model::Threads;
 use model::init::init_params;
@@ -80,13 +81,15 @@ pub struct Trainer {
     sync: Option<GradBuckets>,
     /// The ZeRO engine, when this is one rank of a sharded data-parallel run.
     zero: Option<Box<Zero>>,
+    /// The tensor-parallel part, when the model is split over a TP group ([`crate::tensor`]).
+    pub(crate) tensor: Option<TpPart>,
 }
 
 impl Trainer {
     /// Validate `cfg`, initialise the parameters from its seed and build the
     /// data source.
     pub fn new(cfg: TrainConfig) -> Result<Self> {
-        Self::build(cfg, None, None)
+        Self::build(cfg, None, None, None)
     }
 
     /// One rank of data-parallel training over `group`: every rank holds the whole model,
@@ -98,7 +101,7 @@ impl Trainer {
         group: ProcessGroup,
         bucket_bytes: usize,
     ) -> Result<Self> {
-        Self::build(cfg, Some((group, bucket_bytes)), None)
+        Self::build(cfg, Some((group, bucket_bytes)), None, None)
     }
 
     /// One rank of ZeRO data-parallel training at `stage` ([`crate::zero`]): the same update
@@ -121,24 +124,42 @@ impl Trainer {
                 ),
             });
         }
-        Self::build(cfg, Some((group, bucket_bytes)), Some(stage))
+        Self::build(cfg, Some((group, bucket_bytes)), Some(stage), None)
     }
 
-    fn build(
+    /// The trainer of every layout without pipeline stages: one process, data parallel over
+    /// `dp` (buckets of `bucket_bytes` overlapping the backward), ZeRO `stage` over it, and the
+    /// model split over the tensor-parallel group `tp` when given ([`crate::tensor`]).
+    pub(crate) fn build(
         cfg: TrainConfig,
         dp: Option<(ProcessGroup, usize)>,
         stage: Option<Stage>,
+        tp: Option<ProcessGroup>,
     ) -> Result<Self> {
         cfg.validate()?;
         let th = Threads::new(cfg.threads)?;
-        let model = Model::<f32>::new(&cfg.model, cfg.batch, cfg.seq_len, cfg.recompute)?;
+        let tensor = match tp {
+            Some(g) => Some(TpPart::new(&cfg.model, g, cfg.batch, cfg.seq_len)?),
+            None => None,
+        };
+        let recompute = vec![cfg.recompute; cfg.model.layers];
+        let degree = tensor.as_ref().map_or(1, TpPart::tp);
+        let model = Model::<f32>::split(&cfg.model, cfg.batch, cfg.seq_len, recompute, degree)?;
         check_state_fits(
             model.n_params(),
             stage,
             dp.as_ref().map_or(1, |(g, _)| g.size()),
         )?;
         let mut params = Window::new(model.n_params())?;
-        init_params(&cfg.model, model.layout(), cfg.seed, &mut params);
+        match &tensor {
+            None => init_params(&cfg.model, model.layout(), cfg.seed, &mut params),
+            Some(t) => {
+                // Every rank initialises the whole model from the seed and keeps its part.
+                let mut whole = vec![0f32; t.layout.whole.total];
+                init_params(&cfg.model, &t.layout.whole, cfg.seed, &mut whole);
+                t.layout.shard_params(&whole, &mut params)?;
+            }
+        }
         let bf16 = match cfg.bf16 {
             true => {
                 let store = Bf16Store::new(params.to_vec());
@@ -151,12 +172,19 @@ impl Trainer {
         let (mut sync, mut zero) = (None, None);
         match (dp, stage) {
             (Some((group, bytes)), Some(stage)) => {
-                let z = Zero::new(group, stage, model.layout(), bytes, &params, &decay);
+                let mut z = Zero::new(group, stage, model.layout(), bytes, &params, &decay);
+                if tensor.is_some() {
+                    z = z.with_options(crate::tensor::PINNED);
+                }
                 z.release_params(&mut params);
                 zero = Some(Box::new(z));
             }
             (Some((group, bytes)), None) => {
-                sync = Some(GradBuckets::new(group, model.layout(), bytes))
+                let mut b = GradBuckets::new(group, model.layout(), bytes);
+                if tensor.is_some() {
+                    b = b.with_options(crate::tensor::PINNED);
+                }
+                sync = Some(b)
             }
             (None, _) => {}
         }
@@ -182,6 +210,7 @@ impl Trainer {
             rows_base: 0,
             sync,
             zero,
+            tensor,
             th,
             model,
             cfg,
@@ -353,7 +382,11 @@ impl Trainer {
     pub fn flops_per_token(&self) -> f64 {
         let mut c = self.cfg.model.clone();
         c.seq_len = self.cfg.seq_len;
-        c.flops_per_token(self.model.n_params())
+        let whole = match &self.tensor {
+            Some(t) => t.layout.whole.total,
+            None => self.model.n_params(),
+        };
+        c.flops_per_token(whole)
     }
 
     /// One optimizer step on the next batch. A non-finite loss or gradient
@@ -387,6 +420,13 @@ impl Trainer {
         &mut self,
         stage: impl FnOnce(&[(TensorMeta, &[u8])]) -> R + Send,
     ) -> Result<(StepStats, R, Duration)> {
+        if let Some(t) = &self.tensor {
+            return Err(TrainError::Config {
+                field: "checkpoint staging",
+                value: format!("tp {}", t.tp()),
+                reason: "a tensor-parallel rank saves its own shards: Trainer::save_into".into(),
+            });
+        }
         if let Some(stage) = self.zero_stage() {
             return Err(TrainError::Config {
                 field: "checkpoint staging",
@@ -472,6 +512,12 @@ impl Trainer {
         let count = self.cfg.grad_accum.max(1);
         let z = self.zero.as_mut().expect("a ZeRO trainer");
         let (mut loss_sum, mut data_seconds) = (0.0, 0.0);
+        let mut group = self.tensor.as_ref().map(|t| TpGroup::new(&t.group));
+        let mut alone = Alone;
+        let comm: &mut dyn BlockComm<f32> = match &mut group {
+            Some(g) => g,
+            None => &mut alone,
+        };
         for i in 0..count {
             data_seconds += fetch(&mut self.source, &mut self.inputs, &mut self.targets)?;
             self.drawn += 1;
@@ -482,26 +528,28 @@ impl Trainer {
                 &mut self.grads,
                 (&self.inputs, &self.targets),
                 (i == 0, i + 1 == count, count),
+                comm,
             )?;
             check_finite("loss", step, loss)?;
             loss_sum += loss;
         }
         let loss = z.mean(loss_sum / count as f64)?;
         let lr = self.cfg.schedule.lr_at(self.cfg.lr, self.step);
+        let tp_seconds = group.map_or(0.0, |g| g.seconds);
         let (norm, comm) = z.update(
             &self.th,
             &mut self.params,
             &mut self.grads,
             &mut self.opt,
-            lr,
-            self.cfg.grad_clip,
+            (lr, self.cfg.grad_clip),
             step,
+            self.tensor.as_ref(),
         )?;
         self.step = step;
         let out = GradOut {
             loss,
             norm,
-            comm_seconds: comm.as_secs_f64(),
+            comm_seconds: comm.as_secs_f64() + tp_seconds,
         };
         Ok(self.stats(step, lr, out, data_seconds, t0))
     }
@@ -541,23 +589,29 @@ impl Trainer {
     /// Mean loss over `batches` fresh batches without updating anything.
     pub fn eval_loss(&mut self, batches: usize) -> Result<f64> {
         let mut sum = 0.0;
+        let mut group = self.tensor.as_ref().map(|t| TpGroup::new(&t.group));
+        let mut alone = Alone;
+        let comm: &mut dyn BlockComm<f32> = match &mut group {
+            Some(g) => g,
+            None => &mut alone,
+        };
         for _ in 0..batches {
             self.source
                 .next_batch(&mut self.inputs, &mut self.targets)?;
             self.drawn += 1;
+            let (inputs, targets) = (&self.inputs, Some(&self.targets[..]));
             let loss = match &mut self.zero {
                 Some(z) => z.forward(
                     &mut self.model,
                     &self.th,
                     &mut self.params,
-                    &self.inputs,
-                    Some(&self.targets),
+                    (inputs, targets),
                     false,
+                    comm,
                 )?,
-                None => {
-                    self.model
-                        .forward(&self.th, &self.params, &self.inputs, Some(&self.targets))?
-                }
+                None => self
+                    .model
+                    .forward_with(&self.th, &self.params, inputs, targets, comm)?,
             };
             sum += loss.unwrap_or(f64::NAN);
         }

@@ -24,7 +24,6 @@ use comm::local::run_threads;
 use comm::mesh::{DeviceMesh, MeshShape};
 use common::max_rel_diff;
 use model::config::ModelConfig;
-use train::tensor::TpTrainer;
 use train::{CheckpointConfig, Checkpointer, TrainConfig, TrainError, Trainer};
 
 const STEPS: u64 = 6;
@@ -103,9 +102,10 @@ fn mesh_leg(
     let cfg = cfg.clone();
     let out = run_threads(dp * tp, GroupConfig::default(), move |g| {
         let mesh = DeviceMesh::new(&g, MeshShape::new(dp, 1, tp), false)?;
-        let mut t = TpTrainer::on_mesh(cfg.clone(), &mesh).unwrap();
+        let mut t = Trainer::on_mesh(cfg.clone(), &mesh, None, 1 << 20).unwrap();
         if let Some(dir) = &resume {
-            assert_eq!(t.resume(dir).unwrap(), Some(HALF));
+            let resumed = train::checkpoint::resume_collectively(dir, Some(&g), |c| t.restore(c));
+            assert_eq!(resumed.unwrap().map(|r| r.0), Some(HALF));
             assert_eq!(t.steps_done(), HALF);
         }
         let stats: Vec<(f64, f64)> = (0..steps)
@@ -114,7 +114,7 @@ fn mesh_leg(
         if let Some(dir) = &save {
             assert_eq!(t.save_checkpoint(dir, "tp-ckpt").unwrap(), t.steps_done());
         }
-        Ok((stats, t.gather_params().unwrap()))
+        Ok((stats, t.whole_params().unwrap()))
     })
     .unwrap();
     let mut out: Vec<Leg> = out.into_iter().map(|r| r.unwrap()).collect();
@@ -286,7 +286,7 @@ fn a_checkpoint_of_another_model_is_refused() {
     let mut other = c.clone();
     other.model = ModelConfig::gpt2(2, 4, 32, 16, 64);
     let err = run_threads(2, GroupConfig::default(), move |g| {
-        let mut t = TpTrainer::new(other.clone(), g).unwrap();
+        let mut t = Trainer::tensor_parallel(other.clone(), g).unwrap();
         Ok(t.restore(&Checkpoint::open(dir.path(), 1, Verify::ManifestOnly).unwrap()))
     })
     .unwrap()

@@ -1,5 +1,5 @@
 //! DP x TP (issue 8; 000 "混合并行", "Megatron 风格的张量并行" F46-F47): data-parallel
-//! replicas of a tensor-parallel group on a device mesh (`TpTrainer::on_mesh`).
+//! replicas of a tensor-parallel group on a device mesh (`Trainer::on_mesh`).
 //!
 //! - Equivalence. DP2 x TP2 on 4 ranks (GPT-2), DP4 x TP2 (GPT-2) and DP2 x TP4 (Llama GQA,
 //!   grad_accum 2) on 8 ranks train 3 steps with clipping on every step; each replica draws
@@ -28,7 +28,6 @@ use comm::local::run_threads;
 use comm::mesh::{DeviceMesh, MeshShape};
 use common::{assert_steps_close, max_rel_diff, rel};
 use model::config::ModelConfig;
-use train::tensor::TpTrainer;
 use train::{TrainConfig, TrainError, Trainer};
 
 const STEPS: u64 = 3;
@@ -84,10 +83,10 @@ fn mesh_run((dp, tp): (usize, usize), group: GroupConfig, cfg: &TrainConfig) -> 
     let cfg = cfg.clone();
     run_threads(dp * tp, group, move |g| {
         let mesh = DeviceMesh::new(&g, MeshShape::new(dp, 1, tp), false)?;
-        let mut t = TpTrainer::on_mesh(cfg.clone(), &mesh).unwrap();
+        let mut t = Trainer::on_mesh(cfg.clone(), &mesh, None, 1 << 20).unwrap();
         let c = mesh.coord();
         assert_eq!(
-            (t.replica(), t.replicas(), t.rank(), t.tp()),
+            (t.rank(), t.world(), t.tp_rank(), t.tp()),
             (c.dp, dp, c.tp, tp)
         );
         let stats = (0..cfg.steps)
@@ -96,13 +95,13 @@ fn mesh_run((dp, tp): (usize, usize), group: GroupConfig, cfg: &TrainConfig) -> 
                 (s.loss, s.grad_norm)
             })
             .collect();
-        let l = t.layout();
+        let l = t.tensor_part().unwrap().layout.clone();
         Ok(RankOut {
             coord: (c.dp, c.tp),
             stats,
             replicated: vec![l.embed.clone(), l.head.clone()],
-            whole: t.gather_params().unwrap(),
-            local: t.params_shard().to_vec(),
+            whole: t.whole_params().unwrap(),
+            local: t.params().to_vec(),
         })
     })
     .unwrap()
@@ -262,9 +261,11 @@ fn refused_with_groups(
         }
         let dp = mine.pop().expect("a dp group");
         let tp = mine.pop().expect("a tp group");
-        Ok(TpTrainer::with_data_parallel(cfg(g.rank()), tp, dp)
-            .err()
-            .map(|e| e.to_string()))
+        Ok(
+            Trainer::tensor_data_parallel(cfg(g.rank()), tp, dp, None, 1 << 20)
+                .err()
+                .map(|e| e.to_string()),
+        )
     })
     .unwrap()
     .into_iter()
@@ -283,7 +284,7 @@ fn mismatched_degrees_and_setups_are_refused_on_every_rank() {
     let e = run_threads(4, uncalibrated(), |g| {
         let r = DeviceMesh::new(&g, MeshShape::new(2, 1, 3), false)
             .map_err(TrainError::from)
-            .and_then(|mesh| TpTrainer::on_mesh(gpt2(), &mesh));
+            .and_then(|mesh| Trainer::on_mesh(gpt2(), &mesh, None, 1 << 20));
         Ok(r.err().map(|e| e.to_string()))
     })
     .unwrap();
@@ -356,7 +357,7 @@ fn mismatched_degrees_and_setups_are_refused_on_every_rank() {
     // Pipeline stages are not composed with tensor parallelism yet.
     let e = run_threads(4, uncalibrated(), |g| {
         let mesh = DeviceMesh::new(&g, MeshShape::new(1, 2, 2), false)?;
-        Ok(TpTrainer::on_mesh(gpt2(), &mesh)
+        Ok(Trainer::on_mesh(gpt2(), &mesh, None, 1 << 20)
             .err()
             .map(|e| e.to_string()))
     })

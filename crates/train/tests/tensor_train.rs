@@ -13,7 +13,6 @@ use common::{assert_steps_close, max_rel_diff};
 use model::config::ModelConfig;
 use plan::layout::{Layout as PlanLayout, ZeroStage};
 use plan::memory::{params_per_device, state_bytes_per_param};
-use train::tensor::TpTrainer;
 use train::{StateMemory, TrainConfig, Trainer};
 
 const STEPS: u64 = 3;
@@ -67,18 +66,18 @@ struct RankOut {
 fn run_tp(tp: usize, cfg: &TrainConfig) -> Vec<RankOut> {
     let cfg = cfg.clone();
     run_threads(tp, GroupConfig::default(), move |g| {
-        let mut t = TpTrainer::new(cfg.clone(), g).unwrap();
+        let mut t = Trainer::tensor_parallel(cfg.clone(), g).unwrap();
         let stats = (0..cfg.steps)
             .map(|_| {
                 let s = t.step().unwrap();
                 (s.loss, s.grad_norm)
             })
             .collect();
-        let l = t.layout();
+        let l = t.tensor_part().unwrap().layout.clone();
         Ok(RankOut {
             stats,
-            whole: t.gather_params().unwrap(),
-            local: t.params_shard().to_vec(),
+            whole: t.whole_params().unwrap(),
+            local: t.params().to_vec(),
             replicated: vec![l.embed.clone(), l.head.clone()],
             memory: t.state_memory(),
         })
@@ -154,7 +153,9 @@ fn repeated_runs_are_bit_identical() {
 #[test]
 fn refuses_tp_not_dividing_heads() {
     let out = run_threads(3, GroupConfig::default(), |g| {
-        Ok(TpTrainer::new(gpt2(), g).err().map(|e| e.to_string()))
+        Ok(Trainer::tensor_parallel(gpt2(), g)
+            .err()
+            .map(|e| e.to_string()))
     })
     .unwrap();
     for r in out {
@@ -167,7 +168,7 @@ fn refuses_tp_not_dividing_heads() {
     let out = run_threads(2, GroupConfig::default(), |g| {
         let mut c = gpt2();
         c.bf16 = true;
-        Ok(TpTrainer::new(c, g).err().map(|e| e.to_string()))
+        Ok(Trainer::tensor_parallel(c, g).err().map(|e| e.to_string()))
     })
     .unwrap();
     for r in out {
@@ -196,7 +197,7 @@ fn state_memory_matches_planner_with_replicated_embeddings() {
             let mut cfg = TrainConfig::new(m.clone(), 1);
             cfg.batch = 1;
             let out = run_threads(tp, GroupConfig::default(), move |g| {
-                let mut t = TpTrainer::new(cfg.clone(), g).unwrap();
+                let mut t = Trainer::tensor_parallel(cfg.clone(), g).unwrap();
                 t.step().unwrap();
                 Ok(t.state_memory())
             })

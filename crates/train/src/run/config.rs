@@ -176,10 +176,6 @@ impl RunConfig {
             // What the mesh engines build, refused here rather than in every worker.
             let not_built = [
                 (
-                    l.tp > 1 && l.zero > 1,
-                    format!("--zero {} with --tp {} (ZeRO-1 is built)", l.zero, l.tp),
-                ),
-                (
                     l.tp > 1 && l.pp > 1 && l.zero != 0,
                     format!("--zero {} with --tp {} and --pp {}", l.zero, l.tp, l.pp),
                 ),
@@ -187,7 +183,10 @@ impl RunConfig {
                     l.pp > 1 && l.zero > 1,
                     format!("--zero {} with --pp {} (ZeRO-1 is built)", l.zero, l.pp),
                 ),
-                (l.tp > 1 && t.bf16, format!("--bf16 with --tp {}", l.tp)),
+                (
+                    l.tp > 1 && l.pp > 1 && t.bf16,
+                    format!("--bf16 with --tp {} and --pp {}", l.tp, l.pp),
+                ),
                 (
                     l.tp > 1 && l.pp > 1 && t.recompute,
                     format!("--recompute with --tp {} and --pp {}", l.tp, l.pp),

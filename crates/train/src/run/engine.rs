@@ -3,7 +3,7 @@
 //!
 //! - [`Engine::Data`]: one process, or data parallel with bucketed all-reduce, or ZeRO-1/2/3
 //!   ([`Trainer`]).
-//! - [`Engine::Tensor`]: DP x TP on a device mesh ([`TpTrainer`]).
+//! - [`Engine::Tensor`]: DP x TP (with ZeRO-1/2/3) on a device mesh ([`Trainer::on_mesh`]).
 //! - [`Engine::Pipeline`]: DP x PP, and DP x PP x TP ([`PipelineStage`]).
 //! - [`Engine::Expert`]: the MoE decoder with expert parallelism over the data-parallel ranks
 //!   ([`ExpertEngine`] around [`crate::expert::MoeTrainer`]).
@@ -17,7 +17,6 @@ use super::expert::ExpertEngine;
 use crate::checkpoint::resume_collectively;
 use crate::error::Result;
 use crate::pipeline::PipelineStage;
-use crate::tensor::TpTrainer;
 use crate::trainer::{StateMemory, StepStats, Trainer};
 use crate::zero::Stage;
 
@@ -26,7 +25,7 @@ pub enum Engine {
     /// One process, data parallel, or ZeRO.
     Data(Box<Trainer>),
     /// DP x TP.
-    Tensor(Box<TpTrainer>),
+    Tensor(Box<Trainer>),
     /// DP x PP (x TP).
     Pipeline(Box<PipelineStage>),
     /// MoE with expert parallelism (EP = the data-parallel ranks).
@@ -93,11 +92,9 @@ impl Engine {
             .map_err(|e| refused(format!("building the pipeline stage: {e}")))?;
             Engine::Pipeline(Box::new(st))
         } else {
-            let t = match Stage::from_number(l.zero)? {
-                Some(stage) => TpTrainer::with_zero(train, &mesh, stage),
-                None => TpTrainer::on_mesh(train, &mesh),
-            }
-            .map_err(|e| refused(format!("building the tensor-parallel rank: {e}")))?;
+            let stage = Stage::from_number(l.zero)?;
+            let t = Trainer::on_mesh(train, &mesh, stage, l.bucket_bytes)
+                .map_err(|e| refused(format!("building the tensor-parallel rank: {e}")))?;
             Engine::Tensor(Box::new(t))
         };
         Ok((engine, Some(MeshRun { shape, mesh })))
@@ -180,7 +177,7 @@ impl Engine {
                 t.gather_params()?;
                 Ok(t.params().to_vec())
             }
-            Engine::Tensor(t) => t.gather_params(),
+            Engine::Tensor(t) => t.whole_params(),
             Engine::Pipeline(p) => p.gather_params(),
             Engine::Expert(e) => e.whole_params(),
         }

@@ -22,13 +22,15 @@
 //! - [`block`]: [`TpBlock`], one block's shard with its activations, run by the model crate's
 //!   one block ([`model::block::Block`]) with the group as its [`BlockComm`].
 //! - [`layout`]: [`TpLayout`], where a rank keeps the whole model in its flat buffers.
-//! - [`model`]: [`TpModel`], a whole decoder on one rank (embeddings and head replicated,
-//!   blocks sharded).
-//! - [`trainer`]: [`TpTrainer`], one rank of tensor-parallel training (clip, AdamW, schedule).
-//! - [`data_parallel`]: DP x TP, data-parallel replicas of the tensor-parallel group
-//!   ([`TpTrainer::with_data_parallel`], [`TpTrainer::on_mesh`]; 000 "混合并行").
-//! - [`checkpoint`]: its saves and resumes, in the [`crate::Trainer`]'s checkpoint format, from
-//!   and to any layout.
+//! - [`part`]: [`TpPart`], what tensor parallelism adds to a [`crate::Trainer`] rank: the
+//!   group, the layout, the norm's counted ranges, the shards' places in the whole tensors.
+//! - [`trainer`]: the [`crate::Trainer`] split over a TP group, alone or as one of several
+//!   data-parallel replicas with or without ZeRO ([`crate::Trainer::tensor_parallel`],
+//!   [`crate::Trainer::on_mesh`]; 000 "混合并行"); the model is the model crate's one
+//!   [`::model::model::Model`], split ([`::model::model::Model::split`]).
+//! - [`data_parallel`]: the agreement a DP x TP grid makes before training.
+//! - [`checkpoint`]: its saves (each rank its own shards) and resumes, in the
+//!   [`crate::Trainer`]'s checkpoint format, from and to any layout.
 use std::time::Instant;
 
 use comm::dtype::{Element, ReduceOp};
@@ -38,15 +40,15 @@ pub mod block;
 pub mod checkpoint;
 pub mod data_parallel;
 pub mod layout;
-pub mod model;
+pub mod part;
 pub mod shard;
 pub mod trainer;
 
 pub use block::TpBlock;
 pub use layout::TpLayout;
-pub use model::TpModel;
+pub use part::{TpPart, sum_in_rank_order};
 pub use shard::{TpShard, check_tp, gather};
-pub use trainer::{PINNED, TP_ALL_REDUCE, TpTrainer};
+pub use trainer::{PINNED, TP_ALL_REDUCE};
 
 pub use ::model::block::{Alone, BlockComm};
 

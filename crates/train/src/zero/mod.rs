@@ -48,6 +48,7 @@ use model::optim::{AdamW, StatePart, check_finite, clip_coef, grad_sum_sq, scale
 
 use crate::ddp::plan_buckets;
 use crate::error::{Result, TrainError};
+use crate::tensor::{BlockComm, TpPart, sum_in_rank_order};
 pub use plan::ShardPlan;
 pub use spares::Spares;
 pub use window::Window;
@@ -133,9 +134,18 @@ pub struct Zero {
     failed: Option<TrainError>,
     /// Time blocked on communication this step.
     exposed: Duration,
+    /// The options of its summing collectives (the group's choice unless pinned).
+    options: OpOptions,
 }
 
 impl Zero {
+    /// The summing collectives with `options` (a pinned algorithm: tensor-parallel ranks'
+    /// groups must sum their replicated tensors in the same order).
+    pub fn with_options(mut self, options: OpOptions) -> Self {
+        self.options = options;
+        self
+    }
+
     /// Rank `group.rank()`'s engine at `stage` for a model of `layout` whose (identical on every
     /// rank) initial parameters are `params`; `decay` are the flat weight-decay ranges. ZeRO-1/2
     /// segments are the data-parallel buckets of `bucket_bytes`, ZeRO-3's the model's units.
@@ -177,6 +187,7 @@ impl Zero {
             spares: Spares::default(),
             failed: None,
             exposed: Duration::ZERO,
+            options: OpOptions::default(),
         }
     }
 
@@ -231,6 +242,7 @@ impl Zero {
         grads: &mut Window,
         (inputs, targets): (&[u32], &[u32]),
         (first, last, count): (bool, bool, usize),
+        comm: &mut dyn BlockComm<f32>,
     ) -> Result<f64> {
         if first {
             match self.stage {
@@ -239,15 +251,16 @@ impl Zero {
             }
         }
         let loss = self
-            .forward(model, th, params, inputs, Some(targets), true)?
+            .forward(model, th, params, (inputs, Some(targets)), true, comm)?
             .unwrap_or(f64::NAN);
         let communicate = self.stage != Stage::One || last;
         match (self.stage, communicate) {
-            (Stage::Three, _) => self.backward_gathered(model, th, params, grads)?,
+            (Stage::Three, _) => self.backward_gathered(model, th, params, grads, comm)?,
             (_, true) => {
-                model.backward_hooked(th, params, grads, &mut |r, g| self.ready(r, g))?;
+                let ready = &mut |r, g: &mut [f32]| self.ready(r, g);
+                model.backward_hooked_with(th, params, grads, ready, comm)?;
             }
-            (_, false) => model.backward(th, params, grads)?,
+            (_, false) => model.backward_hooked_with(th, params, grads, &mut |_, _| {}, comm)?,
         }
         if communicate {
             self.finish(grads, 1.0 / count as f32)?;
@@ -255,20 +268,21 @@ impl Zero {
         Ok(loss)
     }
 
-    /// Forward over `inputs` (with `targets`, the loss). Stage 3 gathers each unit just before
-    /// its forward (prefetching the next) and frees it after, except, when `keep` (a backward
-    /// follows), the head and a tied embedding.
+    /// Forward over `inputs` (with `targets`, the loss), a split model's blocks summing over
+    /// their group with `comm`. Stage 3 gathers each unit just before its forward (prefetching
+    /// the next) and frees it after, except, when `keep` (a backward follows), the head and a
+    /// tied embedding.
     pub fn forward(
         &mut self,
         model: &mut Model<f32>,
         th: &Threads,
         params: &mut Window,
-        inputs: &[u32],
-        targets: Option<&[u32]>,
+        (inputs, targets): (&[u32], Option<&[u32]>),
         keep: bool,
+        comm: &mut dyn BlockComm<f32>,
     ) -> Result<Option<f64>> {
         if self.stage != Stage::Three {
-            return Ok(model.forward(th, params, inputs, targets)?);
+            return Ok(model.forward_with(th, params, inputs, targets, comm)?);
         }
         model.begin(inputs, targets)?;
         let units = model.layout().units();
@@ -280,7 +294,7 @@ impl Zero {
             if let Some(&next) = units.get(i + 1) {
                 pending = Some(self.gather(model.layout(), next)?);
             }
-            model.forward_unit(th, params, unit)?;
+            model.forward_unit_with(th, params, unit, comm)?;
             let kept = match unit {
                 Unit::Embed => self.tied,
                 Unit::Block(_) => false,
@@ -304,6 +318,7 @@ impl Zero {
         th: &Threads,
         params: &mut Window,
         grads: &mut Window,
+        comm: &mut dyn BlockComm<f32>,
     ) -> Result<()> {
         let units: Vec<Unit> = model.layout().units().into_iter().rev().collect();
         let mut pending: Option<Work<Buffers>> = None;
@@ -317,7 +332,7 @@ impl Zero {
             }
             let range = model.layout().unit_range(unit);
             grads.populate(range.clone());
-            model.backward_unit(th, params, grads, unit)?;
+            model.backward_unit_with(th, params, grads, unit, comm)?;
             self.ready(range.clone(), grads);
             match unit {
                 Unit::Head if self.tied => {
@@ -389,12 +404,10 @@ impl Zero {
                 .spares
                 .filled(part * self.plan.world(), &grads[seg.clone()]);
             let output = self.spares.take(part);
-            match self.group.reduce_scatter_async(
-                input,
-                output,
-                ReduceOp::Sum,
-                OpOptions::default(),
-            ) {
+            match self
+                .group
+                .reduce_scatter_async(input, output, ReduceOp::Sum, self.options)
+            {
                 Ok(work) => self.inflight.push((s, work)),
                 Err(e) => self.failed = Some(e.into()),
             }
@@ -447,9 +460,10 @@ impl Zero {
     }
 
     /// The optimizer half of step `step`: the global gradient norm (summed over the ranks'
-    /// parts), clipping to `clip`, AdamW on this rank's parts with `lr`, and (stages 1 and 2) the
-    /// all-gather of the updated parameters. Returns the norm before clipping and the step's
-    /// exposed communication. A non-finite norm is an error naming `step`, with nothing
+    /// parts; with a tensor-parallel part, over the elements it counts and then exactly over
+    /// its group), clipping to `clip`, AdamW on this rank's parts with `lr`, and (stages 1 and
+    /// 2) the all-gather of the updated parameters. Returns the norm before clipping and the
+    /// step's exposed communication. A non-finite norm is an error naming `step`, with nothing
     /// updated.
     #[allow(clippy::too_many_arguments)]
     pub fn update(
@@ -458,17 +472,29 @@ impl Zero {
         params: &mut Window,
         grads: &mut Window,
         opt: &mut AdamW,
-        lr: f32,
-        clip: Option<f64>,
+        (lr, clip): (f32, Option<f64>),
         step: u64,
+        tensor: Option<&TpPart>,
     ) -> Result<(f64, Duration)> {
         let t = Instant::now();
         let segments = self.plan.segments().len();
         let mut sq = [0f64];
+        let all = std::slice::from_ref(&(0..usize::MAX));
+        let counted = tensor.map_or(all, |t| &t.counted[..]);
         for s in 0..segments {
-            sq[0] += grad_sum_sq(th, self.grad_part(grads, s));
+            let (owned, part) = (self.plan.owned(s), self.grad_part(grads, s));
+            for c in counted {
+                let (a, b) = (owned.start.max(c.start), owned.end.min(c.end));
+                if a < b {
+                    sq[0] += grad_sum_sq(th, &part[a - owned.start..b - owned.start]);
+                }
+            }
         }
-        self.group.all_reduce(&mut sq, ReduceOp::Sum)?;
+        self.group
+            .all_reduce_with(&mut sq, ReduceOp::Sum, &self.options)?;
+        if let Some(t) = tensor {
+            sq[0] = sum_in_rank_order(&t.group, sq[0])?;
+        }
         self.exposed += t.elapsed();
         let norm = sq[0].sqrt();
         check_finite("gradient norm", step, norm)?;

@@ -9,7 +9,7 @@
 use std::ops::Range;
 
 use ckpt::{Slice, f32_bytes};
-use model::layout::Layout;
+use model::layout::{Layout, ParamEntry};
 
 use super::{Stage, Zero};
 
@@ -78,6 +78,10 @@ fn boxes(
     }
 }
 
+/// Maps a layout entry's flat elements (relative to the entry) to boxes of the saved tensor,
+/// each with the sub-range it holds, in order.
+pub type Place<'p> = &'p dyn Fn(&ParamEntry, Range<usize>) -> Vec<(Slice, Range<usize>)>;
+
 /// One piece of a rank's checkpoint: the index of its tensor (in [`crate::checkpoint`]'s
 /// order: every layout entry of the parameters, then of each moment), the box, the bytes.
 pub type StatePiece<'a> = (usize, Slice, &'a [u8]);
@@ -85,13 +89,14 @@ pub type StatePiece<'a> = (usize, Slice, &'a [u8]);
 impl Zero {
     /// This rank's pieces of the parameters (from the whole `params` for stages 1 and 2, from
     /// the shard for stage 3) and of AdamW's moments `m` and `v` (shard coordinates), for the
-    /// tensors of `layout` in the order of `crate::checkpoint::state_metas`.
+    /// tensors of `layout` in the order of `crate::checkpoint::state_metas`. `place` maps an
+    /// entry's flat elements to boxes of the saved tensor ([`flat_boxes`] of its own shape, or
+    /// a tensor-parallel shard's boxes of the whole tensor: `crate::tensor::TpPart::place`).
     pub fn state_pieces<'a>(
         &'a self,
         layout: &Layout,
-        params: &'a [f32],
-        m: &'a [f32],
-        v: &'a [f32],
+        (params, m, v): (&'a [f32], &'a [f32], &'a [f32]),
+        place: Place<'_>,
     ) -> Vec<StatePiece<'a>> {
         let entries = layout.entries.len();
         let mut out = Vec::new();
@@ -112,7 +117,7 @@ impl Zero {
                         (None, Stage::Three) => &self.shard[local..local + (b - a)],
                         (None, _) => &params[a..b],
                     };
-                    for (slice, sub) in flat_boxes(&e.shape, a - er.start..b - er.start) {
+                    for (slice, sub) in place(e, a - er.start..b - er.start) {
                         let from = sub.start - (a - er.start);
                         let bytes = f32_bytes(&src[from..from + sub.len()]);
                         out.push((which * entries + i, slice, bytes));
