@@ -165,15 +165,16 @@ fn refuses_tp_not_dividing_heads() {
             "{e}"
         );
     }
+    // bf16 splits as f32 does (the trainer's bf16 store over the rank's buffer).
     let out = run_threads(2, GroupConfig::default(), |g| {
         let mut c = gpt2();
         c.bf16 = true;
-        Ok(Trainer::tensor_parallel(c, g).err().map(|e| e.to_string()))
+        let mut t = Trainer::tensor_parallel(c, g).expect("bf16 with tp 2");
+        Ok(t.step().expect("a bf16 step").loss)
     })
     .unwrap();
-    for r in out {
-        let e = r.unwrap().expect("bf16 must be refused");
-        assert!(e.contains("bf16 = true"), "{e}");
+    for loss in out {
+        assert!(loss.unwrap().is_finite());
     }
 }
 

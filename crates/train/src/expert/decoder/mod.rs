@@ -14,9 +14,10 @@
 //! - Flat state ([`layout`]): `[dense | moe 0 | … | moe L-1]`, the dense tensors replicated,
 //!   each layer's router replicated and its experts sharded; [`MoeModelLayout::gather`] and
 //!   [`MoeModelLayout::shard`] convert to and from the ep = 1 buffer.
-//! - Kernels. The attention half is composed from the model crate's public kernels
-//!   (LayerNorm, matmul, causal attention, residual add, embedding, cross-entropy), as
-//!   [`crate::tensor::model`] composes its parts; the block's own entry point runs its MLP too.
+//! - Kernels. Each block's attention half is the model crate's one block
+//!   ([`model::block::Block::attention_forward`] and its backward, over this buffer's ranges:
+//!   the same kernel sequence every dense layout runs), its norms the block's norms; the MoE
+//!   layer replaces the block's MLP half (Megatron's layer spec with an MoE MLP).
 //! - Gradient scale. The backward differentiates the *group's* objective, the mean
 //!   cross-entropy over the N_global = ep·N tokens of the EP group plus the aux losses: the
 //!   cross-entropy rows are scaled by 1 / N_global. So each expert's gradient (every rank's
@@ -34,120 +35,42 @@ use crate::error::Result;
 use crate::expert::{EpMoeLayer, MoeStats, bad, check_len};
 use comm::group::ProcessGroup;
 use model::Threads;
-use model::kernels::attention::{attention_bwd, attention_fwd};
+use model::block::{Alone, Block, BlockActs, BlockScratch, Dims};
+use model::config::ModelConfig;
 use model::kernels::embedding::{embed_bwd, embed_fwd};
 use model::kernels::loss::{cross_entropy_bwd, cross_entropy_fwd};
 use model::kernels::matmul::{matmul_bwd_input, matmul_bwd_weight, matmul_fwd};
-use model::kernels::norm::{layernorm_bwd, layernorm_fwd};
 use model::kernels::residual::add_acc;
+use model::layout::BlockLayout;
 
-// ----------------------------------------------------------------------------
-// thin wrappers over the kernels, addressing tensors by their place in the buffer
-
-/// `out = inp · Wᵀ + b` with the linear `l` of `p`. out: (n, oc), inp: (n, c).
-fn lin_fwd(th: &Threads, p: &[f32], l: Lin, out: &mut [f32], inp: &[f32], n: usize) {
-    matmul_fwd(th, out, inp, &p[l.w()], Some(&p[l.b()]), n, l.c, l.oc);
-}
-
-/// Backward of [`lin_fwd`]: `dinp = dout · W` (overwritten), `dW += doutᵀ · inp`,
-/// `db += Σ dout` into `g`.
-#[allow(clippy::too_many_arguments)]
-fn lin_bwd(
-    th: &Threads,
-    p: &[f32],
-    g: &mut [f32],
-    l: Lin,
-    dinp: &mut [f32],
-    dout: &[f32],
-    inp: &[f32],
-    n: usize,
-) {
-    matmul_bwd_input(th, dinp, 0.0, dout, &p[l.w()], n, l.c, l.oc);
-    let (gw, gb) = g[l.all()].split_at_mut(l.oc * l.c);
-    matmul_bwd_weight(th, gw, Some(gb), dout, inp, n, l.c, l.oc);
-}
-
-/// One LayerNorm's output and saved statistics.
-#[derive(Debug, Default)]
-struct NormActs {
-    /// (N, C).
-    out: Vec<f32>,
-    /// (N) each.
-    mean: Vec<f32>,
-    rstd: Vec<f32>,
-}
-
-impl NormActs {
-    fn new(n: usize, c: usize) -> Self {
-        Self {
-            out: vec![0.0; n * c],
-            mean: vec![0.0; n],
-            rstd: vec![0.0; n],
-        }
-    }
-
-    fn forward(&mut self, th: &Threads, p: &[f32], l: Lin, x: &[f32], eps: f32) {
-        let (n, c) = (self.mean.len(), l.oc);
-        let (w, b) = (&p[l.w()], &p[l.b()]);
-        layernorm_fwd(
-            th,
-            &mut self.out,
-            &mut self.mean,
-            &mut self.rstd,
-            x,
-            w,
-            Some(b),
-            n,
-            c,
-            eps,
-        );
-    }
-
-    /// `dx += norm'(dout)`, weight and bias gradients into `g`.
-    #[allow(clippy::too_many_arguments)]
-    fn backward(
-        &self,
-        th: &Threads,
-        p: &[f32],
-        g: &mut [f32],
-        l: Lin,
-        dx: &mut [f32],
-        dout: &[f32],
-        x: &[f32],
-    ) {
-        let (n, c) = (self.mean.len(), l.oc);
-        let (gw, gb) = g[l.all()].split_at_mut(c);
-        let w = &p[l.w()];
-        layernorm_bwd(
-            th,
-            dx,
-            gw,
-            Some(gb),
-            dout,
-            x,
-            w,
-            &self.mean,
-            &self.rstd,
-            n,
-            c,
-        );
-    }
-}
-
-/// What one block's backward needs.
+/// One block's saved state: its input (N, C) and the one block's activations (its
+/// [`Dims::block_acts_len`] arena, the MLP's parts empty).
 #[derive(Debug)]
-struct BlockActs {
-    /// The block's input (N, C).
+struct LayerActs {
     x: Vec<f32>,
-    ln1: NormActs,
-    /// (N, 3C).
-    qkv: Vec<f32>,
-    /// Attention output before proj (N, C), its log-sum-exps (B, H, T).
-    atty: Vec<f32>,
-    lse: Vec<f32>,
-    /// x + attention (N, C).
-    res: Vec<f32>,
-    ln2: NormActs,
+    arena: Vec<f32>,
+}
+
+/// The one block over the attention half of layer `r` of this buffer (absolute ranges: the
+/// block reads `p` and writes `g` whole); its MLP ranges are empty (the MoE layer is the
+/// feed-forward).
+fn attention_block(cfg: &ModelConfig, r: &BlockRanges, total: usize) -> Block {
+    let layout = BlockLayout {
+        ln1_w: r.ln1.w(),
+        ln1_b: Some(r.ln1.b()),
+        qkv_w: r.qkv.w(),
+        qkv_b: Some(r.qkv.b()),
+        proj_w: r.proj.w(),
+        proj_b: Some(r.proj.b()),
+        ln2_w: r.ln2.w(),
+        ln2_b: Some(r.ln2.b()),
+        fc_w: 0..0,
+        fc_b: None,
+        fcp_w: 0..0,
+        fcp_b: None,
+        size: total,
+    };
+    Block::new(cfg, layout)
 }
 
 /// One rank's decoder at `b` rows of length `t`: the replicated dense tensors, this rank's
@@ -155,15 +78,20 @@ struct BlockActs {
 pub struct MoeModel {
     layout: MoeModelLayout,
     moe: Vec<EpMoeLayer<f32>>,
-    /// (b, t, heads).
-    bth: (usize, usize, usize),
     /// N_global = ep · N, the cross-entropy's denominator.
     n_global: usize,
-    acts: Vec<BlockActs>,
-    /// Final residual (N, C), its norm, logits (N, V) (their gradient after the backward),
-    /// per-row losses and log-sum-exps (N).
+    /// The one block over each layer's attention half, and the blocks' dimensions (no MLP).
+    blocks: Vec<Block>,
+    dims: Dims,
+    acts: Vec<LayerActs>,
+    /// The blocks' backward scratch.
+    scratch: Vec<f32>,
+    /// Final residual (N, C), its norm (N, C) with means and rstds (N), logits (N, V) (their
+    /// gradient after the backward), per-row losses and log-sum-exps (N).
     x_last: Vec<f32>,
-    lnf: NormActs,
+    lnf: Vec<f32>,
+    lnf_mean: Vec<f32>,
+    lnf_rstd: Vec<f32>,
     logits: Vec<f32>,
     losses: Vec<f32>,
     lse: Vec<f32>,
@@ -203,24 +131,35 @@ impl MoeModel {
         let moe = (0..cfg.layers)
             .map(|_| EpMoeLayer::new(cfg.moe, group.clone()))
             .collect::<Result<Vec<_>>>()?;
+        let mut dense = ModelConfig::gpt2(cfg.layers, cfg.heads, c, cfg.seq_len, cfg.vocab);
+        dense.norm_eps = cfg.norm_eps;
+        let dims = Dims {
+            f: 0,
+            fin: 0,
+            ..Dims::new(&dense, b, t)
+        };
+        let blocks = layout
+            .blocks
+            .iter()
+            .map(|r| attention_block(&dense, r, layout.total))
+            .collect();
         let acts = (0..cfg.layers)
-            .map(|_| BlockActs {
+            .map(|_| LayerActs {
                 x: vec![0.0; n * c],
-                ln1: NormActs::new(n, c),
-                qkv: vec![0.0; n * 3 * c],
-                atty: vec![0.0; n * c],
-                lse: vec![0.0; b * cfg.heads * t],
-                res: vec![0.0; n * c],
-                ln2: NormActs::new(n, c),
+                arena: vec![0.0; dims.block_acts_len()],
             })
             .collect();
         Ok(Self {
             moe,
-            bth: (b, t, cfg.heads),
             n_global,
+            blocks,
             acts,
+            scratch: vec![0.0; dims.block_scratch_len()],
+            dims,
             x_last: vec![0.0; n * c],
-            lnf: NormActs::new(n, c),
+            lnf: vec![0.0; n * c],
+            lnf_mean: vec![0.0; n],
+            lnf_rstd: vec![0.0; n],
             logits: vec![0.0; n * cfg.vocab],
             losses: vec![0.0; n],
             lse: vec![0.0; n],
@@ -262,9 +201,8 @@ impl MoeModel {
         self.tokens.copy_from_slice(tokens);
         self.targets.copy_from_slice(targets);
         let l = &self.layout;
-        let (b, t, h) = self.bth;
-        let (n, c, v) = (b * t, l.cfg.moe.channels, l.cfg.vocab);
-        let eps = l.cfg.norm_eps as f32;
+        let (n, c, v, t) = (self.dims.n, self.dims.c, self.dims.v, self.dims.t);
+        let d = &self.dims;
         let mut x = vec![0f32; n * c];
         embed_fwd(
             th,
@@ -277,26 +215,37 @@ impl MoeModel {
             c,
         );
         let mut stats = Vec::with_capacity(self.moe.len());
-        for ((r, a), moe) in l.blocks.iter().zip(&mut self.acts).zip(&mut self.moe) {
+        let layers = self.blocks.iter().zip(&l.blocks);
+        for (((block, r), a), moe) in layers.zip(&mut self.acts).zip(&mut self.moe) {
             a.x.copy_from_slice(&x);
-            a.ln1.forward(th, p, r.ln1, &a.x, eps);
-            lin_fwd(th, p, r.qkv, &mut a.qkv, &a.ln1.out, n);
-            attention_fwd(th, &mut a.atty, &mut a.lse, &a.qkv, b, t, h, h, c / h);
-            // res = x + atty · Wprojᵀ + b: the projection lands in res, then x is added.
-            lin_fwd(th, p, r.proj, &mut a.res, &a.atty, n);
-            add_acc(th, &mut a.res, &a.x);
-            a.ln2.forward(th, p, r.ln2, &a.res, eps);
-            let (y, st) = moe.forward(th, &p[r.moe.clone()], &a.ln2.out)?;
-            x.copy_from_slice(&a.res);
+            let mut acts = BlockActs::carve(&mut a.arena, d);
+            // res2 = x + proj(attention(qkv(ln1(x)))), then ln2 = norm(res2) for the experts.
+            block.attention_forward(th, d, p, None, &mut acts, &a.x, &mut Alone)?;
+            let bl = &block.layout;
+            let (ln2, mean, rstd) = (acts.ln2, acts.ln2_mean, acts.ln2_rstd);
+            block.norm_fwd(th, d, ln2, mean, rstd, acts.res2, p, &bl.ln2_w, &bl.ln2_b);
+            let (y, st) = moe.forward(th, &p[r.moe.clone()], ln2)?;
+            x.copy_from_slice(acts.res2);
             add_acc(th, &mut x, &y);
             stats.push(st);
         }
         self.x_last = x;
-        self.lnf.forward(th, p, l.lnf, &self.x_last, eps);
+        let lnf = (&l.lnf.w(), &Some(l.lnf.b()));
+        self.blocks[0].norm_fwd(
+            th,
+            d,
+            &mut self.lnf,
+            &mut self.lnf_mean,
+            &mut self.lnf_rstd,
+            &self.x_last,
+            p,
+            lnf.0,
+            lnf.1,
+        );
         matmul_fwd(
             th,
             &mut self.logits,
-            &self.lnf.out,
+            &self.lnf,
             &p[l.head.clone()],
             None,
             n,
@@ -332,8 +281,8 @@ impl MoeModel {
         }
         self.forwarded = false;
         let l = &self.layout;
-        let (b, t, h) = self.bth;
-        let (n, c, v) = (b * t, l.cfg.moe.channels, l.cfg.vocab);
+        let d = &self.dims;
+        let (n, c, v, t) = (d.n, d.c, d.v, d.t);
         let scale = 1.0 / self.n_global as f32;
         cross_entropy_bwd(th, &mut self.logits, &self.lse, &self.targets, n, v, scale);
         let mut dln = vec![0f32; n * c];
@@ -343,37 +292,40 @@ impl MoeModel {
             &mut g[l.head.clone()],
             None,
             &self.logits,
-            &self.lnf.out,
+            &self.lnf,
             n,
             c,
             v,
         );
         // dx: the gradient of the residual stream, block output to block input.
         let mut dx = vec![0f32; n * c];
-        self.lnf
-            .backward(th, p, g, l.lnf, &mut dx, &dln, &self.x_last);
-        let (mut datty, mut dqkv) = (vec![0f32; n * c], vec![0f32; n * 3 * c]);
-        for ((r, a), moe) in l.blocks.iter().zip(&self.acts).zip(&mut self.moe).rev() {
-            // x' = res + moe(ln2(res)): dres = dx' + ln2'(moe'(dx')).
+        self.blocks[0].norm_grads(
+            th,
+            d,
+            g,
+            &l.lnf.w(),
+            &Some(l.lnf.b()),
+            &mut dx,
+            &dln,
+            &self.x_last,
+            p,
+            &self.lnf_mean,
+            &self.lnf_rstd,
+        );
+        let mut s = BlockScratch::carve(&mut self.scratch, d);
+        let layers = self.blocks.iter().zip(&l.blocks).zip(&mut self.acts);
+        for (((block, r), a), moe) in layers.zip(&mut self.moe).rev() {
+            let acts = BlockActs::carve(&mut a.arena, d);
+            let bl = &block.layout;
+            // x' = res2 + moe(ln2(res2)): dres2 = dx' + ln2'(moe'(dx')).
             let dy = moe.backward(th, &p[r.moe.clone()], &mut g[r.moe.clone()], &dx)?;
-            a.ln2.backward(th, p, g, r.ln2, &mut dx, &dy, &a.res);
-            // res = x + proj(attention(qkv(ln1(x)))).
-            lin_bwd(th, p, g, r.proj, &mut datty, &dx, &a.atty, n);
-            attention_bwd(
-                th,
-                &mut dqkv,
-                &datty,
-                &a.qkv,
-                &a.atty,
-                &a.lse,
-                b,
-                t,
-                h,
-                h,
-                c / h,
+            let (mean, rstd) = (&*acts.ln2_mean, &*acts.ln2_rstd);
+            block.norm_grads(
+                th, d, g, &bl.ln2_w, &bl.ln2_b, &mut dx, &dy, acts.res2, p, mean, rstd,
             );
-            lin_bwd(th, p, g, r.qkv, &mut dln, &dqkv, &a.ln1.out, n);
-            a.ln1.backward(th, p, g, r.ln1, &mut dx, &dln, &a.x);
+            // res2 = x + proj(attention(qkv(ln1(x)))).
+            block
+                .attention_backward(th, d, p, g, None, &acts, &mut s, &a.x, &mut dx, &mut Alone)?;
         }
         let [wte, wpe] = g
             .get_disjoint_mut([l.wte.clone(), l.wpe.clone()])

@@ -19,17 +19,16 @@
 //! ```
 use crate::config::{Activation, ModelConfig, Norm};
 use crate::error::Result;
-use crate::kernels::activation::{GeluKind, gelu_bwd, gelu_fwd, swiglu_bwd, swiglu_fwd};
-use crate::kernels::attention::{attention_bwd, attention_fwd};
-use crate::kernels::matmul::{matmul_bwd_input, matmul_bwd_weight, matmul_fwd};
+use crate::kernels::matmul::{matmul_bwd_weight, matmul_fwd};
 use crate::kernels::norm::{layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd};
-use crate::kernels::residual::add_acc;
-use crate::kernels::rope::{RopeTable, rope_bwd, rope_fwd};
+use crate::kernels::rope::RopeTable;
 use crate::layout::BlockLayout;
-use crate::profile::{scope, timed};
+use crate::profile::timed;
 use crate::real::Real;
 use crate::threads::Threads;
 use std::ops::Range;
+
+mod halves;
 
 /// Where a block meets the other ranks holding parts of it: Megatron's communication points
 /// `f` and `g` (000 §2.15, F46). A column-parallel linear (QKV, fc) starts with `f` (forward:
@@ -342,9 +341,10 @@ impl Block {
         }
     }
 
-    /// Forward: `out` (N, C) from `x` (N, C), saving activations in `a`. A split block
-    /// (`comm.splits()`) sums each row-parallel output over its group with `comm` (twice, on
-    /// (N, C) buffers).
+    /// Forward: `out` (N, C) from `x` (N, C), saving activations in `a`: the attention half
+    /// ([`Block::attention_forward`]) then the feed-forward half ([`Block::mlp_forward`]). A
+    /// split block (`comm.splits()`) sums each row-parallel output over its group with `comm`
+    /// (twice, on (N, C) buffers).
     ///
     /// # Errors
     /// What `comm` returns.
@@ -360,56 +360,8 @@ impl Block {
         out: &mut [T],
         comm: &mut dyn BlockComm<T>,
     ) -> Result<()> {
-        let l = &self.layout;
-        let (n, c) = (d.n, d.c);
-        let hd = d.h * d.d;
-        timed!(
-            "norm.fwd",
-            self.norm_fwd(
-                th, d, a.ln1, a.ln1_mean, a.ln1_rstd, x, p, &l.ln1_w, &l.ln1_b
-            )
-        );
-        // f: identity; QKV column-parallel over this block's heads.
-        timed!(
-            "matmul.fwd",
-            self.linear(th, p, &l.qkv_w, &l.qkv_b, a.qkv, a.ln1, n, c, d.qkv)
-        );
-        if let Some(table) = rope {
-            timed!(
-                "rope.fwd",
-                rope_fwd(th, a.qkv, table, d.b, d.t, d.h, d.k, d.d)
-            );
-        }
-        timed!(
-            "attention.fwd",
-            attention_fwd(th, a.atty, a.lse, a.qkv, d.b, d.t, d.h, d.k, d.d)
-        );
-        // res2 = x + atty · Wprojᵀ: the projection (row-parallel, g) lands in res2, then x is
-        // added.
-        self.row_linear(th, p, &l.proj_w, &l.proj_b, a.res2, a.atty, n, hd, c, comm)?;
-        timed!("residual", add_acc(th, a.res2, x));
-        timed!(
-            "norm.fwd",
-            self.norm_fwd(
-                th, d, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p, &l.ln2_w, &l.ln2_b
-            )
-        );
-        // f: identity; fc column-parallel over this block's F units.
-        timed!(
-            "matmul.fwd",
-            self.linear(th, p, &l.fc_w, &l.fc_b, a.fch, a.ln2, n, c, d.fin)
-        );
-        let _p = scope("activation.fwd");
-        match self.activation {
-            Activation::Gelu => gelu_fwd(th, a.act, a.fch, GeluKind::Erf),
-            Activation::GeluTanh => gelu_fwd(th, a.act, a.fch, GeluKind::Tanh),
-            Activation::SwiGlu => swiglu_fwd(th, a.act, a.fch, n, d.f),
-        }
-        drop(_p);
-        self.row_linear(th, p, &l.fcp_w, &l.fcp_b, out, a.act, n, d.f, c, comm)?;
-        let _p = scope("residual");
-        add_acc(th, out, a.res2);
-        Ok(())
+        self.attention_forward(th, d, p, rope, a, x, comm)?;
+        self.mlp_forward(th, d, p, a, out, comm)
     }
 
     /// A row-parallel linear and `g`: `out = Σ_group inp · Wᵀ + b`. Whole, the bias is added
@@ -463,101 +415,8 @@ impl Block {
         dx: &mut [T],
         comm: &mut dyn BlockComm<T>,
     ) -> Result<()> {
-        let l = &self.layout;
-        let (n, c) = (d.n, d.c);
-        let hd = d.h * d.d;
-        // MLP output projection.
-        timed!(
-            "matmul.bwd_input",
-            matmul_bwd_input(th, s.dact, T::zero(), dx, &p[l.fcp_w.clone()], n, d.f, c)
-        );
-        timed!(
-            "matmul.bwd_weight",
-            linear_weight_grads(th, g, &l.fcp_w, &l.fcp_b, dx, a.act, n, d.f, c)
-        );
-        let _p = scope("activation.bwd");
-        match self.activation {
-            Activation::Gelu => gelu_bwd(th, s.dfch, a.fch, s.dact, GeluKind::Erf),
-            Activation::GeluTanh => gelu_bwd(th, s.dfch, a.fch, s.dact, GeluKind::Tanh),
-            Activation::SwiGlu => swiglu_bwd(th, s.dfch, s.dact, a.fch, n, d.f),
-        }
-        drop(_p);
-        timed!(
-            "matmul.bwd_input",
-            matmul_bwd_input(
-                th,
-                s.dln,
-                T::zero(),
-                s.dfch,
-                &p[l.fc_w.clone()],
-                n,
-                c,
-                d.fin
-            )
-        );
-        // f's backward: the input gradient is a partial sum over this block's F units.
-        if comm.splits() {
-            comm.sum(s.dln)?;
-        }
-        timed!(
-            "matmul.bwd_weight",
-            linear_weight_grads(th, g, &l.fc_w, &l.fc_b, s.dfch, a.ln2, n, c, d.fin)
-        );
-        timed!(
-            "norm.bwd",
-            self.norm_grads(
-                th, d, g, &l.ln2_w, &l.ln2_b, dx, s.dln, a.res2, p, a.ln2_mean, a.ln2_rstd
-            )
-        );
-        // dx now holds d res2. Attention output projection.
-        timed!(
-            "matmul.bwd_input",
-            matmul_bwd_input(th, s.datty, T::zero(), dx, &p[l.proj_w.clone()], n, hd, c)
-        );
-        timed!(
-            "matmul.bwd_weight",
-            linear_weight_grads(th, g, &l.proj_w, &l.proj_b, dx, a.atty, n, hd, c)
-        );
-        timed!(
-            "attention.bwd",
-            attention_bwd(
-                th, s.dqkv, s.datty, a.qkv, a.atty, a.lse, d.b, d.t, d.h, d.k, d.d
-            )
-        );
-        if let Some(table) = rope {
-            timed!(
-                "rope.bwd",
-                rope_bwd(th, s.dqkv, table, d.b, d.t, d.h, d.k, d.d)
-            );
-        }
-        timed!(
-            "matmul.bwd_input",
-            matmul_bwd_input(
-                th,
-                s.dln,
-                T::zero(),
-                s.dqkv,
-                &p[l.qkv_w.clone()],
-                n,
-                c,
-                d.qkv
-            )
-        );
-        // f's backward: a partial sum over this block's heads.
-        if comm.splits() {
-            comm.sum(s.dln)?;
-        }
-        timed!(
-            "matmul.bwd_weight",
-            linear_weight_grads(th, g, &l.qkv_w, &l.qkv_b, s.dqkv, a.ln1, n, c, d.qkv)
-        );
-        timed!(
-            "norm.bwd",
-            self.norm_grads(
-                th, d, g, &l.ln1_w, &l.ln1_b, dx, s.dln, x, p, a.ln1_mean, a.ln1_rstd
-            )
-        );
-        Ok(())
+        self.mlp_backward(th, d, p, g, a, s, dx, comm)?;
+        self.attention_backward(th, d, p, g, rope, a, s, x, dx, comm)
     }
 
     /// A linear forward with its weight and bias at `w`/`b` inside `p`:
