@@ -133,6 +133,11 @@ pub struct MeshArgs {
     /// embeddings and head replicated. T must divide the world, heads, kv_heads and ffn.
     #[arg(long, default_value_t = 1, value_parser = usize_in(1, MAX_DEGREE))]
     tp: usize,
+    /// Megatron sequence parallelism with --tp: each TP rank keeps 1/T of the rows of the
+    /// residual stream, norms and block outputs; an all-gather / reduce-scatter pair replaces
+    /// each all-reduce. Needs --tp 2 or more; batch x seq_len must divide by T.
+    #[arg(long)]
+    sp: bool,
     /// Pipeline stages: the blocks cut into P contiguous stages exchanging activations
     /// point to point; --grad-accum micro-batches per step run under --pipeline-schedule.
     #[arg(long, default_value_t = 1, value_parser = usize_in(1, MAX_DEGREE))]
@@ -154,6 +159,7 @@ impl Args {
             .build(self.model.build()?, self.model.vocab.is_some())?;
         let layout = LayoutConfig {
             tp: self.mesh.tp,
+            sp: self.mesh.sp,
             pp: self.mesh.pp,
             schedule: self.mesh.pipeline_schedule,
             zero: self.zero,

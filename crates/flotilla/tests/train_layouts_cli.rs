@@ -203,6 +203,42 @@ fn dp2_x_tp2_with_recompute_trains_the_losses_of_dp2_x_tp2() {
     assert_eq!(step_lines(&recompute), plain, "recompute is exact");
 }
 
+/// `--sp`: DP2 x TP2 with sequence parallelism trains the losses of DP2 x TP2 (within float
+/// summation order) and prints its activations per layer, measured from the arena, within 10%
+/// of the planner's term for this engine and below the run without it.
+#[test]
+fn dp2_x_tp2_with_sequence_parallelism_trains_and_saves_activation_memory() {
+    let _one = serial();
+    let dp_tp = ["--nproc", "4", "--tp", "2", "--batch", "2"];
+    let extra = ["--steps", "3", "--max-restarts", "0"];
+    let plain = train_ok(&dp_tp, &extra);
+    let mut sp = dp_tp.to_vec();
+    sp.push("--sp");
+    let with = train_ok(&sp, &extra);
+    let (a, b) = (loss_values(&with), loss_values(&plain));
+    assert_eq!(a.len(), 3, "{with}");
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-4 * y.abs(), "--sp loss {x} vs {y}");
+    }
+    // "...: X MB measured; planner Y MB for this engine, published formula Z MB"
+    let mb = |out: &str| -> (f64, f64) {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("# activations per layer"))
+            .unwrap_or_else(|| panic!("no activation line:\n{out}"));
+        let nums: Vec<f64> = line
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        let n = nums.len();
+        (nums[n - 3], nums[n - 2])
+    };
+    let (on, on_plan) = mb(&with);
+    let (off, _) = mb(&plain);
+    assert!((on - on_plan).abs() <= 0.1 * on_plan, "{with}");
+    assert!(on < off, "--sp {on} MB vs {off} MB without:\n{with}");
+}
+
 /// The state line's three measured and three planned megabytes.
 fn state_mb(out: &str) -> ([f64; 3], [f64; 3]) {
     let line = out

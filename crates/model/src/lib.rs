@@ -24,7 +24,7 @@ pub mod real;
 pub mod rng;
 pub mod threads;
 
-pub use error::ModelError;
+pub use error::{ModelError, Result};
 pub use real::Real;
 pub use threads::Threads;
 pub mod block;

@@ -71,9 +71,11 @@ impl<T: Real> Model<T> {
             (Unit::Embed, Some(_), _) => {
                 return Err(extra("input", "the embeddings take tokens, not a residual"));
             }
-            (_, Some(x), None) => {
-                self.check_len("input residual (N*C)", x.len(), self.dims.n * self.dims.c)?
-            }
+            (_, Some(x), None) => self.check_len(
+                "input residual (rows*C)",
+                x.len(),
+                self.dims.rows * self.dims.c,
+            )?,
             (_, None, _) => {
                 return Err(missing(
                     "input",
@@ -157,7 +159,11 @@ impl<T: Real> Model<T> {
                 ));
             }
             (_, Some(g)) => {
-                self.check_len("output gradient (N*C)", g.len(), self.dims.n * self.dims.c)?;
+                self.check_len(
+                    "output gradient (rows*C)",
+                    g.len(),
+                    self.dims.rows * self.dims.c,
+                )?;
                 if !ran_past {
                     return Err(refuse(format!(
                         "the forward has not run {last:?} yet (next is {:?})",

@@ -26,6 +26,7 @@ pub mod cluster;
 pub mod collectives;
 pub mod cost;
 pub mod data;
+pub mod engine_memory;
 pub mod error;
 pub mod hardware;
 pub mod job;

@@ -125,7 +125,7 @@ impl GradStep<'_> {
         if first {
             grads.fill(0.0);
         }
-        let mut group = tensor.map(|t| TpGroup::new(&t.group));
+        let mut group = tensor.map(TpGroup::of);
         let mut alone = Alone;
         let comm: &mut dyn BlockComm<f32> = match &mut group {
             Some(g) => g,

@@ -129,22 +129,24 @@ impl Trainer {
 
     /// The trainer of every layout without pipeline stages: one process, data parallel over
     /// `dp` (buckets of `bucket_bytes` overlapping the backward), ZeRO `stage` over it, and the
-    /// model split over the tensor-parallel group `tp` when given ([`crate::tensor`]).
+    /// model split over the tensor-parallel group `tp` when given ([`crate::tensor`]), with
+    /// sequence parallelism when its flag is set.
     pub(crate) fn build(
         cfg: TrainConfig,
         dp: Option<(ProcessGroup, usize)>,
         stage: Option<Stage>,
-        tp: Option<ProcessGroup>,
+        tp: Option<(ProcessGroup, bool)>,
     ) -> Result<Self> {
         cfg.validate()?;
         let th = Threads::new(cfg.threads)?;
+        let rows = (cfg.batch, cfg.seq_len);
         let tensor = match tp {
-            Some(g) => Some(TpPart::new(&cfg.model, g, cfg.batch, cfg.seq_len)?),
+            Some((g, sequence)) => Some(TpPart::new(&cfg.model, g, rows, sequence)?),
             None => None,
         };
         let recompute = vec![cfg.recompute; cfg.model.layers];
-        let degree = tensor.as_ref().map_or(1, TpPart::tp);
-        let model = Model::<f32>::split(&cfg.model, cfg.batch, cfg.seq_len, recompute, degree)?;
+        let split = tensor.as_ref().map_or((1, false), |t| (t.tp(), t.sequence));
+        let model = Model::<f32>::split(&cfg.model, cfg.batch, cfg.seq_len, recompute, split)?;
         check_state_fits(
             model.n_params(),
             stage,
@@ -512,7 +514,7 @@ impl Trainer {
         let count = self.cfg.grad_accum.max(1);
         let z = self.zero.as_mut().expect("a ZeRO trainer");
         let (mut loss_sum, mut data_seconds) = (0.0, 0.0);
-        let mut group = self.tensor.as_ref().map(|t| TpGroup::new(&t.group));
+        let mut group = self.tensor.as_ref().map(TpGroup::of);
         let mut alone = Alone;
         let comm: &mut dyn BlockComm<f32> = match &mut group {
             Some(g) => g,
@@ -589,7 +591,7 @@ impl Trainer {
     /// Mean loss over `batches` fresh batches without updating anything.
     pub fn eval_loss(&mut self, batches: usize) -> Result<f64> {
         let mut sum = 0.0;
-        let mut group = self.tensor.as_ref().map(|t| TpGroup::new(&t.group));
+        let mut group = self.tensor.as_ref().map(TpGroup::of);
         let mut alone = Alone;
         let comm: &mut dyn BlockComm<f32> = match &mut group {
             Some(g) => g,

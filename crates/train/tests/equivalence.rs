@@ -174,10 +174,16 @@ fn trainer_run(cfg: TrainConfig, world: usize, stage: u8) -> Run {
 
 /// DP x TP on a mesh of `dp x tp` ranks (plain TP when dp = 1), with ZeRO stage `zero` (0: none) over the replicas.
 fn tensor_run(cfg: TrainConfig, dp: usize, tp: usize, zero: u8) -> Run {
+    tensor_sp_run(cfg, (dp, tp), zero, false)
+}
+
+/// [`tensor_run`] with sequence parallelism when `sequence`.
+fn tensor_sp_run(cfg: TrainConfig, (dp, tp): (usize, usize), zero: u8, sequence: bool) -> Run {
     ranks(dp * tp, move |g| {
         let mesh = DeviceMesh::new(&g, MeshShape::new(dp, 1, tp), false).expect("mesh");
         let stage = Stage::from_number(zero).expect("stage");
-        let mut t = Trainer::on_mesh(cfg.clone(), &mesh, stage, 16 << 10).expect("tp trainer");
+        let mut t =
+            Trainer::on_mesh(cfg.clone(), &mesh, (stage, sequence), 16 << 10).expect("tp trainer");
         let (mut losses, mut norms) = (vec![], vec![]);
         for _ in 0..STEPS {
             let s = t.step().expect("step");
@@ -370,6 +376,21 @@ fn layouts() -> Vec<Layout> {
                 tensor_run(c, 2, 2, 0)
             }),
             Some("gpt2 b4 a2"),
+        ),
+        (
+            "dp2 tp2 sp",
+            Box::new(|| tensor_sp_run(gpt2(2, 2), (2, 2), 0, true)),
+            Some("gpt2 b4 a2"),
+        ),
+        (
+            "dp2 tp2 sp zero3",
+            Box::new(|| tensor_sp_run(gpt2(2, 2), (2, 2), 3, true)),
+            Some("gpt2 b4 a2"),
+        ),
+        (
+            "llama tp2 sp",
+            Box::new(|| tensor_sp_run(llama(4, 2), (1, 2), 0, true)),
+            Some("llama b4 a2"),
         ),
         (
             "dp2 tp2 bf16",

@@ -67,11 +67,21 @@ fn reference(
     let mut acts = vec![0f32; d.block_acts_len()];
     let mut scratch = vec![0f32; d.block_scratch_len()];
     let mut a = BlockActs::carve(&mut acts, &d);
+    let mut s = BlockScratch::carve(&mut scratch, &d);
     let mut out = vec![0f32; x.len()];
     block
-        .forward(&th, &d, p, rope.as_ref(), &mut a, x, &mut out, &mut Alone)
+        .forward(
+            &th,
+            &d,
+            p,
+            rope.as_ref(),
+            &mut a,
+            &mut s,
+            x,
+            &mut out,
+            &mut Alone,
+        )
         .unwrap();
-    let mut s = BlockScratch::carve(&mut scratch, &d);
     let mut g = vec![0f32; p.len()];
     let mut dx = dout.to_vec();
     block

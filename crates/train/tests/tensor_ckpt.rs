@@ -102,7 +102,7 @@ fn mesh_leg(
     let cfg = cfg.clone();
     let out = run_threads(dp * tp, GroupConfig::default(), move |g| {
         let mesh = DeviceMesh::new(&g, MeshShape::new(dp, 1, tp), false)?;
-        let mut t = Trainer::on_mesh(cfg.clone(), &mesh, None, 1 << 20).unwrap();
+        let mut t = Trainer::on_mesh(cfg.clone(), &mesh, (None, false), 1 << 20).unwrap();
         if let Some(dir) = &resume {
             let resumed = train::checkpoint::resume_collectively(dir, Some(&g), |c| t.restore(c));
             assert_eq!(resumed.unwrap().map(|r| r.0), Some(HALF));

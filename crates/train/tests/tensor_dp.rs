@@ -83,7 +83,7 @@ fn mesh_run((dp, tp): (usize, usize), group: GroupConfig, cfg: &TrainConfig) -> 
     let cfg = cfg.clone();
     run_threads(dp * tp, group, move |g| {
         let mesh = DeviceMesh::new(&g, MeshShape::new(dp, 1, tp), false)?;
-        let mut t = Trainer::on_mesh(cfg.clone(), &mesh, None, 1 << 20).unwrap();
+        let mut t = Trainer::on_mesh(cfg.clone(), &mesh, (None, false), 1 << 20).unwrap();
         let c = mesh.coord();
         assert_eq!(
             (t.rank(), t.world(), t.tp_rank(), t.tp()),
@@ -262,7 +262,7 @@ fn refused_with_groups(
         let dp = mine.pop().expect("a dp group");
         let tp = mine.pop().expect("a tp group");
         Ok(
-            Trainer::tensor_data_parallel(cfg(g.rank()), tp, dp, None, 1 << 20)
+            Trainer::tensor_data_parallel(cfg(g.rank()), (tp, false), dp, None, 1 << 20)
                 .err()
                 .map(|e| e.to_string()),
         )
@@ -284,7 +284,7 @@ fn mismatched_degrees_and_setups_are_refused_on_every_rank() {
     let e = run_threads(4, uncalibrated(), |g| {
         let r = DeviceMesh::new(&g, MeshShape::new(2, 1, 3), false)
             .map_err(TrainError::from)
-            .and_then(|mesh| Trainer::on_mesh(gpt2(), &mesh, None, 1 << 20));
+            .and_then(|mesh| Trainer::on_mesh(gpt2(), &mesh, (None, false), 1 << 20));
         Ok(r.err().map(|e| e.to_string()))
     })
     .unwrap();
@@ -357,7 +357,7 @@ fn mismatched_degrees_and_setups_are_refused_on_every_rank() {
     // Pipeline stages are not composed with tensor parallelism yet.
     let e = run_threads(4, uncalibrated(), |g| {
         let mesh = DeviceMesh::new(&g, MeshShape::new(1, 2, 2), false)?;
-        Ok(Trainer::on_mesh(gpt2(), &mesh, None, 1 << 20)
+        Ok(Trainer::on_mesh(gpt2(), &mesh, (None, false), 1 << 20)
             .err()
             .map(|e| e.to_string()))
     })

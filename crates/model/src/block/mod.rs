@@ -47,6 +47,46 @@ pub trait BlockComm<T> {
     /// # Errors
     /// [`crate::ModelError::Comm`] when the group's collective fails.
     fn sum(&mut self, buf: &mut [T]) -> Result<()>;
+
+    /// Whether the residual stream is split by rows over the group (Megatron's sequence
+    /// parallelism, 000 L3239): each rank keeps `rows = N/tp` consecutive rows of it, `f`
+    /// all-gathers the norm's rows before a column-parallel linear and `g` reduce-scatters a
+    /// row-parallel linear's partial output into the rows, in place of the sums.
+    fn sequence(&self) -> bool {
+        false
+    }
+
+    /// This rank's index in the group and the group's size: which rows of the residual stream
+    /// it keeps under sequence parallelism.
+    fn part(&self) -> (usize, usize) {
+        (0, 1)
+    }
+
+    /// Gathers every rank's `rows` (rows/parts of `whole`) into `whole`, in rank order:
+    /// `f`'s forward and `g`'s backward under sequence parallelism.
+    ///
+    /// # Errors
+    /// [`crate::ModelError::Comm`] when the group's collective fails.
+    fn gather(&mut self, rows: &[T], whole: &mut [T]) -> Result<()>
+    where
+        T: Copy,
+    {
+        whole.copy_from_slice(rows);
+        Ok(())
+    }
+
+    /// Sums `whole` over the group and keeps this rank's rows in `rows`: `g`'s forward and
+    /// `f`'s backward under sequence parallelism.
+    ///
+    /// # Errors
+    /// [`crate::ModelError::Comm`] when the group's collective fails.
+    fn scatter(&mut self, whole: &mut [T], rows: &mut [T]) -> Result<()>
+    where
+        T: Copy,
+    {
+        rows.copy_from_slice(whole);
+        Ok(())
+    }
 }
 
 /// The [`BlockComm`] of a whole block on one process: no group, nothing to sum.
@@ -83,6 +123,9 @@ pub struct Dims {
     pub t: usize,
     /// Rows, B*T (N).
     pub n: usize,
+    /// Rows of the residual stream this rank keeps: N, or N/tp under sequence parallelism
+    /// (the norms, residuals and block outputs; the linears and attention see all N).
+    pub rows: usize,
     /// Width (C).
     pub c: usize,
     /// Query heads (H).
@@ -108,6 +151,7 @@ impl Dims {
             b,
             t,
             n: b * t,
+            rows: b * t,
             c: cfg.d_model,
             h: cfg.heads,
             k: cfg.kv_heads,
@@ -135,11 +179,26 @@ impl Dims {
         }
     }
 
-    /// Elements of one block's saved activations (everything but its output).
+    /// The dimensions under sequence parallelism over `tp` ranks: each keeps `rows = N/tp`
+    /// rows of the residual stream. `tp` must divide N (checked by [`crate::model::Model`]).
+    pub fn sequence(&self, tp: usize) -> Self {
+        Self {
+            rows: self.n / tp,
+            ..self.clone()
+        }
+    }
+
+    /// Whether the residual stream is split by rows (sequence parallelism).
+    pub fn sequence_split(&self) -> bool {
+        self.rows < self.n
+    }
+
+    /// Elements of one block's saved activations (everything but its output): the norms'
+    /// outputs and statistics and the residual on `rows` rows, the rest on all N.
     pub fn block_acts_len(&self) -> usize {
-        let (n, c) = (self.n, self.c);
-        4 * n * c
-            + 6 * n
+        let (n, c, r) = (self.n, self.c, self.rows);
+        3 * r * c
+            + 4 * r
             + n * self.qkv
             + n * self.h * self.d
             + self.b * self.h * self.t
@@ -147,10 +206,20 @@ impl Dims {
             + n * self.f
     }
 
-    /// Elements of the backward scratch of one block.
+    /// Elements of the backward scratch of one block (under sequence parallelism also the
+    /// gather buffer (N, C), the scattered rows (rows, C) and the norms' partial gradients).
     pub fn block_scratch_len(&self) -> usize {
         let n = self.n;
-        n * self.f + n * self.fin + n * self.c + n * self.h * self.d + n * self.qkv
+        let wide = self.wide_len();
+        n * self.f + n * self.fin + n * self.c + n * self.h * self.d + n * self.qkv + wide
+    }
+
+    /// The sequence-parallel part of the scratch: (N, C) + (rows, C) + 2C, or nothing.
+    fn wide_len(&self) -> usize {
+        match self.sequence_split() {
+            true => self.n * self.c + self.rows * self.c + 2 * self.c,
+            false => 0,
+        }
     }
 }
 
@@ -172,11 +241,11 @@ impl<'a, T> Carve<'a, T> {
 
 /// What one block's backward needs from its forward.
 pub struct BlockActs<'a, T> {
-    /// ln1 output (N, C).
+    /// ln1 output (rows, C).
     pub ln1: &'a mut [T],
-    /// ln1 row means (N) (LayerNorm only).
+    /// ln1 row means (rows) (LayerNorm only).
     pub ln1_mean: &'a mut [T],
-    /// ln1 reciprocal std (N).
+    /// ln1 reciprocal std (rows).
     pub ln1_rstd: &'a mut [T],
     /// q, k (rotated) and v (N, (H+2K)D).
     pub qkv: &'a mut [T],
@@ -184,13 +253,13 @@ pub struct BlockActs<'a, T> {
     pub atty: &'a mut [T],
     /// attention log-sum-exp per query (B, H, T).
     pub lse: &'a mut [T],
-    /// residual after attention (N, C).
+    /// residual after attention (rows, C).
     pub res2: &'a mut [T],
-    /// ln2 output (N, C).
+    /// ln2 output (rows, C).
     pub ln2: &'a mut [T],
-    /// ln2 row means (N).
+    /// ln2 row means (rows).
     pub ln2_mean: &'a mut [T],
-    /// ln2 reciprocal std (N).
+    /// ln2 reciprocal std (rows).
     pub ln2_rstd: &'a mut [T],
     /// first MLP linear output, pre-activation (N, Fin).
     pub fch: &'a mut [T],
@@ -201,19 +270,19 @@ pub struct BlockActs<'a, T> {
 impl<'a, T> BlockActs<'a, T> {
     /// Carve the fields out of `buf` (length [`Dims::block_acts_len`]).
     pub fn carve(buf: &'a mut [T], d: &Dims) -> Self {
-        let (n, c) = (d.n, d.c);
+        let (n, c, r) = (d.n, d.c, d.rows);
         let mut k = Carve::new(buf);
         Self {
-            ln1: k.take(n * c),
-            ln1_mean: k.take(n),
-            ln1_rstd: k.take(n),
+            ln1: k.take(r * c),
+            ln1_mean: k.take(r),
+            ln1_rstd: k.take(r),
             qkv: k.take(n * d.qkv),
             atty: k.take(n * d.h * d.d),
             lse: k.take(d.b * d.h * d.t),
-            res2: k.take(n * c),
-            ln2: k.take(n * c),
-            ln2_mean: k.take(n),
-            ln2_rstd: k.take(n),
+            res2: k.take(r * c),
+            ln2: k.take(r * c),
+            ln2_mean: k.take(r),
+            ln2_rstd: k.take(r),
             fch: k.take(n * d.fin),
             act: k.take(n * d.f),
         }
@@ -224,9 +293,15 @@ impl<'a, T> BlockActs<'a, T> {
 pub struct BlockScratch<'a, T> {
     dact: &'a mut [T],
     dfch: &'a mut [T],
-    dln: &'a mut [T],
+    /// A column-parallel linear's input gradient (N, C).
+    pub(crate) dln: &'a mut [T],
     datty: &'a mut [T],
     dqkv: &'a mut [T],
+    /// Sequence parallelism only (else empty): the gathered rows (N, C), this rank's rows of
+    /// a reduce-scatter (rows, C), and a norm's partial weight and bias gradients (2C).
+    pub(crate) wide: &'a mut [T],
+    pub(crate) part: &'a mut [T],
+    pub(crate) norm: &'a mut [T],
 }
 
 impl<'a, T> BlockScratch<'a, T> {
@@ -240,6 +315,9 @@ impl<'a, T> BlockScratch<'a, T> {
             dln: k.take(n * d.c),
             datty: k.take(n * d.h * d.d),
             dqkv: k.take(n * d.qkv),
+            wide: k.take(if d.sequence_split() { n * d.c } else { 0 }),
+            part: k.take(if d.sequence_split() { d.rows * d.c } else { 0 }),
+            norm: k.take(if d.sequence_split() { 2 * d.c } else { 0 }),
         }
     }
 }
@@ -299,9 +377,9 @@ impl Block {
         }
     }
 
-    /// The block's norm (LayerNorm or RMSNorm) forward, with its weight and
-    /// bias at `w`/`b` inside `p`. Also used for the model's final norm and by
-    /// the tensor-parallel block (norms are replicated there).
+    /// The block's norm (LayerNorm or RMSNorm) forward over `d.rows` rows, with its weight
+    /// and bias at `w`/`b` inside `p`. Also used for the model's final norm (norms are
+    /// replicated over a tensor-parallel group).
     pub fn norm_fwd<T: Real>(
         &self,
         th: &Threads,
@@ -316,8 +394,10 @@ impl Block {
     ) {
         let (w, eps) = (&p[w.clone()], T::of(self.eps));
         match self.norm {
-            Norm::LayerNorm => layernorm_fwd(th, out, mean, rstd, x, w, opt(p, b), d.n, d.c, eps),
-            Norm::RmsNorm => rmsnorm_fwd(th, out, rstd, x, w, d.n, d.c, eps),
+            Norm::LayerNorm => {
+                layernorm_fwd(th, out, mean, rstd, x, w, opt(p, b), d.rows, d.c, eps)
+            }
+            Norm::RmsNorm => rmsnorm_fwd(th, out, rstd, x, w, d.rows, d.c, eps),
         }
     }
 
@@ -336,15 +416,17 @@ impl Block {
         rstd: &[T],
     ) {
         match self.norm {
-            Norm::LayerNorm => layernorm_bwd(th, dx, dw, db, dout, x, w, mean, rstd, d.n, d.c),
-            Norm::RmsNorm => rmsnorm_bwd(th, dx, dw, dout, x, w, rstd, d.n, d.c),
+            Norm::LayerNorm => layernorm_bwd(th, dx, dw, db, dout, x, w, mean, rstd, d.rows, d.c),
+            Norm::RmsNorm => rmsnorm_bwd(th, dx, dw, dout, x, w, rstd, d.rows, d.c),
         }
     }
 
-    /// Forward: `out` (N, C) from `x` (N, C), saving activations in `a`: the attention half
-    /// ([`Block::attention_forward`]) then the feed-forward half ([`Block::mlp_forward`]). A
-    /// split block (`comm.splits()`) sums each row-parallel output over its group with `comm`
-    /// (twice, on (N, C) buffers).
+    /// Forward: `out` from `x` (this rank's `d.rows` rows of the residual stream, (rows, C)),
+    /// saving activations in `a` (`s` lends the sequence-parallel gather buffer): the
+    /// attention half ([`Block::attention_forward`]) then the feed-forward half
+    /// ([`Block::mlp_forward`]). A split block (`comm.splits()`) sums each row-parallel output
+    /// over its group with `comm` (twice, on (N, C) buffers), or under sequence parallelism
+    /// all-gathers each norm's rows and reduce-scatters each row-parallel output.
     ///
     /// # Errors
     /// What `comm` returns.
@@ -356,16 +438,19 @@ impl Block {
         p: &[T],
         rope: Option<&RopeTable<T>>,
         a: &mut BlockActs<'_, T>,
+        s: &mut BlockScratch<'_, T>,
         x: &[T],
         out: &mut [T],
         comm: &mut dyn BlockComm<T>,
     ) -> Result<()> {
-        self.attention_forward(th, d, p, rope, a, x, comm)?;
-        self.mlp_forward(th, d, p, a, out, comm)
+        self.attention_forward(th, d, p, rope, a, s, x, comm)?;
+        self.mlp_forward(th, d, p, a, s, out, comm)
     }
 
-    /// A row-parallel linear and `g`: `out = Σ_group inp · Wᵀ + b`. Whole, the bias is added
-    /// inside the matmul; split, the partial outputs are summed first and the bias added once.
+    /// A row-parallel linear and `g`: `out = Σ_group inp · Wᵀ + b`, `inp` (n, c). Whole, the
+    /// bias is added inside the matmul; split, the partial outputs are summed first and the
+    /// bias added once; under sequence parallelism the partial (n, oc) lands in `wide` and is
+    /// reduce-scattered into `out`, this rank's rows.
     #[allow(clippy::too_many_arguments)]
     fn row_linear<T: Real>(
         &self,
@@ -375,20 +460,27 @@ impl Block {
         b: &Option<Range<usize>>,
         out: &mut [T],
         inp: &[T],
-        n: usize,
-        c: usize,
-        oc: usize,
+        (n, c, oc): (usize, usize, usize),
+        wide: &mut [T],
         comm: &mut dyn BlockComm<T>,
     ) -> Result<()> {
         if !comm.splits() {
             timed!("matmul.fwd", self.linear(th, p, w, b, out, inp, n, c, oc));
             return Ok(());
         }
-        timed!(
-            "matmul.fwd",
-            self.linear(th, p, w, &None, out, inp, n, c, oc)
-        );
-        comm.sum(out)?;
+        if comm.sequence() {
+            timed!(
+                "matmul.fwd",
+                self.linear(th, p, w, &None, wide, inp, n, c, oc)
+            );
+            comm.scatter(wide, out)?;
+        } else {
+            timed!(
+                "matmul.fwd",
+                self.linear(th, p, w, &None, out, inp, n, c, oc)
+            );
+            comm.sum(out)?;
+        }
         add_bias(out, opt(p, b));
         Ok(())
     }
@@ -434,6 +526,50 @@ impl Block {
         oc: usize,
     ) {
         matmul_fwd(th, out, inp, &p[w.clone()], opt(p, b), n, c, oc);
+    }
+
+    /// [`Block::norm_grads`] on this rank's rows of the residual stream: under sequence
+    /// parallelism the weight and bias gradients of its rows are partial, so they are
+    /// computed into `tmp` (2C), summed over the group and then added into `g`; otherwise
+    /// straight into `g`.
+    ///
+    /// # Errors
+    /// What `comm` returns.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rows_norm_grads<T: Real>(
+        &self,
+        th: &Threads,
+        d: &Dims,
+        g: &mut [T],
+        (w, b): (&Range<usize>, &Option<Range<usize>>),
+        dx: &mut [T],
+        dnorm: &[T],
+        x: &[T],
+        p: &[T],
+        (mean, rstd): (&[T], &[T]),
+        tmp: &mut [T],
+        comm: &mut dyn BlockComm<T>,
+    ) -> Result<()> {
+        if !comm.sequence() {
+            self.norm_grads(th, d, g, w, b, dx, dnorm, x, p, mean, rstd);
+            return Ok(());
+        }
+        let c = w.len();
+        let (tw, tb) = tmp[..2 * c].split_at_mut(c);
+        tw.fill(T::zero());
+        tb.fill(T::zero());
+        let tb = b.as_ref().map(|_| tb);
+        self.norm_bwd(th, d, dx, tw, tb, dnorm, x, &p[w.clone()], mean, rstd);
+        comm.sum(&mut tmp[..2 * c])?;
+        for (gi, &ti) in g[w.clone()].iter_mut().zip(&tmp[..c]) {
+            *gi += ti;
+        }
+        if let Some(b) = b {
+            for (gi, &ti) in g[b.clone()].iter_mut().zip(&tmp[c..2 * c]) {
+                *gi += ti;
+            }
+        }
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -20,6 +20,9 @@ pub const DEFAULT_BUCKET_BYTES: usize = 1 << 20;
 pub struct LayoutConfig {
     /// Tensor-parallel degree (1: off).
     pub tp: usize,
+    /// Megatron sequence parallelism inside the TP group (000 L3239): the residual stream,
+    /// norms and block outputs split by rows over the `tp` ranks.
+    pub sp: bool,
     /// Pipeline stages (1: off).
     pub pp: usize,
     /// The pipeline's schedule.
@@ -36,6 +39,7 @@ impl Default for LayoutConfig {
     fn default() -> Self {
         Self {
             tp: 1,
+            sp: false,
             pp: 1,
             schedule: ScheduleKind::OneFOneB,
             zero: 0,
@@ -139,6 +143,24 @@ impl RunConfig {
             )));
         }
         let l = &self.layout;
+        if l.sp && l.tp < 2 {
+            return Err(refused(format!(
+                "--sp with --tp {}: sequence parallelism splits the rows over a TP group; \
+                 use --tp 2 or more",
+                l.tp
+            )));
+        }
+        if l.sp && !(self.train.batch * self.train.seq_len).is_multiple_of(l.tp) {
+            return Err(refused(format!(
+                "--sp with --tp {}: each TP rank keeps rows/tp rows, but batch x seq_len = {} x \
+                 {} = {} rows does not divide by {}",
+                l.tp,
+                self.train.batch,
+                self.train.seq_len,
+                self.train.batch * self.train.seq_len,
+                l.tp
+            )));
+        }
         if l.bucket_bytes == 0 {
             return Err(refused("--bucket-mb: must be positive".into()));
         }
@@ -175,6 +197,7 @@ impl RunConfig {
             }
             // What the mesh engines build, refused here rather than in every worker.
             let not_built = [
+                (l.sp && l.pp > 1, format!("--sp with --pp {}", l.pp)),
                 (
                     l.tp > 1 && l.pp > 1 && l.zero != 0,
                     format!("--zero {} with --tp {} and --pp {}", l.zero, l.tp, l.pp),

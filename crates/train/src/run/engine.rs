@@ -93,7 +93,7 @@ impl Engine {
             Engine::Pipeline(Box::new(st))
         } else {
             let stage = Stage::from_number(l.zero)?;
-            let t = Trainer::on_mesh(train, &mesh, stage, l.bucket_bytes)
+            let t = Trainer::on_mesh(train, &mesh, (stage, l.sp), l.bucket_bytes)
                 .map_err(|e| refused(format!("building the tensor-parallel rank: {e}")))?;
             Engine::Tensor(Box::new(t))
         };

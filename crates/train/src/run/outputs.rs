@@ -143,6 +143,9 @@ fn mesh_state_lines(
         comm_buffers: 0,
     };
     let mut lines = vec![report::mesh_state_line(largest, &e.memory)];
+    if let Engine::Tensor(t) = engine {
+        lines.push(report::activation_line(t));
+    }
     if matches!(engine, Engine::Pipeline(_)) && measured.steps > 0 {
         lines.push(format!(
             "# pipeline: the most idle stage waited {:.1} % of its steps; planner bubble {:.1} %",

@@ -79,6 +79,48 @@ pub fn state_line(trainer: &Trainer) -> String {
     )
 }
 
+/// The activation line of a tensor-parallel rank: one layer's activations for one
+/// micro-batch, measured from its arena, beside the planner's term for this engine and the
+/// published formula (Korthikanti et al., without the attention scores this engine's flash
+/// attention does not keep, at 4-byte elements).
+pub fn activation_line(trainer: &Trainer) -> String {
+    let c = trainer.config();
+    let m = &c.model;
+    let (tp, sp) = (
+        trainer.tp(),
+        trainer.tensor_part().is_some_and(|t| t.sequence),
+    );
+    let shape = plan::engine_memory::BlockShape {
+        h: m.d_model,
+        heads: m.heads,
+        kv_heads: m.kv_heads,
+        ffn: m.ffn,
+        gated: m.activation == model::config::Activation::SwiGlu,
+    };
+    let rows = (c.seq_len, c.batch);
+    let planned = plan::engine_memory::engine_activation_bytes_per_layer(shape, rows, tp, sp, 4);
+    let (s, b) = (c.seq_len as f64, c.batch as f64);
+    let (h, a) = (m.d_model as f64, m.heads as f64);
+    let published = plan::memory::activation_bytes_per_layer(
+        s,
+        b,
+        h,
+        a,
+        tp as f64,
+        sp,
+        plan::layout::Recompute::Selective,
+        2.0,
+    );
+    format!(
+        "# activations per layer and micro-batch (tp {tp}, sequence parallel {}): {:.3} MB \
+         measured; planner {:.3} MB for this engine, published formula {:.3} MB",
+        if sp { "on" } else { "off" },
+        trainer.model().layer_activation_bytes() as f64 / 1e6,
+        planned / 1e6,
+        published / 1e6
+    )
+}
+
 /// The state-memory line of a mesh run: the largest rank's state beside the planner's.
 pub fn mesh_state_line(largest: StateMemory, planned: &plan::memory::MemoryBreakdown) -> String {
     let mb = |b: f64| b / 1e6;

@@ -105,7 +105,9 @@ impl<T: Real> TpBlock<T> {
         self.forwarded = false;
         let d = &self.shard.dims;
         let mut a = BlockActs::carve(&mut self.acts, d);
-        self.block.forward(th, d, p, rope, &mut a, x, out, comm)?;
+        let mut s = BlockScratch::carve(&mut self.scratch, d);
+        self.block
+            .forward(th, d, p, rope, &mut a, &mut s, x, out, comm)?;
         self.forwarded = true;
         Ok(())
     }

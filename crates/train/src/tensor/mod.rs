@@ -59,17 +59,39 @@ pub use ::model::block::{Alone, BlockComm};
 pub struct TpGroup<'a> {
     /// The tensor-parallel group.
     pub group: &'a ProcessGroup,
-    /// Seconds spent in its sums so far.
+    /// Seconds spent in its collectives so far.
     pub seconds: f64,
+    /// Whether the residual stream is split by rows over the group (sequence parallelism).
+    pub sequence: bool,
 }
 
 impl<'a> TpGroup<'a> {
-    /// `group` with no time counted yet.
+    /// `group` with no time counted yet, the residual stream whole on every rank.
     pub fn new(group: &'a ProcessGroup) -> Self {
         Self {
             group,
             seconds: 0.0,
+            sequence: false,
         }
+    }
+
+    /// The group of a tensor-parallel part, with its sequence parallelism.
+    pub fn of(part: &'a TpPart) -> Self {
+        Self {
+            sequence: part.sequence,
+            ..Self::new(&part.group)
+        }
+    }
+
+    /// Runs `op` on the group, adding its time; a failure as the block's error.
+    fn timed(
+        &mut self,
+        op: impl FnOnce(&ProcessGroup) -> comm::Result<()>,
+    ) -> std::result::Result<(), ::model::ModelError> {
+        let t = Instant::now();
+        let r = op(self.group);
+        self.seconds += t.elapsed().as_secs_f64();
+        r.map_err(|e| ::model::ModelError::Comm(Box::new(e)))
     }
 }
 
@@ -79,10 +101,37 @@ impl<T: Element> BlockComm<T> for TpGroup<'_> {
     }
 
     fn sum(&mut self, buf: &mut [T]) -> std::result::Result<(), ::model::ModelError> {
-        let t = Instant::now();
-        let r = self.group.all_reduce_with(buf, ReduceOp::Sum, &PINNED);
-        self.seconds += t.elapsed().as_secs_f64();
-        r.map_err(|e| ::model::ModelError::Comm(Box::new(e)))
+        self.timed(|g| g.all_reduce_with(buf, ReduceOp::Sum, &PINNED))
+    }
+
+    fn sequence(&self) -> bool {
+        self.sequence
+    }
+
+    fn part(&self) -> (usize, usize) {
+        (self.group.rank(), self.group.size())
+    }
+
+    fn gather(
+        &mut self,
+        rows: &[T],
+        whole: &mut [T],
+    ) -> std::result::Result<(), ::model::ModelError>
+    where
+        T: Copy,
+    {
+        self.timed(|g| g.all_gather(rows, whole))
+    }
+
+    fn scatter(
+        &mut self,
+        whole: &mut [T],
+        rows: &mut [T],
+    ) -> std::result::Result<(), ::model::ModelError>
+    where
+        T: Copy,
+    {
+        self.timed(|g| g.reduce_scatter_with(whole, rows, ReduceOp::Sum, &PINNED))
     }
 }
 
@@ -119,5 +168,39 @@ impl<T, C: BlockComm<T>> BlockComm<T> for Counted<C> {
         self.calls += 1;
         self.bytes += std::mem::size_of_val(buf);
         self.inner.sum(buf)
+    }
+
+    fn sequence(&self) -> bool {
+        self.inner.sequence()
+    }
+
+    fn part(&self) -> (usize, usize) {
+        self.inner.part()
+    }
+
+    fn gather(
+        &mut self,
+        rows: &[T],
+        whole: &mut [T],
+    ) -> std::result::Result<(), ::model::ModelError>
+    where
+        T: Copy,
+    {
+        self.calls += 1;
+        self.bytes += std::mem::size_of_val(whole);
+        self.inner.gather(rows, whole)
+    }
+
+    fn scatter(
+        &mut self,
+        whole: &mut [T],
+        rows: &mut [T],
+    ) -> std::result::Result<(), ::model::ModelError>
+    where
+        T: Copy,
+    {
+        self.calls += 1;
+        self.bytes += std::mem::size_of_val(whole);
+        self.inner.scatter(whole, rows)
     }
 }

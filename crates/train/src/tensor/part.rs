@@ -40,18 +40,28 @@ pub struct TpPart {
     pub layout: TpLayout,
     /// The local ranges whose gradients this rank counts in the global norm.
     pub counted: Vec<Range<usize>>,
+    /// Whether the residual stream is split by rows over the group too (Megatron's sequence
+    /// parallelism: the norms, residuals and block outputs on `N/tp` rows per rank).
+    pub sequence: bool,
 }
 
 impl TpPart {
-    /// Rank `group.rank()` of a `group.size()`-way split of `cfg` at batch `b`, length `t`.
-    /// Refuses what [`TpLayout::new`] refuses.
-    pub fn new(cfg: &ModelConfig, group: ProcessGroup, b: usize, t: usize) -> Result<Self> {
+    /// Rank `group.rank()` of a `group.size()`-way split of `cfg` at batch `b`, length `t`,
+    /// with the residual stream split by rows too when `sequence`. Refuses what
+    /// [`TpLayout::new`] refuses.
+    pub fn new(
+        cfg: &ModelConfig,
+        group: ProcessGroup,
+        (b, t): (usize, usize),
+        sequence: bool,
+    ) -> Result<Self> {
         let layout = TpLayout::new(cfg, group.size(), group.rank(), b, t)?;
         let counted = layout.norm_ranges();
         Ok(Self {
             group,
             layout,
             counted,
+            sequence,
         })
     }
 

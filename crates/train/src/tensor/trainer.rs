@@ -61,7 +61,7 @@ impl Trainer {
     /// part. Errors naming `tp` when the group size does not divide heads, kv_heads or ffn;
     /// any [`TrainConfig::validate`] error.
     pub fn tensor_parallel(cfg: TrainConfig, tp: ProcessGroup) -> Result<Self> {
-        Self::build(cfg, None, None, Some(tp))
+        Self::build(cfg, None, None, Some((tp, false)))
     }
 
     /// Rank `tp.rank()` of a tensor-parallel group that is replica `dp.rank()` of `dp.size()`
@@ -71,10 +71,11 @@ impl Trainer {
     /// rank of every replica and `tp` one replica's ranks (a `dp x tp` grid, as
     /// [`DeviceMesh`] builds); every rank must pass the same config. Checked collectively over
     /// both groups before anything else: an error naming `data_parallel` and the equation on
-    /// every rank otherwise.
+    /// every rank otherwise. With `sequence` (Megatron's sequence parallelism, 000 L3239) the
+    /// residual stream is split by rows over `tp` too.
     pub fn tensor_data_parallel(
         cfg: TrainConfig,
-        tp: ProcessGroup,
+        (tp, sequence): (ProcessGroup, bool),
         dp: ProcessGroup,
         stage: Option<Stage>,
         bucket_bytes: usize,
@@ -89,7 +90,7 @@ impl Trainer {
         }
         let dp = (dp.size() > 1).then_some((dp, bucket_bytes));
         let stage = stage.filter(|_| dp.is_some());
-        Self::build(cfg, dp, stage, Some(tp))
+        Self::build(cfg, dp, stage, Some((tp, sequence)))
     }
 
     /// [`Trainer::tensor_data_parallel`] over a device mesh's tensor- and data-parallel
@@ -99,7 +100,7 @@ impl Trainer {
     pub fn on_mesh(
         cfg: TrainConfig,
         mesh: &DeviceMesh,
-        stage: Option<Stage>,
+        (stage, sequence): (Option<Stage>, bool),
         bucket_bytes: usize,
     ) -> Result<Self> {
         let shape = mesh.shape();
@@ -120,7 +121,7 @@ impl Trainer {
             }
         }
         let (tp, dp) = (mesh.tp().clone(), mesh.dp().clone());
-        Self::tensor_data_parallel(cfg, tp, dp, stage, bucket_bytes)
+        Self::tensor_data_parallel(cfg, (tp, sequence), dp, stage, bucket_bytes)
     }
 
     /// The tensor-parallel degree (1 without tensor parallelism).

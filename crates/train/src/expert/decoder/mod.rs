@@ -215,12 +215,13 @@ impl MoeModel {
             c,
         );
         let mut stats = Vec::with_capacity(self.moe.len());
+        let mut s = BlockScratch::carve(&mut self.scratch, d);
         let layers = self.blocks.iter().zip(&l.blocks);
         for (((block, r), a), moe) in layers.zip(&mut self.acts).zip(&mut self.moe) {
             a.x.copy_from_slice(&x);
             let mut acts = BlockActs::carve(&mut a.arena, d);
             // res2 = x + proj(attention(qkv(ln1(x)))), then ln2 = norm(res2) for the experts.
-            block.attention_forward(th, d, p, None, &mut acts, &a.x, &mut Alone)?;
+            block.attention_forward(th, d, p, None, &mut acts, &mut s, &a.x, &mut Alone)?;
             let bl = &block.layout;
             let (ln2, mean, rstd) = (acts.ln2, acts.ln2_mean, acts.ln2_rstd);
             block.norm_fwd(th, d, ln2, mean, rstd, acts.res2, p, &bl.ln2_w, &bl.ln2_b);

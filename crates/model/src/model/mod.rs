@@ -4,18 +4,18 @@
 //! The arena is sized once per config and batch ([`ActLayout`]). With
 //! recomputation, each block keeps only its output and the block's other
 //! activations are rebuilt, one block at a time, during the backward.
-use crate::block::{Alone, Block, BlockActs, BlockComm, BlockScratch, Carve, Dims};
+use crate::block::{Alone, Block, BlockActs, BlockComm, BlockScratch, Dims};
 use crate::config::{ModelConfig, Positions};
 use crate::error::{ModelError, Result};
-use crate::kernels::embedding::{embed_bwd, embed_fwd};
-use crate::kernels::loss::{cross_entropy_bwd, cross_entropy_fwd, mean_loss};
-use crate::kernels::matmul::{matmul_bwd_input, matmul_bwd_weight, matmul_fwd};
+use crate::kernels::loss::{cross_entropy_fwd, mean_loss};
 use crate::kernels::rope::RopeTable;
 use crate::layout::{Layout, Unit};
 use crate::profile::timed;
 use crate::real::Real;
 use crate::threads::Threads;
 use std::ops::Range;
+
+mod ends;
 
 /// Where each activation lives in the arena.
 #[derive(Clone, Debug)]
@@ -27,8 +27,11 @@ pub struct ActLayout {
     /// Each block's saved activations; the recomputed blocks all share one
     /// region.
     pub inner: Vec<Range<usize>>,
-    /// Final norm output (N, C), mean (N), rstd (N).
+    /// Final norm output (rows, C), mean (rows), rstd (rows).
     pub lnf: Range<usize>,
+    /// Under sequence parallelism, the final norm's output gathered from every rank (N, C),
+    /// the head's input; empty otherwise.
+    pub lnf_wide: Range<usize>,
     /// Logits (N, V); after the backward they hold the logits' gradient.
     pub logits: Range<usize>,
     /// Per-row loss (N) and log-sum-exp (N).
@@ -73,7 +76,8 @@ impl ActLayout {
             at += len;
             r
         };
-        let nc = d.n * d.c;
+        // The residual stream (embedding output, block outputs) on this rank's rows.
+        let nc = d.rows * d.c;
         let emb = take(nc);
         let mut outs = Vec::with_capacity(layers);
         let mut inner = Vec::with_capacity(layers);
@@ -88,7 +92,8 @@ impl ActLayout {
                 _ => take(d.block_acts_len()),
             });
         }
-        let lnf = take(nc + 2 * d.n);
+        let lnf = take(nc + 2 * d.rows);
+        let lnf_wide = take(if d.sequence_split() { d.n * d.c } else { 0 });
         let logits = take(d.n * d.v);
         let losses = take(2 * d.n);
         Self {
@@ -96,6 +101,7 @@ impl ActLayout {
             outs,
             inner,
             lnf,
+            lnf_wide,
             logits,
             losses,
             total: at,
@@ -151,21 +157,24 @@ impl<T: Real> Model<T> {
         seq_len: usize,
         recompute: Vec<bool>,
     ) -> Result<Self> {
-        Self::split(cfg, batch, seq_len, recompute, 1)
+        Self::split(cfg, batch, seq_len, recompute, (1, false))
     }
 
     /// One rank's part of a `tp`-way tensor-parallel model (000 §2.15): the same decoder with
     /// every block stored as its shard ([`Layout::split`]: the parameters, gradients and
     /// activations of this rank's H/tp heads and F/tp feed-forward units; the embeddings,
-    /// norms and head whole). The units then run with the group's [`BlockComm`]
-    /// ([`Model::forward_with`], [`Model::forward_unit_with`], ...). `tp = 1` is
-    /// [`Model::with_recompute`]. Refuses what [`Layout::split`] refuses.
+    /// norms and head whole). With `sequence` (Megatron's sequence parallelism, 000 L3239)
+    /// the residual stream, the norms and the block outputs keep only this rank's `N/tp`
+    /// rows. The units then run with the group's [`BlockComm`] ([`Model::forward_with`],
+    /// [`Model::forward_unit_with`], ...). `(1, false)` is [`Model::with_recompute`].
+    /// Refuses what [`Layout::split`] refuses, and `sequence` when `tp` does not divide the
+    /// batch's rows.
     pub fn split(
         cfg: &ModelConfig,
         batch: usize,
         seq_len: usize,
         recompute: Vec<bool>,
-        tp: usize,
+        (tp, sequence): (usize, bool),
     ) -> Result<Self> {
         cfg.validate()?;
         cfg.check_split(tp)?;
@@ -191,9 +200,23 @@ impl<T: Real> Model<T> {
             });
         }
         let layout = Layout::split(cfg, tp)?;
-        let dims = Dims::new(cfg, batch, seq_len).split(tp);
+        let mut dims = Dims::new(cfg, batch, seq_len).split(tp);
+        if sequence {
+            if !dims.n.is_multiple_of(tp) {
+                return Err(ModelError::Config {
+                    field: "sequence parallel",
+                    value: format!("tp {tp}"),
+                    reason: format!(
+                        "each rank keeps rows/tp rows of the residual stream: batch x seq_len = \
+                         {batch} x {seq_len} = {} rows must divide by tp ({tp})",
+                        dims.n
+                    ),
+                });
+            }
+            dims = dims.sequence(tp);
+        }
         let acts = ActLayout::new(&dims, &recompute);
-        let floats = acts.total + dims.block_scratch_len() + dims.n * dims.c;
+        let floats = acts.total + dims.block_scratch_len() + dims.rows * dims.c;
         crate::memory::check_fits(
             &format!("the activations of a batch of {batch} x {seq_len} tokens"),
             crate::memory::bytes_of::<T>(floats)
@@ -211,7 +234,7 @@ impl<T: Real> Model<T> {
             cfg: cfg.clone(),
             arena: vec![T::zero(); acts.total],
             scratch: vec![T::zero(); dims.block_scratch_len()],
-            dresid: vec![T::zero(); dims.n * dims.c],
+            dresid: vec![T::zero(); dims.rows * dims.c],
             tokens: vec![0; dims.n],
             targets: vec![0; dims.n],
             want_targets: false,
@@ -249,6 +272,14 @@ impl<T: Real> Model<T> {
     /// Bytes of activations held (arena plus backward scratch).
     pub fn activation_bytes(&self) -> usize {
         (self.arena.len() + self.scratch.len() + self.dresid.len()) * std::mem::size_of::<T>()
+    }
+
+    /// Bytes one block keeps in the arena for its backward: its saved activations and its
+    /// output (this rank's rows of the residual stream). With recompute, the shared region
+    /// counts once for the model, so this is the per-block figure without it.
+    pub fn layer_activation_bytes(&self) -> usize {
+        let per = self.dims.block_acts_len() + self.acts.outs.first().map_or(0, Range::len);
+        per * std::mem::size_of::<T>()
     }
 
     /// The logits of the last forward (N, V); after a backward, their gradient.
@@ -344,7 +375,7 @@ impl<T: Real> Model<T> {
         let layers = self.cfg.layers;
         self.next_fwd = match unit {
             Unit::Embed => {
-                self.embed_forward(th, params);
+                self.embed_forward(th, params, comm)?;
                 Some(Unit::Block(0))
             }
             Unit::Block(l) => {
@@ -356,7 +387,7 @@ impl<T: Real> Model<T> {
                 })
             }
             Unit::Head => {
-                self.head_forward(th, params);
+                self.head_forward(th, params, comm)?;
                 if self.want_targets {
                     self.loss = Some(self.loss_forward(th));
                     self.next_bwd = Some(Unit::Head);
@@ -471,7 +502,7 @@ impl<T: Real> Model<T> {
         let layers = self.cfg.layers;
         self.next_bwd = match unit {
             Unit::Head => {
-                self.head_backward(th, params, grads);
+                self.head_backward(th, params, grads, comm)?;
                 Some(Unit::Block(layers - 1))
             }
             Unit::Block(l) => {
@@ -486,47 +517,11 @@ impl<T: Real> Model<T> {
                 })
             }
             Unit::Embed => {
-                self.embed_backward(th, grads);
+                self.embed_backward(th, grads, comm)?;
                 None
             }
         };
         Ok(())
-    }
-
-    fn embed_backward(&mut self, th: &Threads, grads: &mut [T]) {
-        let d = &self.dims;
-        let (wte, wpe) = match &self.layout.wpe {
-            Some(wpe) => {
-                let [a, b] = grads
-                    .get_disjoint_mut([self.layout.wte.clone(), wpe.clone()])
-                    .expect("disjoint");
-                (a, Some(b))
-            }
-            None => (&mut grads[self.layout.wte.clone()], None),
-        };
-        timed!(
-            "embedding.bwd",
-            embed_bwd(th, wte, wpe, &self.dresid, &self.tokens, d.n, d.t, d.c)
-        );
-    }
-
-    fn embed_forward(&mut self, th: &Threads, params: &[T]) {
-        let d = &self.dims;
-        let wpe = self.layout.wpe.as_ref().map(|r| &params[r.clone()]);
-        let out = &mut self.arena[self.acts.emb.clone()];
-        timed!(
-            "embedding.fwd",
-            embed_fwd(
-                th,
-                out,
-                &self.tokens,
-                &params[self.layout.wte.clone()],
-                wpe,
-                d.n,
-                d.t,
-                d.c
-            )
-        );
     }
 
     fn block_forward(
@@ -545,9 +540,11 @@ impl<T: Real> Model<T> {
             ])
             .expect("arena regions are disjoint");
         let mut a = BlockActs::carve(inner, &self.dims);
+        let mut s = BlockScratch::carve(&mut self.scratch, &self.dims);
         let p = &params[self.layout.blocks[l].clone()];
+        let rope = self.rope.as_ref();
         self.block
-            .forward(th, &self.dims, p, self.rope.as_ref(), &mut a, x, out, comm)
+            .forward(th, &self.dims, p, rope, &mut a, &mut s, x, out, comm)
     }
 
     fn block_backward(
@@ -577,109 +574,5 @@ impl<T: Real> Model<T> {
             &mut self.dresid,
             comm,
         )
-    }
-
-    fn head_weight(&self) -> Range<usize> {
-        self.layout
-            .lm_head
-            .clone()
-            .unwrap_or(self.layout.wte.clone())
-    }
-
-    fn head_forward(&mut self, th: &Threads, params: &[T]) {
-        let d = &self.dims;
-        let hw = self.head_weight();
-        let last = self.acts.outs[self.cfg.layers - 1].clone();
-        let [x, lnf, logits] = self
-            .arena
-            .get_disjoint_mut([last, self.acts.lnf.clone(), self.acts.logits.clone()])
-            .expect("disjoint");
-        let mut k = Carve::new(lnf);
-        let (out, mean, rstd) = (k.take(d.n * d.c), k.take(d.n), k.take(d.n));
-        timed!(
-            "norm.fwd",
-            self.block.norm_fwd(
-                th,
-                d,
-                out,
-                mean,
-                rstd,
-                x,
-                params,
-                &self.layout.lnf_w,
-                &self.layout.lnf_b
-            )
-        );
-        timed!(
-            "lm_head.fwd",
-            matmul_fwd(th, logits, out, &params[hw], None, d.n, d.c, d.v)
-        );
-    }
-
-    fn head_backward(&mut self, th: &Threads, params: &[T], grads: &mut [T]) {
-        let d = self.dims.clone();
-        let hw = self.head_weight();
-        let last = self.acts.outs[self.cfg.layers - 1].clone();
-        let [x, lnf, logits, losses] = self
-            .arena
-            .get_disjoint_mut([
-                last,
-                self.acts.lnf.clone(),
-                self.acts.logits.clone(),
-                self.acts.losses.clone(),
-            ])
-            .expect("disjoint");
-        let lse = &losses[d.n..];
-        // Mean over the N rows.
-        timed!(
-            "cross_entropy.bwd",
-            cross_entropy_bwd(
-                th,
-                logits,
-                lse,
-                &self.targets,
-                d.n,
-                d.v,
-                T::of(1.0 / d.n as f64)
-            )
-        );
-        let mut k = Carve::new(lnf);
-        let (out, mean, rstd) = (k.take(d.n * d.c), k.take(d.n), k.take(d.n));
-        // d lnf lands in the block scratch's first N*C elements.
-        let dlnf = &mut self.scratch[..d.n * d.c];
-        timed!(
-            "lm_head.bwd_input",
-            matmul_bwd_input(
-                th,
-                dlnf,
-                T::zero(),
-                logits,
-                &params[hw.clone()],
-                d.n,
-                d.c,
-                d.v
-            )
-        );
-        timed!(
-            "lm_head.bwd_weight",
-            matmul_bwd_weight(th, &mut grads[hw], None, logits, out, d.n, d.c, d.v)
-        );
-        self.dresid.fill(T::zero());
-        timed!(
-            "norm.bwd",
-            self.block.norm_grads(
-                th,
-                &d,
-                grads,
-                &self.layout.lnf_w,
-                &self.layout.lnf_b,
-                &mut self.dresid,
-                dlnf,
-                x,
-                params,
-                mean,
-                rstd,
-            )
-        );
     }
 }
