@@ -116,7 +116,9 @@ fn main() {
         } else {
             "error: "
         };
-        eprintln!("flotilla: {what}{}", error_chain(&e));
+        // One write: a job's workers share the launcher's stderr.
+        let line = format!("flotilla: {what}{}\n", error_chain(&e));
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         std::process::exit(exit.code());
     }
 }
