@@ -275,7 +275,7 @@ fn preempted_job(cluster: &Cluster, mode: &str, reference: &Path) {
     let first = text();
     assert!(first.contains("# flotilla exited 75"), "{mode}:\n{first}");
     let step = number_after(&first, "# stop requested (SIGTERM): stopping after step ");
-    assert!(step >= 40 && step < STEPS, "{mode}: {step}");
+    assert!((40..STEPS).contains(&step), "{mode}: {step}");
     assert!(
         first.contains(&format!(
             "stopped after step {step}, its checkpoint committed"

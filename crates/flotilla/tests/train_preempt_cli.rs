@@ -201,7 +201,7 @@ fn check_preempted(code: Option<i32>, out: &str, err: &str, took: Duration, ck: 
         .unwrap()
         .parse()
         .unwrap();
-    assert!(step >= 3 && step < STEPS, "{out}");
+    assert!((3..STEPS).contains(&step), "{out}");
     assert_eq!(committed(ck).last(), Some(&step), "{out}");
     assert!(
         took.as_secs_f64() < GRACE_S,
