@@ -171,20 +171,32 @@ fn committed(dir: &Path) -> Vec<u64> {
         .collect()
 }
 
-/// The undisturbed run's stdout and saved model (made once): 2 workers under the launcher.
-fn straight() -> &'static (String, tempfile::TempDir) {
-    static STRAIGHT: OnceLock<(String, tempfile::TempDir)> = OnceLock::new();
-    STRAIGHT.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let save = dir.path().join("model");
-        let out = flotilla()
-            .args(args("2", &["--save", save.to_str().unwrap()]))
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(out.status.success(), "{stdout}");
-        (stdout, dir)
-    })
+/// An undisturbed run: its stdout, and its saved model in `model/` of the directory.
+type Reference = (String, tempfile::TempDir);
+
+/// The undisturbed run of `layout` on `nproc` processes.
+fn undisturbed(nproc: &str, layout: &[&str]) -> Reference {
+    let dir = tempfile::tempdir().unwrap();
+    let (save, ck) = (dir.path().join("model"), dir.path().join("ck"));
+    let mut extra = layout.to_vec();
+    // Its own fresh checkpoint directory (--ckpt-sync needs one): saved at the end only.
+    extra.extend([
+        "--save",
+        save.to_str().unwrap(),
+        "--ckpt-dir",
+        ck.to_str().unwrap(),
+    ]);
+    let out = flotilla().args(args(nproc, &extra)).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    (stdout, dir)
+}
+
+/// The undisturbed data-parallel run (made once): 2 workers under the launcher.
+fn straight() -> &'static Reference {
+    static STRAIGHT: OnceLock<Reference> = OnceLock::new();
+    STRAIGHT.get_or_init(|| undisturbed("2", &[]))
 }
 
 /// After a pre-emption that printed `out` and exited `code` in `took` after the signal: the
@@ -218,7 +230,7 @@ fn check_preempted(code: Option<i32>, out: &str, err: &str, took: Duration, ck: 
 
 /// The rerun of a pre-empted run resumes at `step` and ends like the undisturbed one: every
 /// loss after it, and the saved model byte for byte.
-fn check_resumed(cmd: &mut Command, step: u64, save: &Path) {
+fn check_resumed(cmd: &mut Command, step: u64, save: &Path, (reference, dir): &Reference) {
     let out = cmd.output().unwrap();
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
@@ -233,7 +245,6 @@ fn check_resumed(cmd: &mut Command, step: u64, save: &Path) {
         !stdout.contains(&format!("step {step:>6}/{STEPS}")),
         "step {step} trained twice:\n{stdout}"
     );
-    let (reference, dir) = straight();
     for s in step + 1..=STEPS {
         assert_eq!(
             loss_at(&stdout, s, STEPS),
@@ -248,34 +259,61 @@ fn check_resumed(cmd: &mut Command, step: u64, save: &Path) {
     }
 }
 
-/// SIGTERM to `target(launcher pid)` after step 3 of a run on `nproc`; then the rerun.
-fn preempt_and_resume(nproc: &str, target: impl Fn(u32) -> u32) {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    straight();
+/// SIGTERM to `target(launcher pid)` after step 3 of a run of `layout` on `nproc`; then the
+/// rerun, checked against `reference`.
+fn preempt_and_resume(
+    nproc: &str,
+    layout: &[&str],
+    reference: &Reference,
+    target: impl Fn(u32) -> u32,
+) {
     let tmp = tempfile::tempdir().unwrap();
     let (ck, save) = (tmp.path().join("ck"), tmp.path().join("model"));
-    let extra = [
+    let mut extra = layout.to_vec();
+    extra.extend([
         "--ckpt-dir",
         ck.to_str().unwrap(),
         "--save",
         save.to_str().unwrap(),
-    ];
+    ]);
     let mut run = Running::start(flotilla().args(args(nproc, &extra)));
     run.wait_for(&format!("step      3/{STEPS}"));
     term(target(run.child.id()));
     let (code, out, err, took) = run.finish();
     let step = check_preempted(code, &out, &err, took, &ck);
-    check_resumed(flotilla().args(args(nproc, &extra)), step, &save);
+    check_resumed(flotilla().args(args(nproc, &extra)), step, &save, reference);
 }
 
 #[test]
 fn sigterm_to_the_launcher_saves_and_the_rerun_loses_no_step() {
-    preempt_and_resume("2", |launcher| launcher);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    preempt_and_resume("2", &[], straight(), |launcher| launcher);
+}
+
+/// The mesh engines stop alike: DP1 x TP2 (asynchronous pieces) and a two-stage pipeline
+/// saving synchronously.
+#[test]
+fn tensor_and_pipeline_layouts_stop_at_a_step_and_resume() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let pipeline = [
+        "--pp",
+        "2",
+        "--layers",
+        "2",
+        "--grad-accum",
+        "2",
+        "--ckpt-sync",
+    ];
+    for layout in [&["--tp", "2"][..], &pipeline[..]] {
+        let reference = undisturbed("2", layout);
+        preempt_and_resume("2", layout, &reference, |launcher| launcher);
+    }
 }
 
 #[test]
 fn sigterm_to_one_worker_stops_every_rank_at_the_same_step() {
-    preempt_and_resume("2", |launcher| {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    preempt_and_resume("2", &[], straight(), |launcher| {
         let workers = children(launcher);
         assert_eq!(workers.len(), 2, "{workers:?}");
         workers[1]
@@ -407,7 +445,7 @@ fn srun_tasks_train_stop_on_sigterm_and_resume() {
     assert_eq!(code1, Some(PREEMPTED), "{err1}");
     let mut r0 = task(0);
     let r1 = task(1).stdout(Stdio::null()).spawn().unwrap();
-    check_resumed(&mut r0, step, &save);
+    check_resumed(&mut r0, step, &save, straight());
     let st = r1.wait_with_output().unwrap();
     assert!(st.status.success());
 }

@@ -180,7 +180,11 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
             log.step(&s, saved.as_ref().map(|(s, _)| s.pause))?;
         }
         obs.completed(&s).map_err(crate::TrainError::Observer)?;
-        if cfg.checkpoint.is_some() && stop_agreed(world_group.as_ref(), obs.stop_requested())? {
+        // After the last step the run ends as usual (its final save and outputs follow).
+        if cfg.checkpoint.is_some()
+            && s.step < steps
+            && stop_agreed(world_group.as_ref(), obs.stop_requested())?
+        {
             if lead {
                 obs.line(&format!(
                     "# stop requested (SIGTERM): stopping after step {}, saving it",
