@@ -9,6 +9,10 @@ use std::path::PathBuf;
 /// Errors of the checkpoint library.
 #[derive(Debug, thiserror::Error)]
 pub enum CkptError {
+    /// The checkpoint benchmark ([`crate::bench`]) failed: a check that disagreed, a lost
+    /// thread, or an error with what it was doing.
+    #[error("checkpoint bench: {0}")]
+    Bench(String),
     // === Filesystem ===
     /// An I/O operation failed.
     #[error("{op} {}: {source}", path.display())]

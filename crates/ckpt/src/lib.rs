@@ -52,6 +52,7 @@
 //! ```
 
 pub mod async_save;
+pub mod bench;
 pub mod convert;
 pub mod error;
 mod fsio;

@@ -11,7 +11,7 @@ use data::{Dataset, Loader};
 
 use crate::flag_range::{fraction_below_one, positive_f64};
 use crate::loader_args::LoaderRunArgs;
-use crate::page_cache::drop_caches;
+use ckpt::bench::drop_caches;
 
 /// Options of `flotilla data bench`.
 #[derive(clap::Args)]

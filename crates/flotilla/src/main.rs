@@ -19,7 +19,6 @@ mod generate_cmd;
 mod loader_args;
 mod model_args;
 mod moe_args;
-mod page_cache;
 mod plan_cmd;
 mod spawn;
 mod train_cmd;

@@ -191,6 +191,18 @@ fn pp2_x_dp2_with_zero1_trains_the_losses_of_pp2_x_dp2() {
     );
 }
 
+/// Recompute under DP x TP: every block keeps only its output and runs forward again (its
+/// all-reduces too) in the backward, so the losses are the plain run's, bit for bit.
+#[test]
+fn dp2_x_tp2_with_recompute_trains_the_losses_of_dp2_x_tp2() {
+    let dp_tp = ["--nproc", "4", "--tp", "2", "--batch", "2"];
+    let plain = step_lines(&dp_tp);
+    let mut recompute = dp_tp.to_vec();
+    recompute.push("--recompute");
+    assert_eq!(plain.len(), STEPS as usize);
+    assert_eq!(step_lines(&recompute), plain, "recompute is exact");
+}
+
 /// The state line's three measured and three planned megabytes.
 fn state_mb(out: &str) -> ([f64; 3], [f64; 3]) {
     let line = out

@@ -18,6 +18,7 @@
 //!                                             dx    = dres2 + norm'(dln1)
 //! ```
 use crate::config::{Activation, ModelConfig, Norm};
+use crate::error::Result;
 use crate::kernels::activation::{GeluKind, gelu_bwd, gelu_fwd, swiglu_bwd, swiglu_fwd};
 use crate::kernels::attention::{attention_bwd, attention_fwd};
 use crate::kernels::matmul::{matmul_bwd_input, matmul_bwd_weight, matmul_fwd};
@@ -29,6 +30,50 @@ use crate::profile::{scope, timed};
 use crate::real::Real;
 use crate::threads::Threads;
 use std::ops::Range;
+
+/// Where a block meets the other ranks holding parts of it: Megatron's communication points
+/// `f` and `g` (000 §2.15, F46). A column-parallel linear (QKV, fc) starts with `f` (forward:
+/// identity; backward: sum of the input gradient), a row-parallel one (proj, fcp) ends with `g`
+/// (forward: sum of the partial outputs; backward: identity). A whole block ([`Alone`]) has
+/// nothing to communicate; a tensor-parallel shard sums over its group.
+pub trait BlockComm<T> {
+    /// Whether the block's linears are split over a group, so the row-parallel outputs are
+    /// partial sums: their biases are then added once, after [`BlockComm::sum`], instead of
+    /// inside the matmul.
+    fn splits(&self) -> bool;
+
+    /// Sums an (N, C) buffer over the group in place: `g`'s forward after proj and fcp, `f`'s
+    /// backward after the QKV and fc input gradients.
+    ///
+    /// # Errors
+    /// [`crate::ModelError::Comm`] when the group's collective fails.
+    fn sum(&mut self, buf: &mut [T]) -> Result<()>;
+}
+
+/// The [`BlockComm`] of a whole block on one process: no group, nothing to sum.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Alone;
+
+impl<T> BlockComm<T> for Alone {
+    fn splits(&self) -> bool {
+        false
+    }
+
+    fn sum(&mut self, _buf: &mut [T]) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// `out[i, j] += b[j]` for an (N, C) `out`: a row-parallel bias, added once after the sum.
+fn add_bias<T: Real>(out: &mut [T], b: Option<&[T]>) {
+    if let Some(b) = b {
+        for row in out.chunks_exact_mut(b.len()) {
+            for (o, &x) in row.iter_mut().zip(b) {
+                *o += x;
+            }
+        }
+    }
+}
 
 /// Sizes of one forward/backward pass: config dimensions and the batch.
 #[derive(Clone, Debug, PartialEq)]
@@ -72,6 +117,22 @@ impl Dims {
             f: cfg.ffn,
             fin: cfg.ffn_in_dim(),
             v: cfg.vocab,
+        }
+    }
+
+    /// The dimensions of one of `tp` equal shards of the block (000 §2.15: whole heads per
+    /// rank): `h` = H/tp, `k` = K/tp, `qkv` = (H+2K)D/tp, `f` = F/tp, `fin` = Fin/tp; the rows,
+    /// width, head size and vocabulary stay whole. `tp` must divide H, K and F
+    /// ([`ModelConfig::check_split`]).
+    pub fn split(&self, tp: usize) -> Self {
+        let (h, k, f) = (self.h / tp, self.k / tp, self.f / tp);
+        Self {
+            h,
+            k,
+            qkv: (h + 2 * k) * self.d,
+            f,
+            fin: self.fin / tp,
+            ..self.clone()
         }
     }
 
@@ -281,7 +342,13 @@ impl Block {
         }
     }
 
-    /// Forward: `out` (N, C) from `x` (N, C), saving activations in `a`.
+    /// Forward: `out` (N, C) from `x` (N, C), saving activations in `a`. A split block
+    /// (`comm.splits()`) sums each row-parallel output over its group with `comm` (twice, on
+    /// (N, C) buffers).
+    ///
+    /// # Errors
+    /// What `comm` returns.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward<T: Real>(
         &self,
         th: &Threads,
@@ -291,7 +358,8 @@ impl Block {
         a: &mut BlockActs<'_, T>,
         x: &[T],
         out: &mut [T],
-    ) {
+        comm: &mut dyn BlockComm<T>,
+    ) -> Result<()> {
         let l = &self.layout;
         let (n, c) = (d.n, d.c);
         let hd = d.h * d.d;
@@ -301,6 +369,7 @@ impl Block {
                 th, d, a.ln1, a.ln1_mean, a.ln1_rstd, x, p, &l.ln1_w, &l.ln1_b
             )
         );
+        // f: identity; QKV column-parallel over this block's heads.
         timed!(
             "matmul.fwd",
             self.linear(th, p, &l.qkv_w, &l.qkv_b, a.qkv, a.ln1, n, c, d.qkv)
@@ -315,11 +384,9 @@ impl Block {
             "attention.fwd",
             attention_fwd(th, a.atty, a.lse, a.qkv, d.b, d.t, d.h, d.k, d.d)
         );
-        // res2 = x + atty · Wprojᵀ: the projection lands in res2, then x is added.
-        timed!(
-            "matmul.fwd",
-            self.linear(th, p, &l.proj_w, &l.proj_b, a.res2, a.atty, n, hd, c)
-        );
+        // res2 = x + atty · Wprojᵀ: the projection (row-parallel, g) lands in res2, then x is
+        // added.
+        self.row_linear(th, p, &l.proj_w, &l.proj_b, a.res2, a.atty, n, hd, c, comm)?;
         timed!("residual", add_acc(th, a.res2, x));
         timed!(
             "norm.fwd",
@@ -327,6 +394,7 @@ impl Block {
                 th, d, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p, &l.ln2_w, &l.ln2_b
             )
         );
+        // f: identity; fc column-parallel over this block's F units.
         timed!(
             "matmul.fwd",
             self.linear(th, p, &l.fc_w, &l.fc_b, a.fch, a.ln2, n, c, d.fin)
@@ -338,17 +406,49 @@ impl Block {
             Activation::SwiGlu => swiglu_fwd(th, a.act, a.fch, n, d.f),
         }
         drop(_p);
-        timed!(
-            "matmul.fwd",
-            self.linear(th, p, &l.fcp_w, &l.fcp_b, out, a.act, n, d.f, c)
-        );
+        self.row_linear(th, p, &l.fcp_w, &l.fcp_b, out, a.act, n, d.f, c, comm)?;
         let _p = scope("residual");
         add_acc(th, out, a.res2);
+        Ok(())
+    }
+
+    /// A row-parallel linear and `g`: `out = Σ_group inp · Wᵀ + b`. Whole, the bias is added
+    /// inside the matmul; split, the partial outputs are summed first and the bias added once.
+    #[allow(clippy::too_many_arguments)]
+    fn row_linear<T: Real>(
+        &self,
+        th: &Threads,
+        p: &[T],
+        w: &Range<usize>,
+        b: &Option<Range<usize>>,
+        out: &mut [T],
+        inp: &[T],
+        n: usize,
+        c: usize,
+        oc: usize,
+        comm: &mut dyn BlockComm<T>,
+    ) -> Result<()> {
+        if !comm.splits() {
+            timed!("matmul.fwd", self.linear(th, p, w, b, out, inp, n, c, oc));
+            return Ok(());
+        }
+        timed!(
+            "matmul.fwd",
+            self.linear(th, p, w, &None, out, inp, n, c, oc)
+        );
+        comm.sum(out)?;
+        add_bias(out, opt(p, b));
+        Ok(())
     }
 
     /// Backward. On entry `dx` holds the gradient of the block's output; on
     /// exit the gradient of its input. Parameter gradients accumulate into
-    /// `g` (the block's slice of the gradient buffer).
+    /// `g` (the block's slice of the gradient buffer). A split block sums the input gradients
+    /// of its column-parallel linears over its group with `comm` (twice, on (N, C) buffers);
+    /// its replicated tensors' gradients come out whole and equal on every rank.
+    ///
+    /// # Errors
+    /// What `comm` returns.
     #[allow(clippy::too_many_arguments)]
     pub fn backward<T: Real>(
         &self,
@@ -361,7 +461,8 @@ impl Block {
         s: &mut BlockScratch<'_, T>,
         x: &[T],
         dx: &mut [T],
-    ) {
+        comm: &mut dyn BlockComm<T>,
+    ) -> Result<()> {
         let l = &self.layout;
         let (n, c) = (d.n, d.c);
         let hd = d.h * d.d;
@@ -394,6 +495,10 @@ impl Block {
                 d.fin
             )
         );
+        // f's backward: the input gradient is a partial sum over this block's F units.
+        if comm.splits() {
+            comm.sum(s.dln)?;
+        }
         timed!(
             "matmul.bwd_weight",
             linear_weight_grads(th, g, &l.fc_w, &l.fc_b, s.dfch, a.ln2, n, c, d.fin)
@@ -438,6 +543,10 @@ impl Block {
                 d.qkv
             )
         );
+        // f's backward: a partial sum over this block's heads.
+        if comm.splits() {
+            comm.sum(s.dln)?;
+        }
         timed!(
             "matmul.bwd_weight",
             linear_weight_grads(th, g, &l.qkv_w, &l.qkv_b, s.dqkv, a.ln1, n, c, d.qkv)
@@ -448,6 +557,7 @@ impl Block {
                 th, d, g, &l.ln1_w, &l.ln1_b, dx, s.dln, x, p, a.ln1_mean, a.ln1_rstd
             )
         );
+        Ok(())
     }
 
     /// A linear forward with its weight and bias at `w`/`b` inside `p`:

@@ -221,6 +221,35 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// Checks that the blocks split into `tp` equal tensor-parallel shards (000 §2.15: whole
+    /// heads per rank): `tp ≥ 1` dividing `heads`, `kv_heads` and `ffn`. The error names the
+    /// field and states the equation with its values.
+    pub fn check_split(&self, tp: usize) -> Result<()> {
+        let refuse = |reason: String| {
+            Err(ModelError::Config {
+                field: "tp",
+                value: tp.to_string(),
+                reason,
+            })
+        };
+        if tp == 0 {
+            return refuse("must be at least 1".into());
+        }
+        for (field, v) in [
+            ("heads", self.heads),
+            ("kv_heads", self.kv_heads),
+            ("ffn", self.ffn),
+        ] {
+            if v % tp != 0 {
+                return refuse(format!(
+                    "{field} ({v}) % tp ({tp}) = {} != 0: tensor parallelism splits {field} evenly",
+                    v % tp
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Head dimension D = C / H.
     pub fn head_dim(&self) -> usize {
         self.d_model / self.heads

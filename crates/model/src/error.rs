@@ -58,6 +58,9 @@ pub enum ModelError {
     /// Import or export of a weights file failed.
     #[error("{path}: {reason}")]
     Io { path: String, reason: String },
+    /// A split block's collective over its group failed ([`crate::block::BlockComm`]).
+    #[error("block communication: {0}")]
+    Comm(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Result alias for the model crate.

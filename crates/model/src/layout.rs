@@ -27,6 +27,22 @@ pub enum ParamKind {
     NormBias,
 }
 
+/// How a tensor is divided over a tensor-parallel group (000 §2.15, Megatron's column- and
+/// row-parallel linears): the sharding spec every shard layout is derived from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// Whole on every rank (embeddings, norms, row-parallel biases, the head).
+    Replicated,
+    /// Column-parallel: the output rows (dim 0) are cut into consecutive runs of these many
+    /// rows each (in the whole tensor), and every run is split into `tp` equal parts, rank `r`
+    /// keeping part `r` of each run in order. Strided when there are several runs: QKV's
+    /// `[q | k | v]` runs (each rank keeps its heads of each, under GQA too), SwiGLU's fused
+    /// `[gate | up]` halves.
+    Rows(Vec<usize>),
+    /// Row-parallel: the input columns (dim 1) split into `tp` equal consecutive parts.
+    Cols,
+}
+
 /// One parameter tensor inside the flat buffer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ParamEntry {
@@ -40,6 +56,8 @@ pub struct ParamEntry {
     pub layer: Option<usize>,
     /// What it is.
     pub kind: ParamKind,
+    /// How tensor parallelism divides it.
+    pub split: Split,
 }
 
 impl ParamEntry {
@@ -124,6 +142,8 @@ pub struct Layout {
 struct Builder {
     entries: Vec<ParamEntry>,
     at: usize,
+    /// The tensor-parallel degree the shapes are divided by (1: whole).
+    tp: usize,
 }
 
 impl Builder {
@@ -134,12 +154,30 @@ impl Builder {
         layer: Option<usize>,
         kind: ParamKind,
     ) -> Range<usize> {
+        self.push_split(name, shape, layer, kind, Split::Replicated)
+    }
+
+    /// Pushes a tensor of whole shape `shape`, stored as one of `tp` shards under `split`.
+    fn push_split(
+        &mut self,
+        name: String,
+        mut shape: Vec<usize>,
+        layer: Option<usize>,
+        kind: ParamKind,
+        split: Split,
+    ) -> Range<usize> {
+        match split {
+            Split::Replicated => {}
+            Split::Rows(_) => shape[0] /= self.tp,
+            Split::Cols => shape[1] /= self.tp,
+        }
         let e = ParamEntry {
             name,
             shape,
             offset: self.at,
             layer,
             kind,
+            split,
         };
         let r = e.range();
         self.at = r.end;
@@ -155,12 +193,35 @@ fn rel(r: Range<usize>, base: usize) -> Range<usize> {
 impl Layout {
     /// The layout of `cfg` (which must have been validated).
     pub fn new(cfg: &ModelConfig) -> Self {
+        Self::build(cfg, 1)
+    }
+
+    /// The layout of one rank of a `tp`-way tensor-parallel group: the whole layout's table
+    /// with every split tensor stored as its shard ([`ParamEntry::split`]), the same shape and
+    /// offsets on every rank; `Layout::split(cfg, 1)` is [`Layout::new`]. Refuses `tp` not
+    /// dividing heads, kv_heads or ffn ([`ModelConfig::check_split`]).
+    pub fn split(cfg: &ModelConfig, tp: usize) -> crate::error::Result<Self> {
+        cfg.validate()?;
+        cfg.check_split(tp)?;
+        Ok(Self::build(cfg, tp))
+    }
+
+    fn build(cfg: &ModelConfig, tp: usize) -> Self {
         let (c, v) = (cfg.d_model, cfg.vocab);
         let layer_norm_bias = cfg.bias && cfg.norm == Norm::LayerNorm;
         let mut b = Builder {
             entries: Vec::new(),
             at: 0,
+            tp,
         };
+        let hd = cfg.heads * cfg.head_dim();
+        let kvd = cfg.kv_heads * cfg.head_dim();
+        let qkv_runs = Split::Rows(vec![hd, kvd, kvd]);
+        let fc_runs = Split::Rows(if cfg.activation == crate::config::Activation::SwiGlu {
+            vec![cfg.ffn, cfg.ffn]
+        } else {
+            vec![cfg.ffn]
+        });
         let wte = b.push("wte".into(), vec![v, c], None, ParamKind::Embedding);
         let wpe = (cfg.positions == Positions::Learned).then(|| {
             b.push(
@@ -178,26 +239,28 @@ impl Layout {
             let ln1_w = b.push(p("ln1.weight"), vec![c], Some(l), ParamKind::NormWeight);
             let ln1_b = layer_norm_bias
                 .then(|| b.push(p("ln1.bias"), vec![c], Some(l), ParamKind::NormBias));
-            let qkv_w = b.push(
+            let qkv_w = b.push_split(
                 p("attn.qkv.weight"),
                 vec![cfg.qkv_dim(), c],
                 Some(l),
                 ParamKind::Matrix,
+                qkv_runs.clone(),
             );
             let qkv_b = cfg.bias.then(|| {
-                b.push(
+                b.push_split(
                     p("attn.qkv.bias"),
                     vec![cfg.qkv_dim()],
                     Some(l),
                     ParamKind::Bias,
+                    qkv_runs.clone(),
                 )
             });
-            let hd = cfg.heads * cfg.head_dim();
-            let proj_w = b.push(
+            let proj_w = b.push_split(
                 p("attn.proj.weight"),
                 vec![c, hd],
                 Some(l),
                 ParamKind::ResidualMatrix,
+                Split::Cols,
             );
             let proj_b = cfg
                 .bias
@@ -205,25 +268,28 @@ impl Layout {
             let ln2_w = b.push(p("ln2.weight"), vec![c], Some(l), ParamKind::NormWeight);
             let ln2_b = layer_norm_bias
                 .then(|| b.push(p("ln2.bias"), vec![c], Some(l), ParamKind::NormBias));
-            let fc_w = b.push(
+            let fc_w = b.push_split(
                 p("mlp.fc.weight"),
                 vec![cfg.ffn_in_dim(), c],
                 Some(l),
                 ParamKind::Matrix,
+                fc_runs.clone(),
             );
             let fc_b = cfg.bias.then(|| {
-                b.push(
+                b.push_split(
                     p("mlp.fc.bias"),
                     vec![cfg.ffn_in_dim()],
                     Some(l),
                     ParamKind::Bias,
+                    fc_runs.clone(),
                 )
             });
-            let fcp_w = b.push(
+            let fcp_w = b.push_split(
                 p("mlp.proj.weight"),
                 vec![c, cfg.ffn],
                 Some(l),
                 ParamKind::ResidualMatrix,
+                Split::Cols,
             );
             let fcp_b = cfg
                 .bias

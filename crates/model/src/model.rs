@@ -4,7 +4,7 @@
 //! The arena is sized once per config and batch ([`ActLayout`]). With
 //! recomputation, each block keeps only its output and the block's other
 //! activations are rebuilt, one block at a time, during the backward.
-use crate::block::{Block, BlockActs, BlockScratch, Carve, Dims};
+use crate::block::{Alone, Block, BlockActs, BlockComm, BlockScratch, Carve, Dims};
 use crate::config::{ModelConfig, Positions};
 use crate::error::{ModelError, Result};
 use crate::kernels::embedding::{embed_bwd, embed_fwd};
@@ -151,7 +151,24 @@ impl<T: Real> Model<T> {
         seq_len: usize,
         recompute: Vec<bool>,
     ) -> Result<Self> {
+        Self::split(cfg, batch, seq_len, recompute, 1)
+    }
+
+    /// One rank's part of a `tp`-way tensor-parallel model (000 §2.15): the same decoder with
+    /// every block stored as its shard ([`Layout::split`]: the parameters, gradients and
+    /// activations of this rank's H/tp heads and F/tp feed-forward units; the embeddings,
+    /// norms and head whole). The units then run with the group's [`BlockComm`]
+    /// ([`Model::forward_with`], [`Model::forward_unit_with`], ...). `tp = 1` is
+    /// [`Model::with_recompute`]. Refuses what [`Layout::split`] refuses.
+    pub fn split(
+        cfg: &ModelConfig,
+        batch: usize,
+        seq_len: usize,
+        recompute: Vec<bool>,
+        tp: usize,
+    ) -> Result<Self> {
         cfg.validate()?;
+        cfg.check_split(tp)?;
         if recompute.len() != cfg.layers {
             return Err(ModelError::Shape {
                 what: "recompute (one flag per block)",
@@ -173,8 +190,8 @@ impl<T: Real> Model<T> {
                 reason: format!("a batch's sequence length must be in 1..={}", cfg.seq_len),
             });
         }
-        let layout = Layout::new(cfg);
-        let dims = Dims::new(cfg, batch, seq_len);
+        let layout = Layout::split(cfg, tp)?;
+        let dims = Dims::new(cfg, batch, seq_len).split(tp);
         let acts = ActLayout::new(&dims, &recompute);
         let floats = acts.total + dims.block_scratch_len() + dims.n * dims.c;
         crate::memory::check_fits(
@@ -265,10 +282,23 @@ impl<T: Real> Model<T> {
         tokens: &[u32],
         targets: Option<&[u32]>,
     ) -> Result<Option<f64>> {
+        self.forward_with(th, params, tokens, targets, &mut Alone)
+    }
+
+    /// [`Model::forward`] of a split model, its blocks communicating through `comm` (every
+    /// rank of the group calls it with the same tokens).
+    pub fn forward_with(
+        &mut self,
+        th: &Threads,
+        params: &[T],
+        tokens: &[u32],
+        targets: Option<&[u32]>,
+        comm: &mut dyn BlockComm<T>,
+    ) -> Result<Option<f64>> {
         self.check_len("params", params.len(), self.layout.total)?;
         self.begin(tokens, targets)?;
         for unit in self.layout.units() {
-            self.forward_unit(th, params, unit)?;
+            self.forward_unit_with(th, params, unit, comm)?;
         }
         Ok(self.loss)
     }
@@ -298,6 +328,17 @@ impl<T: Real> Model<T> {
     /// embedding's for a tied head). After the head, [`Model::loss`] holds
     /// the loss when targets were given.
     pub fn forward_unit(&mut self, th: &Threads, params: &[T], unit: Unit) -> Result<()> {
+        self.forward_unit_with(th, params, unit, &mut Alone)
+    }
+
+    /// [`Model::forward_unit`] of a split model, a block communicating through `comm`.
+    pub fn forward_unit_with(
+        &mut self,
+        th: &Threads,
+        params: &[T],
+        unit: Unit,
+        comm: &mut dyn BlockComm<T>,
+    ) -> Result<()> {
         self.check_len("params", params.len(), self.layout.total)?;
         self.expect("forward", self.next_fwd, unit)?;
         let layers = self.cfg.layers;
@@ -307,7 +348,7 @@ impl<T: Real> Model<T> {
                 Some(Unit::Block(0))
             }
             Unit::Block(l) => {
-                self.block_forward(th, params, l);
+                self.block_forward(th, params, l, comm)?;
                 Some(if l + 1 < layers {
                     Unit::Block(l + 1)
                 } else {
@@ -380,8 +421,20 @@ impl<T: Real> Model<T> {
         grads: &mut [T],
         ready: &mut dyn FnMut(Range<usize>, &mut [T]),
     ) -> Result<()> {
+        self.backward_hooked_with(th, params, grads, ready, &mut Alone)
+    }
+
+    /// [`Model::backward_hooked`] of a split model, its blocks communicating through `comm`.
+    pub fn backward_hooked_with(
+        &mut self,
+        th: &Threads,
+        params: &[T],
+        grads: &mut [T],
+        ready: &mut dyn FnMut(Range<usize>, &mut [T]),
+        comm: &mut dyn BlockComm<T>,
+    ) -> Result<()> {
         for unit in self.layout.units().into_iter().rev() {
-            self.backward_unit(th, params, grads, unit)?;
+            self.backward_unit_with(th, params, grads, unit, comm)?;
             ready(self.layout.unit_range(unit), grads);
         }
         Ok(())
@@ -399,6 +452,19 @@ impl<T: Real> Model<T> {
         grads: &mut [T],
         unit: Unit,
     ) -> Result<()> {
+        self.backward_unit_with(th, params, grads, unit, &mut Alone)
+    }
+
+    /// [`Model::backward_unit`] of a split model, a block (and its recomputed forward)
+    /// communicating through `comm`.
+    pub fn backward_unit_with(
+        &mut self,
+        th: &Threads,
+        params: &[T],
+        grads: &mut [T],
+        unit: Unit,
+        comm: &mut dyn BlockComm<T>,
+    ) -> Result<()> {
         self.check_len("params", params.len(), self.layout.total)?;
         self.check_len("grads", grads.len(), self.layout.total)?;
         self.expect("backward", self.next_bwd, unit)?;
@@ -410,9 +476,9 @@ impl<T: Real> Model<T> {
             }
             Unit::Block(l) => {
                 if self.recompute[l] {
-                    self.block_forward(th, params, l);
+                    self.block_forward(th, params, l, comm)?;
                 }
-                self.block_backward(th, params, grads, l);
+                self.block_backward(th, params, grads, l, comm)?;
                 Some(if l > 0 {
                     Unit::Block(l - 1)
                 } else {
@@ -463,7 +529,13 @@ impl<T: Real> Model<T> {
         );
     }
 
-    fn block_forward(&mut self, th: &Threads, params: &[T], l: usize) {
+    fn block_forward(
+        &mut self,
+        th: &Threads,
+        params: &[T],
+        l: usize,
+        comm: &mut dyn BlockComm<T>,
+    ) -> Result<()> {
         let [x, inner, out] = self
             .arena
             .get_disjoint_mut([
@@ -475,10 +547,17 @@ impl<T: Real> Model<T> {
         let mut a = BlockActs::carve(inner, &self.dims);
         let p = &params[self.layout.blocks[l].clone()];
         self.block
-            .forward(th, &self.dims, p, self.rope.as_ref(), &mut a, x, out);
+            .forward(th, &self.dims, p, self.rope.as_ref(), &mut a, x, out, comm)
     }
 
-    fn block_backward(&mut self, th: &Threads, params: &[T], grads: &mut [T], l: usize) {
+    fn block_backward(
+        &mut self,
+        th: &Threads,
+        params: &[T],
+        grads: &mut [T],
+        l: usize,
+        comm: &mut dyn BlockComm<T>,
+    ) -> Result<()> {
         let [x, inner] = self
             .arena
             .get_disjoint_mut([self.acts.input(l), self.acts.inner[l].clone()])
@@ -496,7 +575,8 @@ impl<T: Real> Model<T> {
             &mut s,
             x,
             &mut self.dresid,
-        );
+            comm,
+        )
     }
 
     fn head_weight(&self) -> Range<usize> {

@@ -352,6 +352,15 @@ fn layouts() -> Vec<Layout> {
             Some("gpt2 b4 a2"),
         ),
         (
+            "dp2 tp2 recompute",
+            Box::new(|| {
+                let mut c = gpt2(2, 2);
+                c.recompute = true;
+                tensor_run(c, 2, 2, false)
+            }),
+            Some("gpt2 b4 a2"),
+        ),
+        (
             "llama tp2",
             Box::new(|| tensor_run(llama(4, 2), 1, 2, false)),
             Some("llama b4 a2"),

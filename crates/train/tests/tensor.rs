@@ -13,7 +13,7 @@ use model::layout::Layout;
 use model::rng::Rng;
 use model::threads::Threads;
 use std::sync::Arc;
-use train::tensor::{Counted, Solo, TpBlock, TpComm, TpShard, gather};
+use train::tensor::{Alone, BlockComm, Counted, TpBlock, TpGroup, TpShard, gather};
 
 const B: usize = 2;
 const T: usize = 16;
@@ -68,11 +68,26 @@ fn reference(
     let mut scratch = vec![0f32; d.block_scratch_len()];
     let mut a = BlockActs::carve(&mut acts, &d);
     let mut out = vec![0f32; x.len()];
-    block.forward(&th, &d, p, rope.as_ref(), &mut a, x, &mut out);
+    block
+        .forward(&th, &d, p, rope.as_ref(), &mut a, x, &mut out, &mut Alone)
+        .unwrap();
     let mut s = BlockScratch::carve(&mut scratch, &d);
     let mut g = vec![0f32; p.len()];
     let mut dx = dout.to_vec();
-    block.backward(&th, &d, p, &mut g, rope.as_ref(), &a, &mut s, x, &mut dx);
+    block
+        .backward(
+            &th,
+            &d,
+            p,
+            &mut g,
+            rope.as_ref(),
+            &a,
+            &mut s,
+            x,
+            &mut dx,
+            &mut Alone,
+        )
+        .unwrap();
     (out, dx, g)
 }
 
@@ -86,7 +101,7 @@ struct RankOut {
     all: (usize, usize),
 }
 
-fn run_rank<C: TpComm<f32>>(
+fn run_rank<C: BlockComm<f32>>(
     cfg: &ModelConfig,
     tp: usize,
     rank: usize,
@@ -117,13 +132,13 @@ fn run_rank<C: TpComm<f32>>(
 /// `tp` ranks (threads) run the block on the same input.
 fn run_tp(cfg: &ModelConfig, tp: usize) -> Vec<RankOut> {
     if tp == 1 {
-        return vec![run_rank(cfg, 1, 0, Solo, &inputs(cfg)).unwrap()];
+        return vec![run_rank(cfg, 1, 0, Alone, &inputs(cfg)).unwrap()];
     }
     let data = Arc::new(inputs(cfg));
     let cfg = cfg.clone();
     run_threads(tp, GroupConfig::default(), move |g| {
         let rank = g.rank();
-        Ok(run_rank(&cfg, tp, rank, &g, &data))
+        Ok(run_rank(&cfg, tp, rank, TpGroup::new(&g), &data))
     })
     .unwrap()
     .into_iter()
@@ -265,17 +280,17 @@ fn bad_buffers_are_refused_not_panicked() {
     let x = vec![0f32; B * T * cfg.d_model];
     let mut out = vec![0f32; x.len()];
     assert!(
-        blk.forward(&th, &p[1..], None, &x, &mut out, &mut Solo)
+        blk.forward(&th, &p[1..], None, &x, &mut out, &mut Alone)
             .is_err()
     );
     assert!(
-        blk.forward(&th, &p, None, &x[1..], &mut out, &mut Solo)
+        blk.forward(&th, &p, None, &x[1..], &mut out, &mut Alone)
             .is_err()
     );
     let mut g = p.clone();
     // Backward before any forward.
     assert!(
-        blk.backward(&th, &p, &mut g, None, &x, &mut out, &mut Solo)
+        blk.backward(&th, &p, &mut g, None, &x, &mut out, &mut Alone)
             .is_err()
     );
 }
@@ -287,11 +302,15 @@ struct NoBackwardReduce<C> {
     calls: usize,
 }
 
-impl<C: TpComm<f32>> TpComm<f32> for NoBackwardReduce<C> {
-    fn all_reduce_sum(&mut self, buf: &mut [f32]) -> train::error::Result<()> {
+impl<C: BlockComm<f32>> BlockComm<f32> for NoBackwardReduce<C> {
+    fn splits(&self) -> bool {
+        self.inner.splits()
+    }
+
+    fn sum(&mut self, buf: &mut [f32]) -> Result<(), model::ModelError> {
         self.calls += 1;
         if self.calls <= 2 {
-            self.inner.all_reduce_sum(buf)
+            self.inner.sum(buf)
         } else {
             Ok(())
         }
@@ -308,7 +327,7 @@ fn without_the_f_all_reduces_dx_is_wrong() {
     let ranks = run_threads(2, GroupConfig::default(), move |g| {
         let rank = g.rank();
         let comm = NoBackwardReduce {
-            inner: &g,
+            inner: TpGroup::new(&g),
             calls: 0,
         };
         Ok(run_rank(&c2, 2, rank, comm, &data))

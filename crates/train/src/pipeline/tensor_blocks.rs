@@ -18,8 +18,6 @@
 //! `shard.local.size`) is `ranges[i]`, wherever the caller keeps it.
 use std::ops::Range;
 
-use comm::ReduceOp;
-use comm::group::{OpOptions, ProcessGroup};
 use model::config::{ModelConfig, Positions};
 use model::kernels::rope::RopeTable;
 use model::layout::Layout;
@@ -27,29 +25,7 @@ use model::threads::Threads;
 
 use crate::error::{Result, TrainError};
 use crate::tensor::shard::check_len;
-use crate::tensor::{TP_ALL_REDUCE, TpBlock, TpComm};
-
-/// A tensor-parallel group as a [`TpComm`] whose all-reduces use [`TP_ALL_REDUCE`], so that
-/// the partials are summed in an order fixed by the ranks alone (repeated runs bit-identical,
-/// as [`crate::tensor::TpTrainer`]'s blocks).
-pub struct PinnedRing<'a> {
-    /// The tensor-parallel group.
-    pub group: &'a ProcessGroup,
-}
-
-/// The options of a summing all-reduce pinned to [`TP_ALL_REDUCE`].
-pub const PINNED_RING: OpOptions = OpOptions {
-    algo: Some(TP_ALL_REDUCE),
-    timeout: None,
-};
-
-impl TpComm<f32> for PinnedRing<'_> {
-    fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<()> {
-        Ok(self
-            .group
-            .all_reduce_with(buf, ReduceOp::Sum, &PINNED_RING)?)
-    }
-}
+use crate::tensor::{BlockComm, TpBlock};
 
 /// Blocks `a..b` of rank `rank` of a `tp`-way group for one micro-batch of `b` sequences of
 /// length `t` (N = B·T rows), with the residual stream entering each block and leaving the
@@ -107,7 +83,7 @@ impl TpBlocks {
     /// Forward of the blocks from `input` (N, C, whole, the same on every rank of the group)
     /// with the shards in `params`; returns the residual leaving the last block (whole, the
     /// same on every rank). Calls `comm` twice per block.
-    pub fn forward<C: TpComm<f32>>(
+    pub fn forward<C: BlockComm<f32>>(
         &mut self,
         th: &Threads,
         params: &[f32],
@@ -130,7 +106,7 @@ impl TpBlocks {
     /// gradient of the output residual (N, C, whole); the shards' gradients accumulate (`+=`)
     /// into `grads` at the same ranges. Returns the gradient of the input residual (whole, the
     /// same on every rank). Calls `comm` twice per block.
-    pub fn backward<C: TpComm<f32>>(
+    pub fn backward<C: BlockComm<f32>>(
         &mut self,
         th: &Threads,
         params: &[f32],
@@ -181,7 +157,7 @@ impl TpBlocks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::Solo;
+    use crate::tensor::Alone;
     use model::init::init_params;
     use model::layout::Unit;
     use model::model::Model;
@@ -213,7 +189,7 @@ mod tests {
         m.forward_unit(&th, &params, Unit::Embed).unwrap();
         let x = m.unit_output(Unit::Embed).unwrap().to_vec();
         let out = blocks
-            .forward(&th, &params, &x, &mut Solo)
+            .forward(&th, &params, &x, &mut Alone)
             .unwrap()
             .to_vec();
         m.begin_at(Unit::Head, Some(&out), None, Some(&targets))
@@ -226,7 +202,7 @@ mod tests {
         m.backward_unit(&th, &params, &mut g, Unit::Head).unwrap();
         let dout = m.input_grad().to_vec();
         blocks
-            .backward(&th, &params, &mut g, &dout, &mut Solo)
+            .backward(&th, &params, &mut g, &dout, &mut Alone)
             .unwrap();
         let r = layout.blocks[0].start..layout.blocks[1].end;
         let scale = g_want[r.clone()].iter().fold(0f32, |a, &x| a.max(x.abs()));
@@ -236,7 +212,7 @@ mod tests {
             .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
         assert!(diff <= 1e-5 * scale, "block gradients differ by {diff}");
         // A second backward needs another forward.
-        let again = blocks.backward(&th, &params, &mut g, &dout, &mut Solo);
+        let again = blocks.backward(&th, &params, &mut g, &dout, &mut Alone);
         assert!(again.is_err());
     }
 }

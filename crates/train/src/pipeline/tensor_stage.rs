@@ -45,9 +45,10 @@ use model::optim::grad_sum_sq;
 
 use super::build::{Chunk, config_err, intersect};
 use super::engine::PipelineStage;
-use super::tensor_blocks::{PINNED_RING, PinnedRing, TpBlocks};
+use super::tensor_blocks::TpBlocks;
 use crate::config::TrainConfig;
 use crate::error::Result;
+use crate::tensor::{PINNED, TpGroup};
 use crate::tensor::{TpLayout, check_tp};
 use crate::zero::Window;
 
@@ -274,7 +275,7 @@ impl Slot {
                 model.unit_output(Unit::Embed)?
             }
         };
-        let out = per_chunk[chunk].forward(th, p, x, &mut PinnedRing { group })?;
+        let out = per_chunk[chunk].forward(th, p, x, &mut TpGroup::new(group))?;
         if last == Unit::Head {
             model.begin_at(Unit::Head, Some(out), None, targets)?;
             model.forward_unit(th, p, Unit::Head)?;
@@ -323,7 +324,7 @@ impl Slot {
                 model.input_grad()
             }
         };
-        let din = per_chunk[chunk].backward(th, p, grads, dx, &mut PinnedRing { group })?;
+        let din = per_chunk[chunk].backward(th, p, grads, dx, &mut TpGroup::new(group))?;
         if first == Unit::Embed {
             model.begin_backward_at(Unit::Embed, Some(din))?;
             model.backward_unit(th, p, grads, Unit::Embed)?;
@@ -352,11 +353,11 @@ impl PipelineStage {
     }
 
     /// The options of the stage's summing all-reduces over the replicas: pinned to the ring
-    /// ([`PINNED_RING`]) with tensor-parallel stages, so repeated runs are bit-identical;
+    /// ([`PINNED`]) with tensor-parallel stages, so repeated runs are bit-identical;
     /// otherwise the group's choice (two replicas' sums commute exactly whatever it picks).
     pub(super) fn sum_options(&self) -> OpOptions {
         match self.tensor {
-            Some(_) => PINNED_RING,
+            Some(_) => PINNED,
             None => OpOptions::default(),
         }
     }
@@ -392,7 +393,7 @@ impl PipelineStage {
             }
         }
         t.group
-            .all_reduce_with(&mut whole, ReduceOp::Sum, &PINNED_RING)?;
+            .all_reduce_with(&mut whole, ReduceOp::Sum, &PINNED)?;
         Ok(whole)
     }
 
@@ -402,7 +403,7 @@ impl PipelineStage {
     pub(super) fn gather_tensor(&self, t: &TensorPart) -> Result<Vec<f32>> {
         let mut whole = self.stage_view(t, &self.params)?;
         self.group
-            .all_reduce_with(&mut whole, ReduceOp::Sum, &PINNED_RING)?;
+            .all_reduce_with(&mut whole, ReduceOp::Sum, &PINNED)?;
         Ok(whole)
     }
 }

@@ -189,8 +189,8 @@ impl RunConfig {
                 ),
                 (l.tp > 1 && t.bf16, format!("--bf16 with --tp {}", l.tp)),
                 (
-                    l.tp > 1 && t.recompute,
-                    format!("--recompute with --tp {}", l.tp),
+                    l.tp > 1 && l.pp > 1 && t.recompute,
+                    format!("--recompute with --tp {} and --pp {}", l.tp, l.pp),
                 ),
                 (l.pp > 1 && t.bf16, format!("--bf16 with --pp {}", l.pp)),
             ];

@@ -1,6 +1,6 @@
-//! [`TpBlock`]: one transformer block's forward and backward on a
-//! tensor-parallel shard, equal to the model crate's
-//! [`Block`](model::block::Block) up to float summation order.
+//! [`TpBlock`]: one transformer block's shard on a tensor-parallel rank with its activations,
+//! run by the model crate's one block ([`Block`](model::block::Block)) with the group as its
+//! [`BlockComm`]: equal to the whole block up to float summation order.
 //!
 //! ```text
 //! forward (rank r, shard of tp):              backward (reversed):
@@ -23,20 +23,14 @@
 //! same, complete gradient and no extra communication is needed; an
 //! optimizer applied on each rank keeps the copies identical. The biases
 //! are added once, after the all-reduce, not once per rank.
-use super::TpComm;
 use super::shard::{TpShard, check_len};
 use crate::error::{Result, TrainError};
 use model::Real;
-use model::block::{Block, BlockActs, linear_weight_grads};
-use model::config::{Activation, ModelConfig};
-use model::kernels::activation::{GeluKind, gelu_bwd, gelu_fwd, swiglu_bwd, swiglu_fwd};
-use model::kernels::attention::{attention_bwd, attention_fwd};
-use model::kernels::matmul::{matmul_bwd_input, matmul_fwd};
-use model::kernels::residual::add_acc;
-use model::kernels::rope::{RopeTable, rope_bwd, rope_fwd};
+use model::block::{Block, BlockActs, BlockComm, BlockScratch};
+use model::config::ModelConfig;
+use model::kernels::rope::RopeTable;
 use model::layout::BlockLayout;
 use model::threads::Threads;
-use std::ops::Range;
 
 /// One block's share on rank `shard.rank` of a `shard.tp`-way group, with
 /// the activations its backward needs (sized for the shard: (N, C) for
@@ -45,34 +39,12 @@ use std::ops::Range;
 pub struct TpBlock<T> {
     /// Which part of the block this rank holds, its layout and dimensions.
     pub shard: TpShard,
-    /// The model's block over the shard's layout: its norms (replicated) are run as is.
+    /// The model's block over the shard's layout.
     block: Block,
-    activation: Activation,
     acts: Vec<T>,
-    /// Backward scratch: dact (N, F/tp), dfch (N, Fin/tp), dln (N, C),
-    /// datty (N, HD/tp), dqkv (N, (H+2K)D/tp).
-    dact: Vec<T>,
-    dfch: Vec<T>,
-    dln: Vec<T>,
-    datty: Vec<T>,
-    dqkv: Vec<T>,
+    /// Backward scratch ([`BlockScratch`] of the shard's dimensions).
+    scratch: Vec<T>,
     forwarded: bool,
-}
-
-fn opt<'a, T>(s: &'a [T], r: &Option<Range<usize>>) -> Option<&'a [T]> {
-    r.as_ref().map(|r| &s[r.clone()])
-}
-
-/// `out[i, j] += b[j]` for an (N, C) `out`: a row-parallel bias, added once
-/// after the all-reduce.
-fn add_bias<T: Real>(out: &mut [T], b: Option<&[T]>) {
-    if let Some(b) = b {
-        for row in out.chunks_exact_mut(b.len()) {
-            for (o, &x) in row.iter_mut().zip(b) {
-                *o += x;
-            }
-        }
-    }
 }
 
 impl<T: Real> TpBlock<T> {
@@ -89,17 +61,10 @@ impl<T: Real> TpBlock<T> {
     ) -> Result<Self> {
         let shard = TpShard::new(cfg, whole, tp, rank, b, t)?;
         let d = &shard.dims;
-        let n = d.n;
-        let z = |len: usize| vec![T::zero(); len];
         Ok(Self {
             block: Block::new(cfg, shard.local.clone()),
-            activation: cfg.activation,
-            acts: z(d.block_acts_len()),
-            dact: z(n * d.f),
-            dfch: z(n * d.fin),
-            dln: z(n * d.c),
-            datty: z(n * d.h * d.d),
-            dqkv: z(n * d.qkv),
+            acts: vec![T::zero(); d.block_acts_len()],
+            scratch: vec![T::zero(); d.block_scratch_len()],
             forwarded: false,
             shard,
         })
@@ -127,7 +92,7 @@ impl<T: Real> TpBlock<T> {
     /// rank), with this rank's shard `p` (length `shard.local.size`).
     /// Calls `comm` twice (the g operators after proj and after fcp), each
     /// on an (N, C) buffer. Saves activations for [`backward`](Self::backward).
-    pub fn forward<C: TpComm<T>>(
+    pub fn forward<C: BlockComm<T>>(
         &mut self,
         th: &Threads,
         p: &[T],
@@ -138,67 +103,11 @@ impl<T: Real> TpBlock<T> {
     ) -> Result<()> {
         self.check_inputs(p, x, out, rope)?;
         self.forwarded = false;
-        let d = self.shard.dims.clone();
-        let l = self.shard.local.clone();
-        let (n, c, hd) = (d.n, d.c, d.h * d.d);
-        let mut acts = std::mem::take(&mut self.acts);
-        let a = BlockActs::carve(&mut acts, &d);
-        self.block.norm_fwd(
-            th, &d, a.ln1, a.ln1_mean, a.ln1_rstd, x, p, &l.ln1_w, &l.ln1_b,
-        );
-        // f: identity forward; QKV column-parallel over this rank's heads.
-        matmul_fwd(
-            th,
-            a.qkv,
-            a.ln1,
-            &p[l.qkv_w.clone()],
-            opt(p, &l.qkv_b),
-            n,
-            c,
-            d.qkv,
-        );
-        if let Some(table) = rope {
-            rope_fwd(th, a.qkv, table, d.b, d.t, d.h, d.k, d.d);
-        }
-        attention_fwd(th, a.atty, a.lse, a.qkv, d.b, d.t, d.h, d.k, d.d);
-        // proj row-parallel: a partial sum over this rank's heads; g sums it.
-        matmul_fwd(th, a.res2, a.atty, &p[l.proj_w.clone()], None, n, hd, c);
-        let reduced = comm.all_reduce_sum(a.res2);
-        if let Err(e) = reduced {
-            self.acts = acts;
-            return Err(e);
-        }
-        add_bias(a.res2, opt(p, &l.proj_b));
-        add_acc(th, a.res2, x);
-        self.block.norm_fwd(
-            th, &d, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p, &l.ln2_w, &l.ln2_b,
-        );
-        // f: identity; fc column-parallel over this rank's F/tp units.
-        matmul_fwd(
-            th,
-            a.fch,
-            a.ln2,
-            &p[l.fc_w.clone()],
-            opt(p, &l.fc_b),
-            n,
-            c,
-            d.fin,
-        );
-        match self.activation {
-            Activation::Gelu => gelu_fwd(th, a.act, a.fch, GeluKind::Erf),
-            Activation::GeluTanh => gelu_fwd(th, a.act, a.fch, GeluKind::Tanh),
-            Activation::SwiGlu => swiglu_fwd(th, a.act, a.fch, n, d.f),
-        }
-        // fcp row-parallel; g sums the partials.
-        matmul_fwd(th, out, a.act, &p[l.fcp_w.clone()], None, n, d.f, c);
-        let reduced = comm.all_reduce_sum(out);
-        if reduced.is_ok() {
-            add_bias(out, opt(p, &l.fcp_b));
-            add_acc(th, out, a.res2);
-            self.forwarded = true;
-        }
-        self.acts = acts;
-        reduced
+        let d = &self.shard.dims;
+        let mut a = BlockActs::carve(&mut self.acts, d);
+        self.block.forward(th, d, p, rope, &mut a, x, out, comm)?;
+        self.forwarded = true;
+        Ok(())
     }
 
     /// Backward of the last [`forward`](Self::forward) (same `p`, `rope`
@@ -208,7 +117,7 @@ impl<T: Real> TpBlock<T> {
     /// `shard.local.size`). Calls `comm` twice (the f operators before fc
     /// and before QKV), each on an (N, C) buffer.
     #[allow(clippy::too_many_arguments)]
-    pub fn backward<C: TpComm<T>>(
+    pub fn backward<C: BlockComm<T>>(
         &mut self,
         th: &Threads,
         p: &[T],
@@ -227,44 +136,11 @@ impl<T: Real> TpBlock<T> {
                 reason: "backward needs a completed forward first".into(),
             });
         }
-        let d = self.shard.dims.clone();
-        let l = self.shard.local.clone();
-        let (n, c, hd) = (d.n, d.c, d.h * d.d);
-        let a = BlockActs::carve(&mut self.acts, &d);
-        let (dact, dfch, dln) = (&mut self.dact, &mut self.dfch, &mut self.dln);
-        let (datty, dqkv) = (&mut self.datty, &mut self.dqkv);
-        // fcp (row-parallel): g's backward is the identity, dout is whole.
-        matmul_bwd_input(th, dact, T::zero(), dx, &p[l.fcp_w.clone()], n, d.f, c);
-        linear_weight_grads(th, g, &l.fcp_w, &l.fcp_b, dx, a.act, n, d.f, c);
-        match self.activation {
-            Activation::Gelu => gelu_bwd(th, dfch, a.fch, dact, GeluKind::Erf),
-            Activation::GeluTanh => gelu_bwd(th, dfch, a.fch, dact, GeluKind::Tanh),
-            Activation::SwiGlu => swiglu_bwd(th, dfch, dact, a.fch, n, d.f),
-        }
-        // fc (column-parallel): this rank's input gradient is a partial sum
-        // over its F/tp units; f's backward sums it.
-        matmul_bwd_input(th, dln, T::zero(), dfch, &p[l.fc_w.clone()], n, c, d.fin);
-        comm.all_reduce_sum(dln)?;
-        linear_weight_grads(th, g, &l.fc_w, &l.fc_b, dfch, a.ln2, n, c, d.fin);
-        self.block.norm_grads(
-            th, &d, g, &l.ln2_w, &l.ln2_b, dx, dln, a.res2, p, a.ln2_mean, a.ln2_rstd,
-        );
-        // dx holds d res2. proj (row-parallel).
-        matmul_bwd_input(th, datty, T::zero(), dx, &p[l.proj_w.clone()], n, hd, c);
-        linear_weight_grads(th, g, &l.proj_w, &l.proj_b, dx, a.atty, n, hd, c);
-        attention_bwd(
-            th, dqkv, datty, a.qkv, a.atty, a.lse, d.b, d.t, d.h, d.k, d.d,
-        );
-        if let Some(table) = rope {
-            rope_bwd(th, dqkv, table, d.b, d.t, d.h, d.k, d.d);
-        }
-        // QKV (column-parallel): partial over this rank's heads; f sums it.
-        matmul_bwd_input(th, dln, T::zero(), dqkv, &p[l.qkv_w.clone()], n, c, d.qkv);
-        comm.all_reduce_sum(dln)?;
-        linear_weight_grads(th, g, &l.qkv_w, &l.qkv_b, dqkv, a.ln1, n, c, d.qkv);
-        self.block.norm_grads(
-            th, &d, g, &l.ln1_w, &l.ln1_b, dx, dln, x, p, a.ln1_mean, a.ln1_rstd,
-        );
+        let d = &self.shard.dims;
+        let a = BlockActs::carve(&mut self.acts, d);
+        let mut s = BlockScratch::carve(&mut self.scratch, d);
+        self.block
+            .backward(th, d, p, g, rope, &a, &mut s, x, dx, comm)?;
         Ok(())
     }
 }

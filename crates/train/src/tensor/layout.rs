@@ -80,22 +80,6 @@ impl TpLayout {
         r.start - shift..r.end - shift
     }
 
-    /// The local ranges of `wte`, `wpe`, `lnf_w`, `lnf_b` and the LM head's weight (`wte`
-    /// itself when tied).
-    pub(crate) fn ranges(&self) -> LocalRanges {
-        let w = &self.whole;
-        LocalRanges {
-            wte: w.wte.clone(),
-            wpe: w.wpe.clone(),
-            lnf_w: self.head_local(&w.lnf_w),
-            lnf_b: w.lnf_b.as_ref().map(|r| self.head_local(r)),
-            head_w: match &w.lm_head {
-                Some(r) => self.head_local(r),
-                None => w.wte.clone(),
-            },
-        }
-    }
-
     /// This rank's flat buffer (length `total`) out of the whole model's `whole` (length
     /// `whole.total`).
     pub fn shard_params(&self, whole: &[f32], out: &mut [f32]) -> Result<()> {
@@ -195,15 +179,6 @@ impl TpLayout {
         }
         out
     }
-}
-
-/// The replicated tensors' ranges in a rank's buffer.
-pub(crate) struct LocalRanges {
-    pub(crate) wte: Range<usize>,
-    pub(crate) wpe: Option<Range<usize>>,
-    pub(crate) lnf_w: Range<usize>,
-    pub(crate) lnf_b: Option<Range<usize>>,
-    pub(crate) head_w: Range<usize>,
 }
 
 #[cfg(test)]

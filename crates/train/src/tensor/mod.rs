@@ -19,7 +19,8 @@
 //! forward and two backward (F46–F47: M_act = B·S·C·sizeof(dtype) each).
 //!
 //! - [`shard`]: which rows/columns of each tensor a rank keeps, and back.
-//! - [`block`]: [`TpBlock`], one block's forward and backward on a shard.
+//! - [`block`]: [`TpBlock`], one block's shard with its activations, run by the model crate's
+//!   one block ([`model::block::Block`]) with the group as its [`BlockComm`].
 //! - [`layout`]: [`TpLayout`], where a rank keeps the whole model in its flat buffers.
 //! - [`model`]: [`TpModel`], a whole decoder on one rank (embeddings and head replicated,
 //!   blocks sharded).
@@ -28,7 +29,8 @@
 //!   ([`TpTrainer::with_data_parallel`], [`TpTrainer::on_mesh`]; 000 "混合并行").
 //! - [`checkpoint`]: its saves and resumes, in the [`crate::Trainer`]'s checkpoint format, from
 //!   and to any layout.
-use crate::error::Result;
+use std::time::Instant;
+
 use comm::dtype::{Element, ReduceOp};
 use comm::group::ProcessGroup;
 
@@ -44,22 +46,45 @@ pub use block::TpBlock;
 pub use layout::TpLayout;
 pub use model::TpModel;
 pub use shard::{TpShard, check_tp, gather};
-pub use trainer::{TP_ALL_REDUCE, TpTrainer};
+pub use trainer::{PINNED, TP_ALL_REDUCE, TpTrainer};
 
-/// The one collective tensor parallelism needs: an element-wise sum of a
-/// buffer over the tensor-parallel group, every rank getting the result.
-pub trait TpComm<T> {
-    /// Sums `buf` over the group in place.
-    fn all_reduce_sum(&mut self, buf: &mut [T]) -> Result<()>;
+pub use ::model::block::{Alone, BlockComm};
+
+/// A tensor-parallel group as the blocks' [`BlockComm`]: an element-wise sum of an (N, C)
+/// buffer over the group, every rank getting the result, with the algorithm pinned to
+/// [`TP_ALL_REDUCE`] so that the partials are summed in an order fixed by the ranks alone
+/// (repeated runs bit-identical); it also adds up the seconds its sums took.
+pub struct TpGroup<'a> {
+    /// The tensor-parallel group.
+    pub group: &'a ProcessGroup,
+    /// Seconds spent in its sums so far.
+    pub seconds: f64,
 }
 
-impl<T: Element> TpComm<T> for &ProcessGroup {
-    fn all_reduce_sum(&mut self, buf: &mut [T]) -> Result<()> {
-        Ok(self.all_reduce(buf, ReduceOp::Sum)?)
+impl<'a> TpGroup<'a> {
+    /// `group` with no time counted yet.
+    pub fn new(group: &'a ProcessGroup) -> Self {
+        Self {
+            group,
+            seconds: 0.0,
+        }
     }
 }
 
-/// A [`TpComm`] that counts what passes through it: calls and payload
+impl<T: Element> BlockComm<T> for TpGroup<'_> {
+    fn splits(&self) -> bool {
+        true
+    }
+
+    fn sum(&mut self, buf: &mut [T]) -> std::result::Result<(), ::model::ModelError> {
+        let t = Instant::now();
+        let r = self.group.all_reduce_with(buf, ReduceOp::Sum, &PINNED);
+        self.seconds += t.elapsed().as_secs_f64();
+        r.map_err(|e| ::model::ModelError::Comm(Box::new(e)))
+    }
+}
+
+/// A [`BlockComm`] that counts what passes through it: calls and payload
 /// bytes (the buffer size, not the algorithm's wire bytes; a ring moves
 /// about 2(tp−1)/tp of that per rank, F46).
 #[derive(Debug)]
@@ -83,20 +108,14 @@ impl<C> Counted<C> {
     }
 }
 
-impl<T, C: TpComm<T>> TpComm<T> for Counted<C> {
-    fn all_reduce_sum(&mut self, buf: &mut [T]) -> Result<()> {
+impl<T, C: BlockComm<T>> BlockComm<T> for Counted<C> {
+    fn splits(&self) -> bool {
+        self.inner.splits()
+    }
+
+    fn sum(&mut self, buf: &mut [T]) -> std::result::Result<(), ::model::ModelError> {
         self.calls += 1;
         self.bytes += std::mem::size_of_val(buf);
-        self.inner.all_reduce_sum(buf)
-    }
-}
-
-/// The group of one: `tp = 1` runs with no communication.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Solo;
-
-impl<T> TpComm<T> for Solo {
-    fn all_reduce_sum(&mut self, _buf: &mut [T]) -> Result<()> {
-        Ok(())
+        self.inner.sum(buf)
     }
 }

@@ -36,7 +36,7 @@ use model::Threads;
 use model::init::init_params;
 use model::optim::{AdamW, check_finite, clip_coef, grad_sum_sq, scale_grads};
 
-use super::TpComm;
+use super::TpGroup;
 use super::data_parallel::{mean_over_replicas, reduce_over_replicas};
 use super::layout::TpLayout;
 use super::model::TpModel;
@@ -55,7 +55,7 @@ use crate::zero::replica::ReplicaShard;
 pub const TP_ALL_REDUCE: Algo = Algo::Ring;
 
 /// The options of every summing all-reduce this engine issues: [`TP_ALL_REDUCE`] pinned.
-pub(super) const PINNED: OpOptions = OpOptions {
+pub const PINNED: OpOptions = OpOptions {
     algo: Some(TP_ALL_REDUCE),
     timeout: None,
 };
@@ -68,21 +68,6 @@ pub(super) fn sum_in_rank_order(group: &ProcessGroup, mine: f64) -> Result<f64> 
     slots[group.rank()] = mine;
     group.all_reduce(&mut slots, ReduceOp::Sum)?;
     Ok(slots.iter().sum())
-}
-
-/// The tensor-parallel group as a [`TpComm`] that also times its all-reduces.
-struct Timed<'a> {
-    group: &'a ProcessGroup,
-    seconds: f64,
-}
-
-impl TpComm<f32> for Timed<'_> {
-    fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<()> {
-        let t = Instant::now();
-        let r = self.group.all_reduce_with(buf, ReduceOp::Sum, &PINNED);
-        self.seconds += t.elapsed().as_secs_f64();
-        Ok(r?)
-    }
 }
 
 /// One rank of a tensor-parallel run over `group` (its size is the degree `tp`), optionally
@@ -145,8 +130,9 @@ impl TpTrainer {
     /// and transiently) and keeps its part.
     ///
     /// Errors, each naming the field: `tp` when the group size does not divide heads, kv_heads
-    /// or ffn ([`super::check_tp`]); `bf16` and `recompute` (not built for tensor
-    /// parallelism); any [`TrainConfig::validate`] error.
+    /// or ffn ([`super::check_tp`]); `bf16` (not built for tensor parallelism); any
+    /// [`TrainConfig::validate`] error. With `recompute`, every block keeps only its output
+    /// and is run forward again (its two sums included) in the backward.
     pub fn new(cfg: TrainConfig, group: ProcessGroup) -> Result<Self> {
         Self::build(cfg, group, None)
     }
@@ -166,16 +152,9 @@ impl TpTrainer {
                 "tensor-parallel ranks keep f32 state; bf16 with TP is not built yet",
             ));
         }
-        if cfg.recompute {
-            return Err(refuse(
-                "recompute",
-                "true",
-                "tensor-parallel blocks keep their activations; recompute with TP is not built yet",
-            ));
-        }
         let (tp, rank) = (group.size(), group.rank());
         let th = Threads::new(cfg.threads)?;
-        let model = TpModel::new(&cfg.model, tp, rank, cfg.batch, cfg.seq_len)?;
+        let model = TpModel::new(&cfg.model, tp, rank, cfg.batch, cfg.seq_len, cfg.recompute)?;
         let layout = model.layout();
         let mut whole = vec![0f32; layout.whole.total];
         init_params(&cfg.model, &layout.whole, cfg.seed, &mut whole);
@@ -435,10 +414,7 @@ impl TpTrainer {
         let t0 = Instant::now();
         let count = self.cfg.grad_accum.max(1);
         self.grads.fill(0.0);
-        let mut comm = Timed {
-            group: &self.group,
-            seconds: 0.0,
-        };
+        let mut comm = TpGroup::new(&self.group);
         let (mut loss_sum, mut data_seconds) = (0.0f64, 0.0f64);
         for _ in 0..count {
             data_seconds += fetch(&mut self.source, &mut self.inputs, &mut self.targets)?;
