@@ -243,8 +243,8 @@ pub fn run(a: Args) -> Result<()> {
     match srun.map_or_else(Worker::from_env, |w| Ok(Some(w)))? {
         None => {
             let cfg = a.run_config()?;
-            let master =
-                (a.master_addr.as_ref()).map(|h| format!("{h}:{}", a.master_port.unwrap_or(29500)));
+            let port = a.master_port.unwrap_or(launch::env::DEFAULT_PORT);
+            let master = (a.master_addr.as_ref()).map(|h| format!("{h}:{port}"));
             let rdzv = a.rdzv.clone().or(master);
             let plan = NodePlan::resolve(a.nproc, a.nnodes, a.node_rank, rdzv.as_deref())?;
             // Degrees and settings are checked before any worker starts.

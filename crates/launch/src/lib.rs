@@ -15,7 +15,7 @@
 //! - [`process`]: spawning and stopping worker processes (and their logs);
 //! - [`srun`]: one task per rank under Slurm, without an agent;
 //! - [`chaos`]: injected faults for recovery tests;
-//! - [`env`]: worker identity, Slurm and torchrun-style environments;
+//! - [`env`](mod@env): worker identity, Slurm and torchrun-style environments;
 //! - [`exit`]: the exit-code table (success, failed, pre-empted, refused);
 //! - [`term`]: SIGTERM as a pre-emption notice.
 //!

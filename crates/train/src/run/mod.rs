@@ -8,7 +8,10 @@
 //!
 //! One step of the loop: the observer hears the step start, the engine steps (with the
 //! checkpointer around it when it saves asynchronously), the step is reported and logged, a
-//! due checkpoint is saved, and the observer hears the step complete (heartbeat, chaos).
+//! due checkpoint is saved, and the observer hears the step complete (heartbeat, chaos). With
+//! a checkpoint directory the ranks then agree whether any was asked to stop (a pre-emption:
+//! [`Observer::stop_requested`]); if so, that step is saved and the run returns
+//! [`Ended::Stopped`].
 pub mod config;
 pub mod engine;
 pub mod expert;
