@@ -406,6 +406,8 @@ fn preempted_job(cluster: &Cluster, mode: &str, reference: &Path) {
     });
     let first = text();
     assert!(first.contains("# flotilla exited 75"), "{mode}:\n{first}");
+    // Every process ended as pre-empted: none (an agent on another node) with an error.
+    assert!(!first.contains("flotilla: error"), "{mode}:\n{first}");
     let step = number_after(&first, "# stop requested (SIGTERM): stopping after step ");
     assert!((40..STEPS).contains(&step), "{mode}: {step}");
     assert!(

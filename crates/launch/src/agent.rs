@@ -20,8 +20,10 @@ use crate::env::ENV_SECRET;
 use crate::error::{LaunchError, Result};
 use crate::exit::Preempted;
 use crate::gang::{Admitted, Decision, Gang, Next};
-use crate::generation::{Outcome, Recovery, spawn_generation, watch_generation};
-use crate::process::{WorkerCommand, stop_all};
+use crate::generation::{
+    Outcome, Recovery, STORE_GONE_WAIT, preempted, spawn_generation, watch_generation,
+};
+use crate::process::{WorkerCommand, stop_all, wait_for_exit};
 use crate::term::Termination;
 use crate::watchdog::WatchRules;
 use comm::store::{Secret, StoreClient, StoreServer};
@@ -195,6 +197,24 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
         );
         let outcome = match outcome {
             Ok(o) => o,
+            // Node 0 ended a pre-empted job and its store with it: the workers here are
+            // exiting with the pre-emption's code (within a bound), which is the outcome.
+            Err(e @ LaunchError::Store(_)) if cfg.node_rank != 0 => {
+                let deadline = Instant::now() + STORE_GONE_WAIT;
+                while workers.iter().any(|w| w.running()) && Instant::now() < deadline {
+                    wait_for_exit(&workers, STORE_GONE_WAIT / 10);
+                    for w in workers.iter_mut() {
+                        w.poll()?;
+                    }
+                }
+                match preempted(cfg, &mut workers)? {
+                    Some(p) => p,
+                    None => {
+                        stop_all(&mut workers, cfg.kill_grace)?;
+                        return Err(e);
+                    }
+                }
+            }
             Err(e) => {
                 stop_all(&mut workers, cfg.kill_grace)?;
                 return Err(e);

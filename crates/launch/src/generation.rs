@@ -276,11 +276,19 @@ pub(crate) fn watch_generation(
     }
 }
 
+/// How long an agent whose store went away waits for its workers to exit before it decides
+/// whether they were pre-empted: node 0 ends a pre-empted job (and its store) once its own
+/// workers have passed their last barrier, when the other nodes' workers are exiting too.
+pub(crate) const STORE_GONE_WAIT: Duration = Duration::from_secs(5);
+
 /// A pre-emption, if one began: this agent received SIGTERM, or a worker exited with
 /// [`EXIT_PREEMPTED`] (it received SIGTERM itself, and its peers agreed to stop after the same
 /// step). Every local worker still running gets SIGTERM (a second one is harmless) and the rest
 /// of `--term-grace-s` to commit its checkpoint and exit, then SIGKILL.
-fn preempted(cfg: &AgentConfig, workers: &mut [LocalWorker]) -> Result<Option<Outcome>> {
+pub(crate) fn preempted(cfg: &AgentConfig, workers: &mut [LocalWorker]) -> Result<Option<Outcome>> {
+    for w in workers.iter_mut() {
+        w.poll()?;
+    }
     let code = |w: &LocalWorker| w.status.and_then(|s| s.code());
     let signalled = cfg.term.as_ref().and_then(Termination::requested);
     let by_worker = workers.iter().find(|w| code(w) == Some(EXIT_PREEMPTED));
