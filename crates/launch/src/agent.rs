@@ -201,11 +201,14 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
             // exiting with the pre-emption's code (within a bound), which is the outcome.
             Err(e @ LaunchError::Store(_)) if cfg.node_rank != 0 => {
                 let deadline = Instant::now() + STORE_GONE_WAIT;
-                while workers.iter().any(|w| w.running()) && Instant::now() < deadline {
-                    wait_for_exit(&workers, STORE_GONE_WAIT / 10);
+                loop {
                     for w in workers.iter_mut() {
                         w.poll()?;
                     }
+                    if workers.iter().all(|w| !w.running()) || Instant::now() >= deadline {
+                        break;
+                    }
+                    wait_for_exit(&workers, STORE_GONE_WAIT / 10);
                 }
                 match preempted(cfg, &mut workers)? {
                     Some(p) => p,

@@ -286,9 +286,8 @@ pub(crate) const STORE_GONE_WAIT: Duration = Duration::from_secs(5);
 /// step). Every local worker still running gets SIGTERM (a second one is harmless) and the rest
 /// of `--term-grace-s` to commit its checkpoint and exit, then SIGKILL.
 pub(crate) fn preempted(cfg: &AgentConfig, workers: &mut [LocalWorker]) -> Result<Option<Outcome>> {
-    for w in workers.iter_mut() {
-        w.poll()?;
-    }
+    // Statuses as last polled: the watch loop polls after this look, reading each exiting
+    // worker's last heartbeat first.
     let code = |w: &LocalWorker| w.status.and_then(|s| s.code());
     let signalled = cfg.term.as_ref().and_then(Termination::requested);
     let by_worker = workers.iter().find(|w| code(w) == Some(EXIT_PREEMPTED));
