@@ -108,10 +108,17 @@ fn main() {
         Command::Generate(a) => generate_cmd::run(a),
     };
     if let Err(e) = result {
-        eprintln!("flotilla: error: {}", error_chain(&e));
-        // A refused configuration is not worth a restart (the agent reads this exit code).
-        let refused = is_refusal(&e);
-        std::process::exit(if refused { launch::EXIT_REFUSED } else { 1 });
+        // The exit-code table (launch::exit): the agent and schedulers act on these.
+        let exit = launch::Exit::of_error(e.chain(), is_refusal);
+        let what = if exit == launch::Exit::Preempted {
+            ""
+        } else {
+            "error: "
+        };
+        // One write: a job's workers share the launcher's stderr.
+        let line = format!("flotilla: {what}{}\n", error_chain(&e));
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        std::process::exit(exit.code());
     }
 }
 
@@ -141,15 +148,13 @@ fn restore_default_sigpipe() {
     }
 }
 
-/// Whether `e` is a refusal a restart would only meet again: a configuration the run refuses
+/// Whether the cause `c` is a refusal a restart would only meet again: a configuration the run refuses
 /// ([`train::TrainError::is_refusal`]), or the model's refusal of a config too large for this
 /// machine's memory.
-fn is_refusal(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        matches!(c.downcast_ref(), Some(model::ModelError::Memory { .. }))
-            || c.downcast_ref::<train::TrainError>()
-                .is_some_and(train::TrainError::is_refusal)
-    })
+fn is_refusal(c: &(dyn std::error::Error + 'static)) -> bool {
+    matches!(c.downcast_ref(), Some(model::ModelError::Memory { .. }))
+        || c.downcast_ref::<train::TrainError>()
+            .is_some_and(train::TrainError::is_refusal)
 }
 
 /// An error and its causes, joined by ": " as anyhow's `{:#}` does, leaving out a cause whose

@@ -63,6 +63,10 @@ pub fn agent_config(spec: &NodeSpec, args: Vec<String>) -> Result<launch::AgentC
         job_timeout: spec.job_timeout,
         admission_timeout: Duration::from_secs(300),
         kill_grace: Duration::from_secs(2),
+        term: None,
+        term_grace: Duration::from_secs(30),
+        log_dir: None,
+        run_id: "none".into(),
     })
 }
 
@@ -196,9 +200,34 @@ pub struct Supervision {
     pub rank: usize,
     /// The generation this worker belongs to.
     pub generation: u64,
+    /// The SIGTERM handler, installed when the run has a checkpoint directory to save in.
+    pub term: Option<launch::Termination>,
 }
 
 impl Supervision {
+    /// A process's supervision with no agent: only its SIGTERM handler, if any.
+    pub fn preemptible(term: Option<launch::Termination>) -> Self {
+        Supervision {
+            term,
+            ..Supervision::default()
+        }
+    }
+
+    /// How the command ends after a run that `ended` so: a stop on SIGTERM becomes the
+    /// pre-emption error (exit 75), with the time its checkpoint took against `grace`.
+    pub fn ended(
+        term: Option<launch::Termination>,
+        ended: train::run::Ended,
+        grace: Duration,
+    ) -> Result<()> {
+        match ended {
+            train::run::Ended::Stopped { step } => {
+                let since = term.and_then(|t| t.requested());
+                Err(launch::Preempted::after_step(step, since, grace).into())
+            }
+            train::run::Ended::Completed => Ok(()),
+        }
+    }
     /// Training starts (again) at `step`.
     pub fn resumed(&self, step: u64) {
         if let Some(hb) = &self.hb {

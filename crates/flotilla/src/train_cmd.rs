@@ -31,23 +31,64 @@ pub struct Args {
     /// backward. Default: NPROC_PER_NODE, or Slurm's tasks (or GPUs) per node, else 2. Workers
     /// run under the agent (heartbeats, watchdog, restarts); --nproc 1 on one node without
     /// --chaos trains in this process.
-    #[arg(long, value_parser = usize_in(1, MAX_NPROC))]
+    #[arg(long, visible_aliases = ["nproc-per-node", "nproc_per_node"], env = "PET_NPROC_PER_NODE", value_parser = usize_in(1, MAX_NPROC))]
     nproc: Option<usize>,
     /// Nodes in the job: N, or MIN:MAX for an elastic job (each generation runs on the nodes
     /// still alive, at least MIN; a lost node is dropped at the next restart) (default: NNODES
     /// or SLURM_NNODES, else 1).
-    #[arg(long)]
+    #[arg(long, env = "PET_NNODES")]
     nnodes: Option<launch::NodeRange>,
     /// This node's index (default: NODE_RANK or SLURM_NODEID, else 0).
-    #[arg(long)]
+    #[arg(long, visible_alias = "node_rank", env = "PET_NODE_RANK")]
     node_rank: Option<usize>,
     /// The rendezvous store, HOST:PORT, hosted by node 0 (default: MASTER_ADDR:MASTER_PORT or
     /// the first host of SLURM_JOB_NODELIST; one node: a free loopback port).
-    #[arg(long)]
+    #[arg(long, visible_aliases = ["rdzv-endpoint", "rdzv_endpoint"], env = "PET_RDZV_ENDPOINT")]
     rdzv: Option<String>,
+    /// torchrun's static rendezvous: the store's host, with --master-port (29500 if absent);
+    /// the same as --rdzv HOST:PORT.
+    #[arg(
+        long,
+        visible_alias = "master_addr",
+        env = "PET_MASTER_ADDR",
+        conflicts_with = "rdzv"
+    )]
+    master_addr: Option<String>,
+    /// The store's port with --master-addr.
+    #[arg(
+        long,
+        visible_alias = "master_port",
+        env = "PET_MASTER_PORT",
+        requires = "master_addr"
+    )]
+    master_port: Option<u16>,
+    /// Each process is one rank that Slurm's srun started (SLURM_PROCID, SLURM_NTASKS,
+    /// SLURM_LOCALID; rank 0 hosts the store on the node list's first host at MASTER_PORT or
+    /// 29500): no agent, so no heartbeats, watchdog, restarts, chaos or elastic ranges; Slurm's
+    /// requeue restarts the job (docs/LAUNCH.md).
+    #[arg(long, conflicts_with_all = ["nproc", "nnodes", "node_rank", "rdzv", "master_addr", "chaos", "log_dir",
+        "max_restarts", "heartbeat_timeout_s", "watchdog_s", "startup_timeout_s", "admission_timeout_s"])]
+    srun: bool,
+    /// After SIGTERM (a pre-emption), the time to finish the current step and commit its
+    /// checkpoint in --ckpt-dir: the agent then stops any worker still running (SIGKILL), and
+    /// the job exits 75 so the scheduler requeues it (docs/LAUNCH.md).
+    #[arg(long, default_value_t = 30.0, value_parser = seconds)]
+    term_grace_s: f64,
+    /// Each worker's stdout and stderr also in DIR/RUN_ID/attempt_GENERATION/LOCAL_RANK/
+    /// {stdout,stderr}.log (torchrun's layout).
+    #[arg(long, visible_alias = "log_dir", env = "PET_LOG_DIR")]
+    log_dir: Option<PathBuf>,
+    /// The run's id, naming its folder under --log-dir (torchrun's default: none).
+    #[arg(long, visible_aliases = ["rdzv_id", "run-id"], env = "PET_RDZV_ID", default_value = "none", requires = "log_dir")]
+    rdzv_id: String,
     /// Restarts allowed for the whole job: after a worker fails, every worker is stopped and
     /// started again from the last committed checkpoint in --ckpt-dir.
-    #[arg(long, default_value_t = 3)]
+    #[arg(
+        long,
+        visible_alias = "max_restarts",
+        env = "PET_MAX_RESTARTS",
+        default_value_t = 3
+    )]
     max_restarts: u64,
     /// A worker whose heartbeat is silent this long has failed (dead or stopped).
     #[arg(long, default_value_t = 30.0, value_parser = seconds)]
@@ -197,24 +238,36 @@ pub fn run(a: Args) -> Result<()> {
     if chaos.as_ref().is_some_and(|c| c.corrupt_newest) && a.ckpt_dir.is_none() {
         bail!("--chaos corrupt-newest needs --ckpt-dir (the checkpoints it damages)");
     }
-    match Worker::from_env()? {
+    let grace = std::time::Duration::from_secs_f64(a.term_grace_s);
+    let term = a.ckpt_dir.is_some().then(launch::Termination::install);
+    let term = term.transpose()?;
+    // Under --srun, rank 0's store lives as long as this function.
+    let (srun, _store) = match a.srun.then(launch::SrunRank::from_env).transpose()? {
+        Some(r) => (Some(r.worker), r.store),
+        None => (None, None),
+    };
+    match srun.map_or_else(Worker::from_env, |w| Ok(Some(w)))? {
         None => {
             let cfg = a.run_config()?;
-            let plan = NodePlan::resolve(a.nproc, a.nnodes, a.node_rank, a.rdzv.as_deref())?;
+            let port = a.master_port.unwrap_or(launch::env::DEFAULT_PORT);
+            let master = (a.master_addr.as_ref()).map(|h| format!("{h}:{port}"));
+            let rdzv = a.rdzv.clone().or(master);
+            let plan = NodePlan::resolve(a.nproc, a.nnodes, a.node_rank, rdzv.as_deref())?;
             // Degrees and settings are checked before any worker starts.
             cfg.check(plan.nproc * plan.nnodes)?;
             if plan.nproc * plan.nnodes > 1 || chaos.is_some() {
                 launch(&a, &cfg, &plan, chaos.unwrap_or_default(), embedded)
             } else {
-                train::run::run(&cfg, None, &mut Printer::new(&a, Supervision::default())?)?;
-                Ok(())
+                let sup = Supervision::preemptible(term);
+                let ended = train::run::run(&cfg, None, &mut Printer::new(&a, sup)?)?;
+                Supervision::ended(term, ended, grace)
             }
         }
         Some(w) => {
             let mut cfg = a.run_config()?;
             if a.train.threads.is_none() {
                 let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                cfg.train.threads = (cores / w.world).max(1);
+                cfg.train.threads = (cores / w.local_world).max(1);
             }
             cfg.generation = w.rdv.generation;
             let hb = match w.heartbeat {
@@ -229,12 +282,13 @@ pub fn run(a: Args) -> Result<()> {
                 fault: w.chaos.as_deref().map(launch::Fault::parse).transpose()?,
                 rank: w.rank,
                 generation: w.rdv.generation,
+                term,
             };
             let group =
                 ProcessGroup::new(&w.rdv, "world", w.rank, w.world, GroupConfig::from_env()?)
                     .with_context(|| format!("joining the training group as rank {}", w.rank))?;
-            train::run::run(&cfg, Some(group), &mut Printer::new(&a, sup)?)?;
-            Ok(())
+            let ended = train::run::run(&cfg, Some(group), &mut Printer::new(&a, sup)?)?;
+            Supervision::ended(term, ended, grace)
         }
     }
 }
@@ -294,6 +348,10 @@ impl train::run::Observer for Printer {
     fn finishing(&mut self) {
         self.pb.finish_and_clear();
         self.sup.finishing();
+    }
+
+    fn stop_requested(&mut self) -> bool {
+        self.sup.term.is_some_and(|t| t.requested().is_some())
     }
 }
 
@@ -377,6 +435,12 @@ fn launch(
     agent.ckpt_dir = ckpt_dir;
     agent.admission_timeout = Duration::from_secs_f64(a.admission_timeout_s);
     agent.min_nnodes = plan.min_nnodes;
+    agent.term = Some(launch::Termination::install()?);
+    agent.term_grace = Duration::from_secs_f64(a.term_grace_s);
+    // A worker with --ckpt-dir takes SIGTERM as a pre-emption notice (save, then exit): a
+    // restart stops workers at once instead.
+    agent.kill_grace = Duration::ZERO;
+    (agent.log_dir, agent.run_id) = (a.log_dir.clone(), a.rdzv_id.clone());
     let report = launch::run(&agent)?;
     if report.restarts > 0 {
         println!(

@@ -249,10 +249,11 @@ fn a_refused_run_creates_no_checkpoint_directory() {
         REFUSED,
         &["--tp 3", "does not divide the world of 2"],
     );
-    // Refused by the workers (the training state cannot fit in memory): none creates it.
+    // Refused by the workers (the training state cannot fit in memory): none creates it, and
+    // the launcher exits with the refusal code too (launch::exit's table).
     refused_without_ckpt_dir(
         &["--nproc", "2", "--layers", "4", "--d-model", "200000"],
-        1,
+        REFUSED,
         &["refused its configuration", "not restarted"],
     );
 }

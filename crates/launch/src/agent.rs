@@ -15,29 +15,22 @@
 //! whatever the new world size (resharded state, elastic data cursor in crates/train).
 
 use crate::chaos::{self, Chaos, Fault};
-use crate::elastic::{LeaseKeeper, Membership, NodeRange};
-use crate::env::{
-    ENV_CHAOS, ENV_GENERATION, ENV_HEARTBEAT_MS, ENV_LOCAL_WORLD, ENV_RANK, ENV_RDZV, ENV_SECRET,
-    ENV_WORLD,
-};
+use crate::elastic::{LeaseKeeper, NodeRange};
+use crate::env::ENV_SECRET;
 use crate::error::{LaunchError, Result};
+use crate::exit::Preempted;
 use crate::gang::{Admitted, Decision, Gang, Next};
-use crate::heartbeat::Beat;
-use crate::process::{LocalWorker, WorkerCommand, stop_all};
-use crate::watchdog::{Failure, FailureKind, WatchRules, WorkerWatch};
-use comm::CommError;
+use crate::generation::{
+    Outcome, Recovery, STORE_GONE_WAIT, preempted, spawn_generation, watch_generation,
+};
+use crate::process::{WorkerCommand, stop_all, wait_for_exit};
+use crate::term::Termination;
+use crate::watchdog::WatchRules;
 use comm::store::{Secret, StoreClient, StoreServer};
 use std::net::SocketAddr;
-use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// How often the agent looks at its workers and the store, at the least: a worker's exit wakes
-/// it at once ([`crate::process::wait_for_exit`]).
-const POLL: Duration = Duration::from_millis(100);
-/// After a first local failure, how long to let the rest of the picture arrive (a killed rank's
-/// peers fail a moment later) before naming the root cause.
-const ATTRIBUTION_GRACE: Duration = Duration::from_millis(300);
 /// Per-request timeout of the agent's store connection.
 const STORE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long node 0 lets the other members read a failure before it moves the job on (they
@@ -78,8 +71,19 @@ pub struct AgentConfig {
     pub job_timeout: Duration,
     /// Deadline of each gang admission (and of node 0's decision after a failure).
     pub admission_timeout: Duration,
-    /// Time between SIGTERM and SIGKILL when stopping workers.
+    /// Time between SIGTERM and SIGKILL when stopping workers after a failure (a training
+    /// worker that handles SIGTERM as a pre-emption notice wants none: zero).
     pub kill_grace: Duration,
+    /// The SIGTERM handler of this process, if installed: a SIGTERM then pre-empts the job
+    /// (workers told, given `term_grace`, the job ends with [`crate::EXIT_PREEMPTED`]).
+    pub term: Option<Termination>,
+    /// How long the workers have, after SIGTERM, to commit a checkpoint and exit.
+    pub term_grace: Duration,
+    /// A directory for each worker's stdout and stderr in torchrun's layout
+    /// (`DIR/RUN_ID/attempt_GENERATION/LOCAL_RANK/{stdout,stderr}.log`); `None`: none.
+    pub log_dir: Option<PathBuf>,
+    /// The run id naming the job's folder under `log_dir` (torchrun's `--rdzv-id`).
+    pub run_id: String,
 }
 
 /// What a finished job looked like from this node.
@@ -89,23 +93,6 @@ pub struct JobReport {
     pub restarts: u64,
     /// The generation that finished.
     pub generation: u64,
-}
-
-/// How a generation ended on this node.
-enum Outcome {
-    Complete,
-    Failed {
-        what: String,
-        detected: Instant,
-        last_step: Option<u64>,
-    },
-}
-
-/// Recovery in progress: reported once the new generation trains again.
-struct Recovery {
-    detected: Instant,
-    last_step: Option<u64>,
-    resumed_reported: bool,
 }
 
 /// Runs this node's part of the job to the end (see the module docs).
@@ -210,6 +197,27 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
         );
         let outcome = match outcome {
             Ok(o) => o,
+            // Node 0 ended a pre-empted job and its store with it: the workers here are
+            // exiting with the pre-emption's code (within a bound), which is the outcome.
+            Err(e @ LaunchError::Store(_)) if cfg.node_rank != 0 => {
+                let deadline = Instant::now() + STORE_GONE_WAIT;
+                loop {
+                    for w in workers.iter_mut() {
+                        w.poll()?;
+                    }
+                    if workers.iter().all(|w| !w.running()) || Instant::now() >= deadline {
+                        break;
+                    }
+                    wait_for_exit(&workers, STORE_GONE_WAIT / 10);
+                }
+                match preempted(cfg, &mut workers)? {
+                    Some(p) => p,
+                    None => {
+                        stop_all(&mut workers, cfg.kill_grace)?;
+                        return Err(e);
+                    }
+                }
+            }
             Err(e) => {
                 stop_all(&mut workers, cfg.kill_grace)?;
                 return Err(e);
@@ -222,6 +230,10 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
                     restarts,
                     generation: g,
                 });
+            }
+            Outcome::Preempted(what) => {
+                say(format!("generation {g} pre-empted: {what}"));
+                return Err(LaunchError::Preempted(Preempted { what }));
             }
             Outcome::Failed {
                 what,
@@ -311,7 +323,7 @@ fn chaos_plan(cfg: &AgentConfig, store: &StoreClient, g: u64) -> Result<Option<F
 }
 
 /// Prints an agent line (prefixed with the node on multi-node jobs).
-fn say(cfg: &AgentConfig, line: String) {
+pub(crate) fn say(cfg: &AgentConfig, line: String) {
     if cfg.nnodes > 1 {
         println!("# node {}: {line}", cfg.node_rank)
     } else {
@@ -352,237 +364,4 @@ fn validate(cfg: &AgentConfig) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// Starts this node's workers of generation `g`: ranks `slot * nproc ..` of a world of
-/// `members x nproc`, where `slot` is this node's place among the members.
-fn spawn_generation(
-    cfg: &AgentConfig,
-    g: u64,
-    members: &Membership,
-    addr: SocketAddr,
-    secret: &Secret,
-    fault: Option<Fault>,
-) -> Result<Vec<LocalWorker>> {
-    let world = cfg.nproc * members.len();
-    let slot = members.slot(cfg.node_rank).ok_or_else(|| {
-        LaunchError::invalid(
-            "--node-rank",
-            cfg.node_rank.to_string(),
-            format!("not a member of generation {g} ({:?})", members.nodes),
-        )
-    })?;
-    let mut env = vec![
-        (ENV_WORLD.to_string(), world.to_string()),
-        (ENV_LOCAL_WORLD.to_string(), cfg.nproc.to_string()),
-        (ENV_RDZV.to_string(), addr.to_string()),
-        (ENV_GENERATION.to_string(), g.to_string()),
-        (ENV_SECRET.to_string(), secret.to_env_value()?),
-    ];
-    if let Some(rules) = &cfg.watch {
-        env.push((
-            ENV_HEARTBEAT_MS.into(),
-            rules.period().as_millis().to_string(),
-        ));
-    }
-    if let Some(f) = fault.filter(|_| g == 0) {
-        env.push((ENV_CHAOS.into(), f.to_string()));
-    }
-    let mut workers = Vec::with_capacity(cfg.nproc);
-    for local in 0..cfg.nproc {
-        let rank = slot * cfg.nproc + local;
-        env.push((ENV_RANK.into(), rank.to_string()));
-        match LocalWorker::spawn(&cfg.command, rank, &env) {
-            Ok(w) => workers.push(w),
-            Err(e) => {
-                stop_all(&mut workers, cfg.kill_grace)?;
-                return Err(e);
-            }
-        }
-        env.pop();
-    }
-    Ok(workers)
-}
-
-/// The failure a worker's exit status shows, if any.
-fn exit_failure(w: &LocalWorker, beat: Option<Beat>) -> Option<Failure> {
-    let st = w.status?;
-    let kind = match (st.code(), st.signal()) {
-        (Some(0), _) => return None,
-        (Some(c), _) => FailureKind::Exit(c),
-        (None, Some(s)) => FailureKind::Signal(s),
-        (None, None) => FailureKind::Exit(-1),
-    };
-    Some(Failure {
-        rank: w.rank,
-        kind,
-        step: beat.and_then(|b| b.step),
-        busy: beat.is_some_and(|b| b.busy),
-    })
-}
-
-/// Watches generation `g` on this node until it completes or fails somewhere.
-fn watch_generation(
-    cfg: &AgentConfig,
-    gang: &Gang<'_>,
-    g: u64,
-    members: &Membership,
-    workers: &mut [LocalWorker],
-    recovery: &mut Option<Recovery>,
-    job_deadline: Instant,
-) -> Result<Outcome> {
-    let say = |line: String| say(cfg, line);
-    let now = Instant::now();
-    let mut watches: Vec<WorkerWatch> = workers
-        .iter()
-        .map(|w| WorkerWatch::new(w.rank, now))
-        .collect();
-    let mut marked_done = false;
-    loop {
-        let now = Instant::now();
-        if now >= job_deadline {
-            return Err(LaunchError::JobTimeout(cfg.job_timeout));
-        }
-        // Node 0 may end the generation and move on before this node reads why: the store then
-        // refuses this generation's requests, which says the same.
-        let seen_step = last_step(&watches);
-        let moved_on = |e: LaunchError| match e {
-            LaunchError::Store(CommError::StaleGeneration { current, .. })
-                if cfg.node_rank != 0 =>
-            {
-                Ok(Outcome::Failed {
-                    what: format!(
-                        "node 0 ended generation {g} (the job is in generation {current})"
-                    ),
-                    detected: now,
-                    last_step: seen_step,
-                })
-            }
-            e => Err(e),
-        };
-        let mut failures = Vec::new();
-        for (w, watch) in workers.iter_mut().zip(watches.iter_mut()) {
-            let was_running = w.running();
-            w.poll()?;
-            if let Some(rules) = &cfg.watch
-                && was_running
-            {
-                let beat = match gang.beat(g, w.rank) {
-                    Ok(b) => b,
-                    Err(e) => return moved_on(e),
-                };
-                watch.observe(beat, now);
-                if w.running()
-                    && let Some(f) = watch.check(rules, now)
-                {
-                    failures.push(f);
-                }
-            }
-            if let Some(f) = exit_failure(w, watch.beat()) {
-                failures.push(f);
-            }
-            watch.done = w.status.is_some_and(|s| s.success());
-        }
-        if let Some(r) = recovery.as_mut() {
-            report_recovery(r, g, &watches, &say);
-            if watches.iter().any(|w| w.first_step_at.is_some()) {
-                *recovery = None;
-            }
-        }
-        let stalled_step = failures
-            .iter()
-            .find(|f| matches!(f.kind, FailureKind::Stalled(_)))
-            .and_then(|f| f.step);
-        if let Some(step) = stalled_step {
-            for (w, watch) in workers.iter().zip(watches.iter()) {
-                if w.running() && failures.iter().all(|f| f.rank != w.rank) {
-                    failures.extend(watch.stalled_with(step, now));
-                }
-            }
-        }
-        if !failures.is_empty() {
-            // Let the peers of a killed rank finish failing, then name the most telling cause.
-            std::thread::sleep(ATTRIBUTION_GRACE);
-            for (w, watch) in workers.iter_mut().zip(watches.iter()) {
-                if w.running() {
-                    w.poll()?;
-                    if let Some(f) = exit_failure(w, watch.beat()) {
-                        failures.push(f);
-                    }
-                }
-            }
-            failures.sort_by_key(Failure::blame_order);
-            let what = match gang.report_failure(g, &failures[0].to_string()) {
-                Ok(w) => w,
-                Err(e) => return moved_on(e),
-            };
-            return Ok(Outcome::Failed {
-                what,
-                detected: now,
-                last_step: last_step(&watches),
-            });
-        }
-        if cfg.node_rank == 0
-            && cfg.min_nnodes < cfg.nnodes
-            && let Some((node, still)) = gang.lost_member(members)?
-        {
-            let lost = format!(
-                "node {node} lost: its agent renewed no lease for {:.1} s",
-                still.as_secs_f64()
-            );
-            return Ok(Outcome::Failed {
-                what: gang.report_failure(g, &lost)?,
-                detected: now,
-                last_step: last_step(&watches),
-            });
-        }
-        let failure = match gang.failure(g) {
-            Ok(f) => f,
-            Err(e) => return moved_on(e),
-        };
-        if let Some(what) = failure {
-            return Ok(Outcome::Failed {
-                what,
-                detected: now,
-                last_step: last_step(&watches),
-            });
-        }
-        if watches.iter().all(|w| w.done) {
-            if !marked_done {
-                gang.mark_done(g)?;
-                marked_done = true;
-            }
-            if gang.complete(g, members, cfg.admission_timeout)? {
-                return Ok(Outcome::Complete);
-            }
-        }
-        crate::process::wait_for_exit(workers, POLL);
-    }
-}
-
-/// The last step any local worker reported.
-fn last_step(watches: &[WorkerWatch]) -> Option<u64> {
-    watches.iter().filter_map(|w| w.beat()?.step).max()
-}
-
-/// Prints where the new generation resumed, and once it completes a step, how long recovery took.
-fn report_recovery(r: &mut Recovery, g: u64, watches: &[WorkerWatch], say: &impl Fn(String)) {
-    if !r.resumed_reported
-        && let Some(resumed) = watches.iter().filter_map(|w| w.beat()?.resumed).min()
-    {
-        r.resumed_reported = true;
-        let lost = r.last_step.map_or(0, |s| s.saturating_sub(resumed));
-        let last = r
-            .last_step
-            .map_or_else(|| "none".to_string(), |s| s.to_string());
-        say(format!(
-            "generation {g} resumes from step {resumed}; steps lost: {lost} (last completed step before the failure: {last})"
-        ));
-    }
-    if let Some(at) = watches.iter().filter_map(|w| w.first_step_at).min() {
-        say(format!(
-            "generation {g} is training again; time from failure to training again: {:.2} s",
-            at.saturating_duration_since(r.detected).as_secs_f64()
-        ));
-    }
 }

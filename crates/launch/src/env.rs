@@ -26,12 +26,61 @@ pub const ENV_LOCAL_WORLD: &str = "LOCAL_WORLD_SIZE";
 /// The resolved chaos plan for this worker (see [`crate::chaos::Chaos`]); absent: none.
 pub const ENV_CHAOS: &str = "FLOTILLA_CHAOS";
 
+/// Where a worker sits, as torchrun tells its workers (`torch.distributed.run`): the variables
+/// every tool of that ecosystem reads, set by the agent beside Flotilla's own. `GROUP_RANK` is
+/// the node's place among the generation's members, `MASTER_ADDR:MASTER_PORT` the rendezvous
+/// store, `TORCHELASTIC_RESTART_COUNT` the generation (one per restart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TorchrunIdentity {
+    /// Global rank (`RANK`).
+    pub rank: usize,
+    /// Rank on this node (`LOCAL_RANK`).
+    pub local_rank: usize,
+    /// Ranks in the job (`WORLD_SIZE`).
+    pub world: usize,
+    /// Workers on this node (`LOCAL_WORLD_SIZE`).
+    pub local_world: usize,
+    /// This node's place among the generation's nodes (`GROUP_RANK`).
+    pub group_rank: usize,
+    /// Nodes in the generation (`GROUP_WORLD_SIZE`).
+    pub group_world: usize,
+    /// The rendezvous store (`MASTER_ADDR`, `MASTER_PORT`).
+    pub master: std::net::SocketAddr,
+    /// Restarts so far (`TORCHELASTIC_RESTART_COUNT`).
+    pub restarts: u64,
+    /// Restarts allowed (`TORCHELASTIC_MAX_RESTARTS`).
+    pub max_restarts: u64,
+}
+
+impl TorchrunIdentity {
+    /// The variables, as (name, value) pairs.
+    pub fn vars(&self) -> Vec<(String, String)> {
+        let v = |k: &str, x: &dyn ToString| (k.to_string(), x.to_string());
+        vec![
+            v("RANK", &self.rank),
+            v("LOCAL_RANK", &self.local_rank),
+            v("WORLD_SIZE", &self.world),
+            v(ENV_LOCAL_WORLD, &self.local_world),
+            v("GROUP_RANK", &self.group_rank),
+            v("GROUP_WORLD_SIZE", &self.group_world),
+            v("ROLE_RANK", &self.rank),
+            v("ROLE_WORLD_SIZE", &self.world),
+            v("MASTER_ADDR", &self.master.ip()),
+            v("MASTER_PORT", &self.master.port()),
+            v("TORCHELASTIC_RESTART_COUNT", &self.restarts),
+            v("TORCHELASTIC_MAX_RESTARTS", &self.max_restarts),
+        ]
+    }
+}
+
 /// A worker's identity, as the agent put it in the environment.
 pub struct WorkerEnv {
     /// Global rank.
     pub rank: usize,
     /// Ranks in the job.
     pub world: usize,
+    /// Ranks on this worker's node (`LOCAL_WORLD_SIZE`; the world when absent).
+    pub local_world: usize,
     /// The store, secret and generation to join.
     pub rdv: Rendezvous,
     /// Heartbeat period, if the agent watches heartbeats.
@@ -69,9 +118,14 @@ impl WorkerEnv {
             Some(g) => parse(ENV_GENERATION, &g)?,
             None => 0,
         };
+        let world = required(&get, ENV_WORLD)?;
         let w = WorkerEnv {
             rank: required(&get, ENV_RANK)?,
-            world: required(&get, ENV_WORLD)?,
+            world,
+            local_world: match get(ENV_LOCAL_WORLD) {
+                Some(n) => parse(ENV_LOCAL_WORLD, &n)?,
+                None => world,
+            },
             rdv: Rendezvous {
                 addr: required(&get, ENV_RDZV)?,
                 secret,

@@ -97,6 +97,9 @@ pub enum LaunchError {
         /// The failure that ended the job.
         last: String,
     },
+    /// SIGTERM stopped the job (see [`crate::exit`]: the binary exits with 75).
+    #[error(transparent)]
+    Preempted(#[from] crate::exit::Preempted),
     /// The whole job ran past its deadline.
     #[error("job did not finish within {0:?}; workers stopped")]
     JobTimeout(Duration),

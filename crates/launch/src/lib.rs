@@ -12,9 +12,12 @@
 //! - [`elastic`]: `--nnodes MIN:MAX`, generation membership and node leases;
 //! - [`heartbeat`]: the worker's heartbeat thread and the beat format;
 //! - [`watchdog`]: failure rules (exit, signal, heartbeat silence, stalled step);
-//! - [`process`]: spawning and stopping worker processes;
+//! - [`process`]: spawning and stopping worker processes (and their logs);
+//! - [`srun`]: one task per rank under Slurm, without an agent;
 //! - [`chaos`]: injected faults for recovery tests;
-//! - [`env`]: worker identity, Slurm and torchrun-style environments.
+//! - [`env`](mod@env): worker identity, Slurm and torchrun-style environments;
+//! - [`exit`]: the exit-code table (success, failed, pre-empted, refused);
+//! - [`term`]: SIGTERM as a pre-emption notice.
 //!
 //! Generations: the store's generation counter is the job's membership generation. Workers get
 //! it in `FLOTILLA_GENERATION`; their process group and every key they write carry it, and the
@@ -26,9 +29,13 @@ pub mod chaos;
 pub mod elastic;
 pub mod env;
 pub mod error;
+pub mod exit;
 pub mod gang;
+mod generation;
 pub mod heartbeat;
 pub mod process;
+pub mod srun;
+pub mod term;
 pub mod watchdog;
 
 pub use agent::{AgentConfig, JobReport, run};
@@ -36,6 +43,9 @@ pub use chaos::{Chaos, Fault};
 pub use elastic::NodeRange;
 pub use env::{NodeEnv, WorkerEnv};
 pub use error::{LaunchError, Result};
+pub use exit::{EXIT_PREEMPTED, EXIT_REFUSED, Exit, Preempted};
 pub use heartbeat::Heartbeat;
 pub use process::WorkerCommand;
-pub use watchdog::{EXIT_REFUSED, WatchRules};
+pub use srun::SrunRank;
+pub use term::Termination;
+pub use watchdog::WatchRules;

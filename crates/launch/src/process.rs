@@ -1,10 +1,11 @@
 //! Worker processes of one generation on this host: spawn, poll, stop.
 
 use crate::error::{LaunchError, Result};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// What to run as a worker: a program, its arguments and extra environment.
@@ -31,13 +32,32 @@ pub struct LocalWorker {
 
 impl LocalWorker {
     /// Starts `cmd` with `env` for `rank`. The worker gets SIGKILL if the agent dies, so no
-    /// worker outlives its agent.
-    pub fn spawn(cmd: &WorkerCommand, rank: usize, env: &[(String, String)]) -> Result<Self> {
+    /// worker outlives its agent. With `logs`, its stdout and stderr are also written to
+    /// `stdout.log` and `stderr.log` there (created, truncated), line by line as they reach the
+    /// agent's own.
+    pub fn spawn(
+        cmd: &WorkerCommand,
+        rank: usize,
+        env: &[(String, String)],
+        logs: Option<&Path>,
+    ) -> Result<Self> {
         let mut c = Command::new(&cmd.program);
         c.args(&cmd.args);
         for (k, v) in cmd.env.iter().chain(env) {
             c.env(k, v);
         }
+        let files = match logs {
+            Some(dir) => {
+                let io = |what: &str, e| LaunchError::io(format!("{what} {}", dir.display()), e);
+                std::fs::create_dir_all(dir).map_err(|e| io("create the log directory", e))?;
+                let open = |name: &str| {
+                    std::fs::File::create(dir.join(name)).map_err(|e| io("create a log in", e))
+                };
+                c.stdout(Stdio::piped()).stderr(Stdio::piped());
+                Some((open("stdout.log")?, open("stderr.log")?))
+            }
+            None => None,
+        };
         // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
         unsafe {
             c.pre_exec(|| {
@@ -47,9 +67,17 @@ impl LocalWorker {
                 Ok(())
             });
         }
-        let child = c
+        let mut child = c
             .spawn()
             .map_err(|source| LaunchError::Spawn { rank, source })?;
+        if let Some((out, err)) = files {
+            if let Some(pipe) = child.stdout.take() {
+                tee(pipe, out, false);
+            }
+            if let Some(pipe) = child.stderr.take() {
+                tee(pipe, err, true);
+            }
+        }
         // SAFETY: pidfd_open(2) on our own unreaped child (its pid cannot be reused meanwhile);
         // a non-negative return is a new descriptor that nothing else owns.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.id() as libc::pid_t, 0) };
@@ -86,6 +114,27 @@ impl LocalWorker {
             }
         }
     }
+}
+
+/// Copies a worker's output stream, line by line, to its log file and to the agent's stdout
+/// (or stderr). The thread ends when the worker's end of the pipe closes (its exit); a write
+/// that fails stops that copy only, never the worker (the pipe is drained on).
+fn tee(from: impl Read + Send + 'static, mut file: std::fs::File, to_stderr: bool) {
+    std::thread::spawn(move || {
+        let mut from = BufReader::new(from);
+        let mut line = Vec::new();
+        let (mut to_file, mut to_console) = (true, true);
+        while from.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+            to_file = to_file && file.write_all(&line).is_ok();
+            to_console = to_console
+                && if to_stderr {
+                    std::io::stderr().lock().write_all(&line).is_ok()
+                } else {
+                    std::io::stdout().lock().write_all(&line).is_ok()
+                };
+            line.clear();
+        }
+    });
 }
 
 /// Blocks until one of the `workers` still running exits, or `timeout` passes, whichever is
@@ -172,7 +221,7 @@ mod tests {
     /// runs out (the bound is the wake-up's existence, not its speed).
     #[test]
     fn an_exit_ends_the_wait_early() {
-        let mut w = LocalWorker::spawn(&sh("exit 3"), 0, &[]).unwrap();
+        let mut w = LocalWorker::spawn(&sh("exit 3"), 0, &[], None).unwrap();
         assert!(w.pidfd.is_some(), "this kernel has pidfd_open");
         let t0 = Instant::now();
         wait_for_exit(std::slice::from_ref(&w), Duration::from_secs(60));
@@ -184,7 +233,7 @@ mod tests {
     /// sleeps it.
     #[test]
     fn a_wait_without_exits_lasts_its_timeout() {
-        let mut w = LocalWorker::spawn(&sh("sleep 30"), 1, &[]).unwrap();
+        let mut w = LocalWorker::spawn(&sh("sleep 30"), 1, &[], None).unwrap();
         let t0 = Instant::now();
         wait_for_exit(std::slice::from_ref(&w), Duration::from_millis(50));
         assert!(t0.elapsed() >= Duration::from_millis(50));

@@ -8,6 +8,7 @@
 //!   (a hang inside the loop while the heartbeat thread lives), or it completed no step within
 //!   `startup_timeout` (resuming and joining the group are bounded by this instead).
 
+use crate::exit::EXIT_REFUSED;
 use crate::heartbeat::Beat;
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -44,11 +45,6 @@ pub enum FailureKind {
     /// No beat or no first step within the startup timeout.
     Startup(Duration),
 }
-
-/// The exit code of a worker that refused its configuration (sysexits' `EX_CONFIG`): a layout
-/// that cannot be placed, degrees that do not divide, a checkpoint of another model. Restarting
-/// would refuse again, so the agent ends the job instead of spending its restarts.
-pub const EXIT_REFUSED: i32 = 78;
 
 /// The words a refusal's description carries (failures travel between agents as text).
 const REFUSED_NOTE: &str = "refused its configuration";

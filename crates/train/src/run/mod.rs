@@ -8,7 +8,10 @@
 //!
 //! One step of the loop: the observer hears the step start, the engine steps (with the
 //! checkpointer around it when it saves asynchronously), the step is reported and logged, a
-//! due checkpoint is saved, and the observer hears the step complete (heartbeat, chaos).
+//! due checkpoint is saved, and the observer hears the step complete (heartbeat, chaos). With
+//! a checkpoint directory the ranks then agree whether any was asked to stop (a pre-emption:
+//! [`Observer::stop_requested`]); if so, that step is saved and the run returns
+//! [`Ended::Stopped`].
 pub mod config;
 pub mod engine;
 pub mod expert;
@@ -46,6 +49,24 @@ pub trait Observer {
     fn completed(&mut self, s: &StepStats) -> std::result::Result<(), crate::BoxError>;
     /// The loop is over (the final save and synchronisation follow).
     fn finishing(&mut self);
+    /// Whether this rank was asked to stop (a pre-emption notice: SIGTERM). Asked after every
+    /// step of a run with a checkpoint directory: the ranks agree (one asking stops them all
+    /// after the same step), that step is saved, and [`run`] returns [`Ended::Stopped`].
+    fn stop_requested(&mut self) -> bool {
+        false
+    }
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Every step trained (or none was left).
+    Completed,
+    /// Stopped on request after `step`, whose checkpoint is committed: a rerun resumes there.
+    Stopped {
+        /// The last step trained and saved.
+        step: u64,
+    },
 }
 
 /// How the run saves.
@@ -62,7 +83,7 @@ enum Saver {
 }
 
 /// Trains `cfg` on this rank of `group` (None: one process), reporting to `obs`.
-pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer) -> Result<()> {
+pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer) -> Result<Ended> {
     let (rank, world) = group.as_ref().map_or((0, 1), |g| (g.rank(), g.size()));
     let lead = rank == 0;
     let steps = cfg.train.steps;
@@ -123,6 +144,7 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
     let (mut timed_tokens, mut last_loss) = (0usize, f64::NAN);
     // Each timed step's communication wait, split over the ranks at the end (peer_wait).
     let mut waits: Vec<f64> = Vec::new();
+    let mut stopped = None;
     for _ in first..steps {
         obs.starting();
         let (s, saved) = step(&mut engine, saver.as_mut())?;
@@ -161,6 +183,20 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
             log.step(&s, saved.as_ref().map(|(s, _)| s.pause))?;
         }
         obs.completed(&s).map_err(crate::TrainError::Observer)?;
+        // After the last step the run ends as usual (its final save and outputs follow).
+        if cfg.checkpoint.is_some()
+            && s.step < steps
+            && stop_agreed(world_group.as_ref(), obs.stop_requested())?
+        {
+            if lead {
+                obs.line(&format!(
+                    "# stop requested (SIGTERM): stopping after step {}, saving it",
+                    s.step
+                ));
+            }
+            stopped = Some(s.step);
+            break;
+        }
     }
     obs.finishing();
     let finished = finish_saves(
@@ -172,6 +208,14 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
     )?;
     if lead {
         finished.iter().for_each(|l| obs.line(l));
+    }
+    if let Some(step) = stopped {
+        // Every rank's pieces are written and rank 0 has committed before any rank exits.
+        if let Some(g) = &world_group {
+            g.barrier()
+                .ctx(|| "the barrier after the stop's checkpoint".into())?;
+        }
+        return Ok(Ended::Stopped { step });
     }
     // The all-gather of every rank's waits is also the final synchronisation: it completes
     // only once every rank has finished training (rank 0's last checkpoint included), so no
@@ -236,7 +280,18 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
     if lead {
         lines.iter().for_each(|l| obs.line(l));
     }
-    Ok(())
+    Ok(Ended::Completed)
+}
+
+/// Whether any rank asked to stop (`mine`: this one): the maximum over the ranks, so every
+/// rank stops after the same step.
+fn stop_agreed(world: Option<&ProcessGroup>, mine: bool) -> Result<bool> {
+    let mut v = [if mine { 1.0 } else { 0.0 }];
+    if let Some(g) = world {
+        g.all_reduce(&mut v, comm::ReduceOp::Max)
+            .ctx(|| "agreeing on a stop request".into())?;
+    }
+    Ok(v[0] > 0.0)
 }
 
 /// Opens the run's checkpoint directory, resuming from it; reports what it found.
@@ -376,7 +431,7 @@ fn finish_saves(
             ));
         }
         (engine, Some(Saver::Sync(c)))
-            if trained && (c.every == 0 || !train.steps.is_multiple_of(c.every)) =>
+            if trained && (c.every == 0 || !engine.steps_done().is_multiple_of(c.every)) =>
         {
             lines.push(save_sync(engine, c, train)?.1);
         }
