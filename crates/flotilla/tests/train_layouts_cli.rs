@@ -239,6 +239,28 @@ fn dp2_x_tp2_with_sequence_parallelism_trains_and_saves_activation_memory() {
     assert!(on < off, "--sp {on} MB vs {off} MB without:\n{with}");
 }
 
+/// DP2 x TP2 sets the planner's forecast beside the measurement component by component, its
+/// tensor-parallel sums priced as their own line (the mesh runs' other figures: tokens/s,
+/// state, activations).
+#[test]
+fn dp2_x_tp2_prints_the_forecast_beside_the_measurement() {
+    let _one = serial();
+    let mut args = vec!["train"];
+    args.extend_from_slice(MICRO);
+    args.extend_from_slice(&["--nproc", "4", "--tp", "2", "--batch", "2", "--layers", "2"]);
+    args.extend_from_slice(&["--threads", "1", "--steps", "3", "--max-restarts", "0"]);
+    let (ok, out, err) = flotilla(&args);
+    assert!(ok, "{out}\n{err}");
+    for needle in [
+        "# plan beside measured, per step",
+        "tensor-parallel sums over tp 2 (all-reduces of (N, C))",
+        "# step forecast ",
+        "# activations per layer and micro-batch (tp 2, sequence parallel off)",
+    ] {
+        assert!(out.contains(needle), "no {needle:?} in:\n{out}");
+    }
+}
+
 /// The state line's three measured and three planned megabytes.
 fn state_mb(out: &str) -> ([f64; 3], [f64; 3]) {
     let line = out

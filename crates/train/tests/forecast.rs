@@ -23,7 +23,7 @@ fn probe_fixed() -> UnitTimes {
 fn the_probe_times_every_unit_of_a_one_block_model() {
     let cfg = tiny(2, 1);
     let th = model::Threads::new(1).unwrap();
-    let p = probe::measure(&cfg, &th, 2).unwrap();
+    let p = probe::measure(&cfg, &th, 2, 1).unwrap();
     for (i, v) in p.to_vec().iter().enumerate() {
         assert!(v.is_finite() && *v >= 0.0, "value {i} of {p:?}");
     }

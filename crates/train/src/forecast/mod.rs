@@ -55,6 +55,31 @@ struct Op {
     bytes: usize,
 }
 
+/// The seconds one block's sums over its tensor-parallel group block the compute stream, in
+/// its forward and in its backward (0 without tensor parallelism), from the group's alpha-beta
+/// model: two all-reduces of the (N, C) residual each way (000 F46), or under sequence
+/// parallelism an all-gather and a reduce-scatter for each, the backward gathering each norm's
+/// rows once more (000 L3239); with recompute the backward repeats the forward's.
+fn tensor_sums(trainer: &Trainer) -> (f64, f64) {
+    let Some(t) = trainer.tensor_part() else {
+        return (0.0, 0.0);
+    };
+    let d = trainer.model().dims();
+    let bytes = 4 * d.n * d.c;
+    let cost = |kind| t.group.explain(kind, bytes).predicted_s.unwrap_or(0.0);
+    let (fwd, bwd) = if t.sequence {
+        let pair = cost(OpKind::AllGather) + cost(OpKind::ReduceScatter);
+        (2.0 * pair, 2.0 * (pair + cost(OpKind::AllGather)))
+    } else {
+        let sum = cost(OpKind::AllReduce);
+        (2.0 * sum, 2.0 * sum)
+    };
+    match trainer.config().recompute {
+        true => (fwd, bwd + fwd),
+        false => (fwd, bwd),
+    }
+}
+
 /// Forecasts one step of `trainer`'s run from `probe` (see the module doc).
 pub fn forecast(trainer: &Trainer, probe: &UnitTimes) -> Forecast {
     let cfg = trainer.config();
@@ -79,6 +104,7 @@ pub fn forecast(trainer: &Trainer, probe: &UnitTimes) -> Forecast {
         cost(op) + fresh(op.bytes) - copy(op.bytes)
     };
     let count = cfg.grad_accum.max(1);
+    let (tp_fwd, tp_bwd) = tensor_sums(trainer);
     // Ranks on the busiest host times threads each, against its cores.
     let saturated = trainer.group().is_some_and(|g| {
         let topo = g.topology();
@@ -113,6 +139,9 @@ pub fn forecast(trainer: &Trainer, probe: &UnitTimes) -> Forecast {
                 pending = Some(t.issue(gather_op(next)));
             }
             t.compute_noisy(probe.forward(u), probe.forward_var(u));
+            if matches!(u, Unit::Block(_)) && tp_fwd > 0.0 {
+                t.blocking(tp_fwd);
+            }
         }
         // Backward, launching each bucket or segment once the units it spans are done.
         let mut launched = Vec::new();
@@ -125,6 +154,9 @@ pub fn forecast(trainer: &Trainer, probe: &UnitTimes) -> Forecast {
                 pending = Some(t.issue(gather_op(units[i - 1])));
             }
             t.compute_noisy(probe.backward(u), probe.backward_var(u));
+            if matches!(u, Unit::Block(_)) && tp_bwd > 0.0 {
+                t.blocking(tp_bwd);
+            }
             if released_grads {
                 let bytes = 4 * layout.unit_range(u).len();
                 stage_in(&mut t, fresh(bytes) - copy(bytes));
@@ -251,6 +283,22 @@ pub fn forecast(trainer: &Trainer, probe: &UnitTimes) -> Forecast {
             ms(t.skew_s())
         ),
     ];
+    let mut explain = explain;
+    if let Some(tp) = trainer.tensor_part() {
+        explain.push(format!(
+            "tensor-parallel sums over tp {} ({}): {count} x {blocks} blocks x ({} forward + \
+             {} backward) = {}, blocking the compute",
+            tp.tp(),
+            if tp.sequence {
+                "all-gather + reduce-scatter pairs, sequence parallel"
+            } else {
+                "all-reduces of (N, C)"
+            },
+            ms(tp_fwd),
+            ms(tp_bwd),
+            ms((tp_fwd + tp_bwd) * (count * blocks) as f64)
+        ));
+    }
     Forecast {
         compute: t.compute_s(),
         comm: t.comm_s(),

@@ -111,10 +111,12 @@ impl UnitTimes {
 pub const PROBE_BLOCKS: usize = 2;
 
 /// Probes the units of `cfg`'s model with `th`: one untimed pass, then `reps` timed ones.
-pub fn measure(cfg: &TrainConfig, th: &Threads, reps: usize) -> Result<UnitTimes> {
+pub fn measure(cfg: &TrainConfig, th: &Threads, reps: usize, tp: usize) -> Result<UnitTimes> {
     let mut one = cfg.model.clone();
     one.layers = cfg.model.layers.min(PROBE_BLOCKS);
-    let mut m = Model::<f32>::new(&one, cfg.batch, cfg.seq_len, cfg.recompute)?;
+    // A tensor-parallel rank's compute: its blocks' shards (its sums are priced apart).
+    let recompute = vec![cfg.recompute; one.layers];
+    let mut m = Model::<f32>::split(&one, cfg.batch, cfg.seq_len, recompute, (tp, false))?;
     let total = m.layout().total;
     let mut params = vec![0f32; total];
     init_params(&one, m.layout(), cfg.seed, &mut params);

@@ -254,7 +254,7 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
     if let Engine::Expert(e) = &engine {
         lines.push(e.summary());
     }
-    if let Engine::Data(t) = &engine
+    if let Engine::Data(t) | Engine::Tensor(t) = &engine
         && cfg.forecast
         && measured.steps > 0
     {

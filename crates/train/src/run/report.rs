@@ -169,7 +169,8 @@ pub fn forecast_report(trainer: &Trainer, measured: &Measured) -> Result<String>
         g.barrier()
             .ctx(|| "barrier before the forecast probe".into())?;
     }
-    let mut probe = forecast::probe::measure(trainer.config(), trainer.threads(), PROBE_REPS)
+    let tp = trainer.tp();
+    let mut probe = forecast::probe::measure(trainer.config(), trainer.threads(), PROBE_REPS, tp)
         .ctx(|| "probing the model's units for the forecast".into())?;
     if let Some(g) = trainer.group() {
         // The ranks' mean: their noise is what the forecast's straggler term is made of.
