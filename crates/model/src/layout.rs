@@ -332,6 +332,34 @@ impl Layout {
         }
     }
 
+    /// This split layout's tensors at the addresses of `whole` (the layout it splits): each
+    /// block's shard at the start of its block's range, every other tensor where `whole` has
+    /// it; the rest of each block's range is unused. A buffer in the whole model's coordinates
+    /// that holds a rank's shards (a tensor-parallel pipeline stage's) is read through it.
+    pub fn placed_in(&self, whole: &Layout) -> Layout {
+        let mut entries = self.entries.clone();
+        for e in &mut entries {
+            e.offset = match e.layer {
+                Some(l) => whole.blocks[l].start + (e.offset - self.blocks[l].start),
+                None => whole.get(&e.name).map_or(e.offset, |w| w.offset),
+            };
+        }
+        // The embeddings, final norm and head are whole in both: the whole layout's ranges.
+        Layout {
+            wte: whole.wte.clone(),
+            wpe: whole.wpe.clone(),
+            blocks: (0..self.blocks.len())
+                .map(|l| whole.blocks[l].start..whole.blocks[l].start + self.block.size)
+                .collect(),
+            block: self.block.clone(),
+            lnf_w: whole.lnf_w.clone(),
+            lnf_b: whole.lnf_b.clone(),
+            lm_head: whole.lm_head.clone(),
+            total: whole.total,
+            entries,
+        }
+    }
+
     /// The entry called `name`.
     pub fn get(&self, name: &str) -> Option<&ParamEntry> {
         self.entries.iter().find(|e| e.name == name)

@@ -176,6 +176,30 @@ impl<T: Real> Model<T> {
         recompute: Vec<bool>,
         (tp, sequence): (usize, bool),
     ) -> Result<Self> {
+        Self::build(cfg, (batch, seq_len), recompute, (tp, sequence), false)
+    }
+
+    /// [`Model::split`] reading its parameters at the whole model's addresses: each block's
+    /// shard at the start of its block's range ([`Layout::placed_in`]), the embeddings and the
+    /// head where the whole layout has them; the buffers it takes are `Layout::new(cfg).total`
+    /// long. A tensor-parallel pipeline stage keeps its state this way.
+    pub fn split_in_place(
+        cfg: &ModelConfig,
+        batch: usize,
+        seq_len: usize,
+        recompute: Vec<bool>,
+        (tp, sequence): (usize, bool),
+    ) -> Result<Self> {
+        Self::build(cfg, (batch, seq_len), recompute, (tp, sequence), true)
+    }
+
+    fn build(
+        cfg: &ModelConfig,
+        (batch, seq_len): (usize, usize),
+        recompute: Vec<bool>,
+        (tp, sequence): (usize, bool),
+        in_place: bool,
+    ) -> Result<Self> {
         cfg.validate()?;
         cfg.check_split(tp)?;
         if recompute.len() != cfg.layers {
@@ -199,7 +223,10 @@ impl<T: Real> Model<T> {
                 reason: format!("a batch's sequence length must be in 1..={}", cfg.seq_len),
             });
         }
-        let layout = Layout::split(cfg, tp)?;
+        let layout = match in_place {
+            true => Layout::split(cfg, tp)?.placed_in(&Layout::new(cfg)),
+            false => Layout::split(cfg, tp)?,
+        };
         let mut dims = Dims::new(cfg, batch, seq_len).split(tp);
         if sequence {
             if !dims.n.is_multiple_of(tp) {

@@ -248,7 +248,7 @@ impl PipelineStage {
         cfg.validate()?;
         let tp = tp.filter(|t| t.size() > 1);
         if let Some(t) = &tp {
-            check_tensor_parallel(&cfg.model, t.size(), cfg.recompute)?;
+            check_tensor_parallel(&cfg.model, t.size())?;
         }
         if group.size() != stages {
             return Err(config_err(
@@ -290,15 +290,19 @@ impl PipelineStage {
         let th = Threads::new(cfg.threads)?;
         let slots_needed = microbatches_in_flight(schedule.actions(s).unwrap_or(&[]));
         let mut models = Vec::with_capacity(slots_needed);
+        let degree = tp.as_ref().map_or(1, ProcessGroup::size);
         for _ in 0..slots_needed {
-            models.push(Model::<f32>::new(
+            let recompute = vec![cfg.recompute; cfg.model.layers];
+            let (b, t) = (cfg.batch, cfg.seq_len);
+            models.push(Model::<f32>::split_in_place(
                 &cfg.model,
-                cfg.batch,
-                cfg.seq_len,
-                cfg.recompute,
+                b,
+                t,
+                recompute,
+                (degree, false),
             )?);
         }
-        let layout = models[0].layout().clone();
+        let layout = model::layout::Layout::new(&cfg.model);
         let mut params = Window::new(layout.total)?;
         init_params(&cfg.model, &layout, cfg.seed, &mut params);
         let chunks: Vec<Chunk> = (0..v)
@@ -351,7 +355,7 @@ impl PipelineStage {
         }
         let slots = models
             .into_iter()
-            .map(|m| Slot::new(m, tensor.as_ref(), &layout, &chunks))
+            .map(|m| Ok(Slot::new(m, tensor.as_ref())))
             .collect::<Result<Vec<_>>>()?;
         let source = Source::for_config(&cfg, replica_share(&cfg, dp.as_ref()))?;
         let n = cfg.micro_tokens();

@@ -347,12 +347,12 @@ impl PipelineStage {
                     };
                     let model = &mut self.slots[slot];
                     let tokens = &self.inputs[mb];
-                    model.forward(&run, chunk, units, input.as_deref(), tokens, targets)?;
+                    model.forward(&run, units, input.as_deref(), tokens, targets)?;
                     if last == Unit::Head {
                         losses[mb] = model.loss().unwrap_or(f64::NAN);
                     } else {
                         let mut out = pool.pop().unwrap_or_else(|| vec![0f32; nc]);
-                        out.copy_from_slice(model.output(chunk, last)?);
+                        out.copy_from_slice(model.output(last)?);
                         outbox.insert((mb, chunk), out);
                     }
                     if let Some(x) = input {
@@ -382,10 +382,10 @@ impl PipelineStage {
                         params: &self.params,
                     };
                     let model = &mut self.slots[slot];
-                    model.backward(&run, &mut self.grads, chunk, units, dout.as_deref())?;
+                    model.backward(&run, &mut self.grads, units, dout.as_deref())?;
                     if first != Unit::Embed {
                         let mut out = pool.pop().unwrap_or_else(|| vec![0f32; nc]);
-                        out.copy_from_slice(model.input_grad(chunk));
+                        out.copy_from_slice(model.input_grad());
                         outbox.insert((mb, chunk), out);
                     }
                     if let Some(g) = dout {

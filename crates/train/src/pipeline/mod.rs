@@ -17,8 +17,8 @@
 //!   checkpoints in the [`crate::Trainer`]'s format (save, restore from any layout) in
 //!   `checkpoint`. With a device mesh whose `tp > 1` every stage's blocks are split
 //!   Megatron-style over its TP group (PP x TP x DP, 000 "混合并行", "3D 训练循环"):
-//!   `tensor_stage` (the stage's shard plan, norm and gather), `tensor_blocks` (a chunk's
-//!   blocks on one TP rank) and `tensor_checkpoint` (their saves and restores).
+//!   `tensor_stage` (the stage's shard plan, norm and gather; its slots are the one split
+//!   model) and `tensor_checkpoint` (their saves and restores).
 //! - [`simulate`]: an event-driven timeline of a schedule for given per-stage compute times,
 //!   with the measured bubble fraction (000 F41: (p-1)/(m+p-1) for GPipe and 1F1B).
 //!
@@ -31,7 +31,6 @@ pub mod engine;
 mod generate;
 pub mod schedule;
 pub mod simulate;
-mod tensor_blocks;
 mod tensor_checkpoint;
 mod tensor_stage;
 #[cfg(test)]

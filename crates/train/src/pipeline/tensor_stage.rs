@@ -3,8 +3,8 @@
 //!
 //! ```text
 //!            stage 0 (embeddings, blocks 0..k)        stage 1 (blocks k..L, head)
-//! tp rank 0: embed ── TpBlocks(shard 0) ── x ──send──▶ TpBlocks(shard 0) ── norm ── head ── CE
-//! tp rank 1: embed ── TpBlocks(shard 1) ── x ──send──▶ TpBlocks(shard 1) ── norm ── head ── CE
+//! tp rank 0: embed ── blocks (shard 0) ── x ──send──▶ blocks (shard 0) ── norm ── head ── CE
+//! tp rank 1: embed ── blocks (shard 1) ── x ──send──▶ blocks (shard 1) ── norm ── head ── CE
 //!                 └─ 4 all-reduces per block ─┘ (TP group)   gradients flow back the same way
 //! ```
 //!
@@ -12,11 +12,13 @@
 //!   same-TP-index rank of stage `s ± 1`: that is exactly the mesh's pipeline group of the
 //!   rank ([`comm::mesh::DeviceMesh::pp`]: the ranks with its dp and tp coordinates, in stage
 //!   order), so the schedule executor of [`super::engine`] runs unchanged on it.
-//! - Units. The embeddings (first stage) and the final norm and head (last stage) are whole
-//!   tensors replicated over the stage's TP group and run with the model crate's own unit
-//!   kernels ([`Model`]); every block runs as a [`crate::tensor::TpBlock`] on this rank's shard
-//!   ([`TpBlocks`]). The residual after every block is whole and the same on every TP rank, so
-//!   the replicated units get identical inputs and identical gradients with no communication.
+//! - Units. Every slot is the one [`Model`], split over the stage's TP group and reading its
+//!   shards at the whole model's addresses ([`Model::split_in_place`]): the embeddings (first
+//!   stage) and the final norm and head (last stage) whole and replicated over the group,
+//!   every block the one block on this rank's shard summing over the group (recomputed in
+//!   the backward with `recompute`). The residual after every block is whole and the same on
+//!   every TP rank, so the replicated units get identical inputs and identical gradients with
+//!   no communication.
 //! - Flat buffers. The stage's parameter and gradient buffers keep the whole model's
 //!   [`Layout`] addresses (so the embedding and head kernels index them as in one process),
 //!   with block `l`'s shard (`S = shard.local.size` elements, laid out as the narrower block of
@@ -43,12 +45,11 @@ use model::layout::{Layout, Unit};
 use model::model::Model;
 use model::optim::grad_sum_sq;
 
-use super::build::{Chunk, config_err, intersect};
+use super::build::{Chunk, intersect};
 use super::engine::PipelineStage;
-use super::tensor_blocks::TpBlocks;
 use crate::config::TrainConfig;
 use crate::error::Result;
-use crate::tensor::{PINNED, TpGroup};
+use crate::tensor::{Alone, BlockComm, PINNED, TpGroup};
 use crate::tensor::{TpLayout, check_tp};
 use crate::zero::Window;
 
@@ -67,20 +68,9 @@ pub(super) struct TensorPart {
 }
 
 /// Checks that `tp` ranks can split every block of `model` ([`check_tp`]: whole heads per
-/// rank, the field named) and that the run uses nothing tensor-parallel blocks lack.
-pub(super) fn check_tensor_parallel(model: &ModelConfig, tp: usize, recompute: bool) -> Result<()> {
-    check_tp(model, tp)?;
-    if recompute {
-        return Err(config_err(
-            "recompute",
-            "true",
-            format!(
-                "tensor-parallel blocks (tp {tp}) keep their activations; recompute inside \
-                 tensor-parallel pipeline stages is not built yet"
-            ),
-        ));
-    }
-    Ok(())
+/// rank, the field named).
+pub(super) fn check_tensor_parallel(model: &ModelConfig, tp: usize) -> Result<()> {
+    check_tp(model, tp)
 }
 
 /// The range of the stage's flat buffers that holds `unit` of this rank: the whole model's
@@ -199,12 +189,13 @@ fn sum_exactly(group: &ProcessGroup, mine: f64) -> Result<f64> {
     Ok(slots.iter().sum())
 }
 
-/// One micro-batch in flight on a stage: the model's activation arena (all units without
-/// tensor parallelism; with it, the embeddings and head) and, with tensor parallelism, every
-/// local chunk's blocks on this rank's shards with the TP group they all-reduce over.
+/// One micro-batch in flight on a stage: the model's activation arena (every unit of the
+/// stage's chunks) and, when its blocks are split, the TP group they sum over. The model is the
+/// one [`Model`] for every layout: whole, or split over the TP group with its shards read at
+/// the whole model's addresses ([`Model::split_in_place`]).
 pub(super) struct Slot {
     model: Model<f32>,
-    tensor: Option<(ProcessGroup, Vec<TpBlocks>)>,
+    group: Option<ProcessGroup>,
 }
 
 /// What a slot's units read: the worker threads and the stage's parameters.
@@ -214,73 +205,50 @@ pub(super) struct Run<'a> {
 }
 
 impl Slot {
-    /// A slot over `model`; with `tensor`, one [`TpBlocks`] per chunk of `chunks`.
-    pub(super) fn new(
-        model: Model<f32>,
-        tensor: Option<&TensorPart>,
-        layout: &Layout,
-        chunks: &[Chunk],
-    ) -> Result<Self> {
-        let tensor = match tensor {
-            None => None,
-            Some(t) => {
-                let (cfg, d) = (model.config(), model.dims());
-                let mut per_chunk = Vec::with_capacity(chunks.len());
-                for c in chunks {
-                    let ranges = c
-                        .units
-                        .iter()
-                        .filter(|u| matches!(u, Unit::Block(_)))
-                        .map(|&u| unit_range(layout, &t.plan, u))
-                        .collect();
-                    let (tp, rank) = (t.group.size(), t.group.rank());
-                    per_chunk.push(TpBlocks::new(cfg, tp, rank, d.b, d.t, ranges)?);
-                }
-                Some((t.group.clone(), per_chunk))
-            }
-        };
-        Ok(Self { model, tensor })
+    /// A slot over `model`, its blocks summing over `tensor`'s group when given.
+    pub(super) fn new(model: Model<f32>, tensor: Option<&TensorPart>) -> Self {
+        Self {
+            model,
+            group: tensor.map(|t| t.group.clone()),
+        }
     }
 
-    /// Forward of local chunk `chunk` (`units`, in order) of one micro-batch: from `tokens`
-    /// when it starts at the embeddings, else from `input`, the residual received; with
-    /// `targets` when it ends at the head (then [`Slot::loss`] holds the loss).
+    /// Runs `f` with this slot's model and its blocks' communication.
+    fn with_comm<R>(
+        &mut self,
+        f: impl FnOnce(&mut Model<f32>, &mut dyn BlockComm<f32>) -> Result<R>,
+    ) -> Result<R> {
+        let mut group = self.group.as_ref().map(TpGroup::new);
+        let mut alone = Alone;
+        let comm: &mut dyn BlockComm<f32> = match &mut group {
+            Some(g) => g,
+            None => &mut alone,
+        };
+        f(&mut self.model, comm)
+    }
+
+    /// Forward of a local chunk (`units`, in order) of one micro-batch: from `tokens` when it
+    /// starts at the embeddings, else from `input`, the residual received; with `targets` when
+    /// it ends at the head (then [`Slot::loss`] holds the loss).
     pub(super) fn forward(
         &mut self,
         run: &Run,
-        chunk: usize,
         units: &[Unit],
         input: Option<&[f32]>,
         tokens: &[u32],
         targets: Option<&[u32]>,
     ) -> Result<()> {
-        let (first, last) = (units[0], units[units.len() - 1]);
         let (th, p) = (run.th, run.params);
-        let model = &mut self.model;
-        let Some((group, per_chunk)) = &mut self.tensor else {
+        self.with_comm(|model, comm| {
             match input {
-                None => model.begin_at(first, None, Some(tokens), targets)?,
-                Some(x) => model.begin_at(first, Some(x), None, targets)?,
+                None => model.begin_at(units[0], None, Some(tokens), targets)?,
+                Some(x) => model.begin_at(units[0], Some(x), None, targets)?,
             }
             for &u in units {
-                model.forward_unit(th, p, u)?;
+                model.forward_unit_with(th, p, u, comm)?;
             }
-            return Ok(());
-        };
-        let x = match input {
-            Some(x) => x,
-            None => {
-                model.begin_at(Unit::Embed, None, Some(tokens), None)?;
-                model.forward_unit(th, p, Unit::Embed)?;
-                model.unit_output(Unit::Embed)?
-            }
-        };
-        let out = per_chunk[chunk].forward(th, p, x, &mut TpGroup::new(group))?;
-        if last == Unit::Head {
-            model.begin_at(Unit::Head, Some(out), None, targets)?;
-            model.forward_unit(th, p, Unit::Head)?;
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// The loss of the last forward that reached the head.
@@ -288,56 +256,34 @@ impl Slot {
         self.model.loss()
     }
 
-    /// What local chunk `chunk`, ending at `last` (not the head), sends on after its forward.
-    pub(super) fn output(&self, chunk: usize, last: Unit) -> Result<&[f32]> {
-        match &self.tensor {
-            Some((_, per_chunk)) => Ok(per_chunk[chunk].output()),
-            None => Ok(self.model.unit_output(last)?),
-        }
+    /// What a local chunk ending at `last` (not the head) sends on after its forward.
+    pub(super) fn output(&self, last: Unit) -> Result<&[f32]> {
+        Ok(self.model.unit_output(last)?)
     }
 
-    /// Backward of local chunk `chunk` (`units`) from `dout`, the gradient received for its
-    /// output (none when it ends at the head); gradients accumulate into `grads`.
+    /// Backward of a local chunk (`units`) from `dout`, the gradient received for its output
+    /// (none when it ends at the head); gradients accumulate into `grads`.
     pub(super) fn backward(
         &mut self,
         run: &Run,
         grads: &mut [f32],
-        chunk: usize,
         units: &[Unit],
         dout: Option<&[f32]>,
     ) -> Result<()> {
-        let (first, last) = (units[0], units[units.len() - 1]);
         let (th, p) = (run.th, run.params);
-        let model = &mut self.model;
-        let Some((group, per_chunk)) = &mut self.tensor else {
+        let last = units[units.len() - 1];
+        self.with_comm(|model, comm| {
             model.begin_backward_at(last, dout)?;
             for &u in units.iter().rev() {
-                model.backward_unit(th, p, grads, u)?;
+                model.backward_unit_with(th, p, grads, u, comm)?;
             }
-            return Ok(());
-        };
-        let dx = match dout {
-            Some(g) => g,
-            None => {
-                model.begin_backward_at(Unit::Head, None)?;
-                model.backward_unit(th, p, grads, Unit::Head)?;
-                model.input_grad()
-            }
-        };
-        let din = per_chunk[chunk].backward(th, p, grads, dx, &mut TpGroup::new(group))?;
-        if first == Unit::Embed {
-            model.begin_backward_at(Unit::Embed, Some(din))?;
-            model.backward_unit(th, p, grads, Unit::Embed)?;
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
-    /// What local chunk `chunk` sends back after its backward: the gradient of its input.
-    pub(super) fn input_grad(&self, chunk: usize) -> &[f32] {
-        match &self.tensor {
-            Some((_, per_chunk)) => per_chunk[chunk].input_grad(),
-            None => self.model.input_grad(),
-        }
+    /// What a local chunk sends back after its backward: the gradient of its input.
+    pub(super) fn input_grad(&self) -> &[f32] {
+        self.model.input_grad()
     }
 }
 

@@ -210,10 +210,6 @@ impl RunConfig {
                     l.tp > 1 && l.pp > 1 && t.bf16,
                     format!("--bf16 with --tp {} and --pp {}", l.tp, l.pp),
                 ),
-                (
-                    l.tp > 1 && l.pp > 1 && t.recompute,
-                    format!("--recompute with --tp {} and --pp {}", l.tp, l.pp),
-                ),
                 (l.pp > 1 && t.bf16, format!("--bf16 with --pp {}", l.pp)),
             ];
             if let Some((_, what)) = not_built.into_iter().find(|(bad, _)| *bad) {
