@@ -33,6 +33,17 @@ pub enum TrainError {
         /// What differs.
         reason: String,
     },
+    /// A checkpoint's run state (in its manifest) is malformed or disagrees with the rest of
+    /// the checkpoint: treated as damage, so a resume sets the step aside and falls back.
+    #[error("{}: run state of step {step}: {reason}", path.display())]
+    RunState {
+        /// The manifest holding the state.
+        path: std::path::PathBuf,
+        /// The checkpoint's step.
+        step: u64,
+        /// What is wrong.
+        reason: String,
+    },
     /// A training setting is invalid.
     #[error("invalid training config: {field} = {value}: {reason}")]
     Config {
@@ -64,6 +75,13 @@ pub enum TrainError {
 }
 
 impl TrainError {
+    /// Whether this error says a checkpoint is damaged (the checkpoint layer's verification,
+    /// or a run state that disagrees with its checkpoint): a resume sets such a step aside
+    /// and tries the one before, where any other error ends the resume.
+    pub fn is_damage(&self) -> bool {
+        matches!(self, TrainError::Ckpt(_) | TrainError::RunState { .. })
+    }
+
     /// Whether this error, or one it wraps, is a refusal ([`TrainError::Refused`], or the
     /// model's refusal of a config too large for this machine's memory): a restart would only
     /// be refused again.

@@ -1,0 +1,167 @@
+//! Hostile or damaged checkpoint directories, through the binary: a run state that lies
+//! (absurd row counts, an absurd step, a step that is not the manifest's, a deeply nested
+//! field) behind a recomputed commit marker is set aside naming the manifest, and the run
+//! resumes from the step before, within a deadline.
+#[path = "support/cli.rs"]
+mod cli;
+
+use std::path::Path;
+use std::time::Duration;
+
+use cli::MICRO;
+
+/// How long one run may take before the test calls it hung.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// `train` for `steps` steps saving every 2 into `ck` (synchronously), killed at the
+/// deadline; returns (success, stdout, stderr).
+fn train(scratch: &Path, steps: &str, ck: &Path) -> (bool, String, String) {
+    let mut args = vec!["train"];
+    args.extend_from_slice(MICRO);
+    args.extend_from_slice(&[
+        "--steps",
+        steps,
+        "--log-every",
+        "1",
+        "--ckpt-dir",
+        s(ck),
+        "--ckpt-every",
+        "2",
+        "--ckpt-sync",
+    ]);
+    let (status, out, err) = cli::run_with_deadline(scratch, &args, DEADLINE);
+    (status.success(), out, err)
+}
+
+/// Rewrites the run state of `ck`'s step `step` with `edit` and recomputes its commit marker,
+/// as a tool that knows the format would: only the run state's own checks can catch it.
+fn rewrite_state(ck: &Path, step: u64, edit: impl FnOnce(&mut serde_json::Value)) {
+    let dir = ck.join(format!("step-{step}"));
+    let path = dir.join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut manifest["state"]);
+    let bytes = serde_json::to_vec(&manifest).unwrap();
+    write_with_marker(&dir, step, &bytes);
+}
+
+/// Writes `bytes` as `dir`'s manifest with a commit marker that vouches for them.
+fn write_with_marker(dir: &Path, step: u64, bytes: &[u8]) {
+    std::fs::write(dir.join("manifest.json"), bytes).unwrap();
+    let marker = ckpt::CommitMarker {
+        format: "flotilla-ckpt".into(),
+        step,
+        manifest_bytes: bytes.len() as u64,
+        manifest_xxh3_128: ckpt::checksum_hex(bytes),
+    };
+    std::fs::write(dir.join("COMMIT"), serde_json::to_vec(&marker).unwrap()).unwrap();
+}
+
+/// `depth` nested JSON arrays around a 1.
+fn nested(depth: usize) -> String {
+    format!("{}1{}", "[".repeat(depth), "]".repeat(depth))
+}
+
+/// A copy of the checkpoint directory `from` in `to`.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), dst).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_lying_run_state_is_set_aside_naming_the_manifest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let good = tmp.path().join("good");
+    let (ok, out, err) = train(tmp.path(), "4", &good);
+    assert!(ok, "{err}\n{out}");
+
+    type Edit = Box<dyn FnOnce(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        (
+            "absurd rows",
+            Box::new(|v| v["rows_drawn"] = 1_000_000_000_000_000u64.into()),
+            "rows drawn",
+        ),
+        (
+            "absurd consistent counts",
+            Box::new(|v| {
+                v["batches_drawn"] = (1u64 << 50).into();
+                v["rows_drawn"] = (1u64 << 52).into();
+            }),
+            "per step",
+        ),
+        (
+            "absurd step",
+            Box::new(|v| v["step"] = (u64::MAX / 2).into()),
+            "manifest's step 4",
+        ),
+        (
+            "step off by one",
+            Box::new(|v| v["step"] = 3.into()),
+            "manifest's step 4",
+        ),
+        (
+            "nested field",
+            Box::new(|v| v["extra"] = serde_json::from_str(&nested(100)).unwrap()),
+            "unknown field",
+        ),
+    ];
+    for (i, (what, edit, needle)) in cases.into_iter().enumerate() {
+        let ck = tmp.path().join(format!("case{i}"));
+        copy_dir(&good, &ck);
+        rewrite_state(&ck, 4, edit);
+        let (ok, out, err) = train(tmp.path(), "6", &ck);
+        assert!(ok, "{what}: {err}\n{out}");
+        let manifest = ck.join("step-4").join("manifest.json");
+        let rejected = out
+            .lines()
+            .find(|l| l.starts_with("# checkpoint rejected (lost): step 4"))
+            .unwrap_or_else(|| panic!("{what}: step 4 not rejected:\n{out}"));
+        assert!(
+            rejected.contains(&manifest.display().to_string()) && rejected.contains(needle),
+            "{what}: {rejected}"
+        );
+        assert!(
+            out.contains(&format!("# resumed from {} step 2", s(&ck))),
+            "{what}: {out}"
+        );
+        // Nothing lost: the lying step is kept aside for inspection.
+        assert!(ck.join("step-4.rejected").is_dir(), "{what}");
+        assert_eq!(ckpt::list_committed(&ck).unwrap(), vec![2, 4, 6], "{what}");
+    }
+
+    // Nested deeper than the JSON parser follows: the manifest itself is refused.
+    let ck = tmp.path().join("deep");
+    copy_dir(&good, &ck);
+    let path = ck.join("step-4").join("manifest.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let deep = text.replacen(
+        "\"state\": {",
+        &format!("\"state\": {{\"x\": {},", nested(100_000)),
+        1,
+    );
+    assert_ne!(deep, text);
+    write_with_marker(&ck.join("step-4"), 4, deep.as_bytes());
+    let (ok, out, err) = train(tmp.path(), "6", &ck);
+    assert!(ok, "deep nesting: {err}\n{out}");
+    assert!(
+        out.contains("# checkpoint rejected (lost): step 4") && out.contains("manifest"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("# resumed from {} step 2", s(&ck))),
+        "{out}"
+    );
+}
