@@ -165,3 +165,72 @@ fn a_lying_run_state_is_set_aside_naming_the_manifest() {
         "{out}"
     );
 }
+
+/// Waits up to the deadline for `path` to hold a lock holder's record.
+fn wait_for_holder(path: &Path) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if !text.is_empty() {
+            return text;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "{} never recorded a holder",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn two_jobs_cannot_share_a_checkpoint_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let mut args = vec!["train"];
+    args.extend_from_slice(MICRO);
+    args.extend_from_slice(&[
+        "--steps",
+        "1000000",
+        "--ckpt-dir",
+        s(&ck),
+        "--ckpt-every",
+        "20",
+    ]);
+    let mut first = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let holder = wait_for_holder(&ck.join("LOCK"));
+    let pid = format!("pid {}", first.id());
+    assert!(holder.contains(&pid), "{holder}");
+
+    // The second job is refused at once, naming the directory and the holder.
+    let (ok, out, err) = train(tmp.path(), "4", &ck);
+    assert!(!ok, "a second job shared {}:\n{out}", ck.display());
+    assert!(
+        err.contains(&ck.display().to_string()) && err.contains(&pid) && err.contains("in use"),
+        "{err}"
+    );
+    assert!(
+        first.try_wait().unwrap().is_none(),
+        "the first job was disturbed"
+    );
+
+    // Killed without a chance to release it, the first job's lock is taken over.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let (ok, out, err) = train(tmp.path(), "4", &ck);
+    assert!(ok, "{err}\n{out}");
+    assert!(
+        out.contains(&format!(
+            "# checkpoint directory lock taken over from {pid} "
+        )),
+        "{out}"
+    );
+    // A clean exit leaves no holder behind.
+    assert_eq!(std::fs::read_to_string(ck.join("LOCK")).unwrap(), "");
+}
