@@ -14,8 +14,10 @@
 //! lock cannot outlive its holder. On NFS (v4) the server releases the lock of a client that
 //! died when its lease expires (about 90 s), so a job on another host waits at most that long.
 //!
-//! The file is never removed (a holder that unlinked it on exit could let two later jobs lock
-//! two different files of the same name); a holder that exits cleanly empties it.
+//! A holder that exits cleanly removes the file (and the directory, if taking the lock created
+//! it and nothing else was written there); a job that opened the file just before it went
+//! sees that its name no longer leads to it and opens the new one, so two jobs never hold
+//! two files of the same name.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -35,8 +37,11 @@ const MAX_HOLDER_BYTES: u64 = 4096;
 /// ends).
 #[derive(Debug)]
 pub struct DirLock {
-    file: File,
+    /// Holds the `flock` until dropped.
+    _file: File,
     path: PathBuf,
+    /// The directory, when taking the lock created it (removed again on release if empty).
+    dir: Option<PathBuf>,
 }
 
 impl DirLock {
@@ -49,43 +54,42 @@ impl DirLock {
     /// [`CkptError::Io`] if the directory or the file cannot be created, or the lock file is a
     /// symbolic link or not a regular file ([`CkptError::NotAFile`]).
     pub fn acquire(dir: &Path) -> Result<(DirLock, Option<String>)> {
+        let created = !dir.exists();
         std::fs::create_dir_all(dir).map_err(io_err("create dir", dir))?;
         let path = dir.join(LOCK_FILE);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(|e| match e.raw_os_error() {
-                Some(libc::ELOOP) => CkptError::Symlink { path: path.clone() },
-                _ => io_err("open", &path)(e),
-            })?;
-        if !file.metadata().map_err(io_err("stat", &path))?.is_file() {
-            return Err(CkptError::NotAFile { path });
-        }
-        // SAFETY: a plain syscall on a descriptor `file` owns; no memory is passed.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                return Err(io_err("lock", &path)(e));
+        let mut file = loop {
+            let file = open_lock_file(&path)?;
+            // SAFETY: a plain syscall on a descriptor `file` owns; no memory is passed.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                    return Err(io_err("lock", &path)(e));
+                }
+                let mut file = file;
+                return Err(CkptError::Locked {
+                    dir: dir.to_path_buf(),
+                    holder: read_holder(&mut file, &path)?
+                        .unwrap_or_else(|| "a holder that has not recorded itself yet".into()),
+                });
             }
-            return Err(CkptError::Locked {
-                dir: dir.to_path_buf(),
-                holder: read_holder(&mut file, &path)?
-                    .unwrap_or_else(|| "a holder that has not recorded itself yet".into()),
-            });
-        }
+            // A holder that released it meanwhile unlinked the file this one opened: the lock
+            // is only ours if the name still leads to the file locked.
+            if same_file(&file, &path) {
+                break file;
+            }
+        };
         let previous = read_holder(&mut file, &path)?;
-        let me = holder_record();
         file.set_len(0).map_err(io_err("truncate", &path))?;
         file.seek(SeekFrom::Start(0))
-            .and_then(|_| file.write_all(me.as_bytes()))
+            .and_then(|_| file.write_all(holder_record().as_bytes()))
             .and_then(|()| file.sync_data())
             .map_err(io_err("write", &path))?;
-        Ok((DirLock { file, path }, previous))
+        let lock = DirLock {
+            _file: file,
+            path,
+            dir: created.then(|| dir.to_path_buf()),
+        };
+        Ok((lock, previous))
     }
 
     /// The lock file.
@@ -96,8 +100,46 @@ impl DirLock {
 
 impl Drop for DirLock {
     fn drop(&mut self) {
-        // A clean exit leaves no holder recorded; the kernel releases the lock on close.
-        let _ = self.file.set_len(0);
+        // Unlinked while still held, so a job that opened the old file finds it gone (see
+        // `acquire`); the kernel releases the lock when the file closes. A directory that the
+        // lock created and nothing else used goes too (a refused run leaves nothing behind).
+        let _ = std::fs::remove_file(&self.path);
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// Opens (creating) the lock file at `path`, refusing a symbolic link or a non-regular file.
+fn open_lock_file(path: &Path) -> Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => CkptError::Symlink {
+                path: path.to_path_buf(),
+            },
+            _ => io_err("open", path)(e),
+        })?;
+    if !file.metadata().map_err(io_err("stat", path))?.is_file() {
+        return Err(CkptError::NotAFile {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(file)
+}
+
+/// Whether `path` names the open `file` (same device and inode).
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
     }
 }
 
@@ -148,6 +190,10 @@ mod tests {
             "{msg}"
         );
         drop(held);
+        assert!(
+            !ck.exists(),
+            "a clean release of a lock that made the directory removes it"
+        );
         let (_again, previous) = DirLock::acquire(&ck).unwrap();
         assert!(previous.is_none(), "a clean release leaves no holder");
     }
