@@ -1,7 +1,9 @@
-//! Hostile or damaged checkpoint directories, through the binary: a run state that lies
-//! (absurd row counts, an absurd step, a step that is not the manifest's, a deeply nested
+//! Hostile or damaged files a run writes and reads back, through the binary: a run state that
+//! lies (absurd row counts, an absurd step, a step that is not the manifest's, a deeply nested
 //! field) behind a recomputed commit marker is set aside naming the manifest, and the run
-//! resumes from the step before, within a deadline.
+//! resumes from the step before, within a deadline; a second job on a checkpoint directory is
+//! refused naming the holder, and a dead holder's lock is taken over; a saved model (`--save`)
+//! with a flipped byte is refused by `generate` naming the file.
 #[path = "support/cli.rs"]
 mod cli;
 
@@ -232,5 +234,54 @@ fn two_jobs_cannot_share_a_checkpoint_directory() {
         "{out}"
     );
     // A clean exit leaves no holder behind.
-    assert_eq!(std::fs::read_to_string(ck.join("LOCK")).unwrap(), "");
+    assert!(!ck.join("LOCK").exists());
+}
+
+#[test]
+fn a_damaged_saved_model_is_refused_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let save = tmp.path().join("model");
+    let mut args = vec!["train"];
+    args.extend_from_slice(MICRO);
+    args.extend_from_slice(&["--data", "grammar", "--tokenizer", "byte", "--steps", "2"]);
+    args.extend_from_slice(&["--save", s(&save)]);
+    let (status, out, err) = cli::run_with_deadline(tmp.path(), &args, DEADLINE);
+    assert!(status.success(), "{err}\n{out}");
+    let generate = [
+        "generate",
+        "--model",
+        s(&save),
+        "--tokens",
+        "4",
+        "--temperature",
+        "0",
+    ];
+    let (status, _, err) = cli::run_with_deadline(tmp.path(), &generate, DEADLINE);
+    assert!(status.success(), "{err}");
+
+    let file = save.join("model.safetensors");
+    let good = std::fs::read(&file).unwrap();
+    // A weight's lowest bit (the last byte is a weight's), the header's length prefix, a
+    // byte of the header's JSON, and a truncation.
+    let header_len = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+    let mut cases: Vec<(&str, Vec<u8>, &str)> = Vec::new();
+    for (what, at) in [
+        ("weight", good.len() - 4),
+        ("prefix", 0),
+        ("header", 8 + header_len / 2),
+    ] {
+        let mut bad = good.clone();
+        bad[at] ^= 1;
+        cases.push((what, bad, "damaged"));
+    }
+    cases.push(("truncated", good[..good.len() - 4].to_vec(), "truncated"));
+    for (what, bytes, needle) in cases {
+        std::fs::write(&file, &bytes).unwrap();
+        let (status, _, err) = cli::run_with_deadline(tmp.path(), &generate, DEADLINE);
+        assert!(!status.success(), "{what}: a damaged model loaded");
+        assert!(
+            err.contains(&file.display().to_string()) && err.contains(needle),
+            "{what}: {err}"
+        );
+    }
 }

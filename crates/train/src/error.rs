@@ -63,6 +63,14 @@ pub enum TrainError {
         /// What failed.
         source: std::io::Error,
     },
+    /// A saved model (`--save`) whose file is not what its sidecar recorded.
+    #[error("{}: {reason}", path.display())]
+    SavedModel {
+        /// The model file.
+        path: std::path::PathBuf,
+        /// What differs.
+        reason: String,
+    },
     /// What the run was doing when `source` failed.
     #[error("{what}")]
     Context {

@@ -489,8 +489,11 @@ pub fn load_flotilla(
 /// Load a Flotilla safetensors file together with the config stored in its
 /// metadata (an error if it has none).
 pub fn load_flotilla_with_config(path: impl AsRef<Path>) -> Result<(ModelConfig, Vec<f32>)> {
-    let path = path.as_ref();
-    let f = TensorFile::open(path)?;
+    load_flotilla_file(&TensorFile::open(path)?)
+}
+
+/// [`load_flotilla_with_config`] of a file already read (and, say, its checksum verified).
+pub fn load_flotilla_file(f: &TensorFile) -> Result<(ModelConfig, Vec<f32>)> {
     let cfg = f.config()?.ok_or_else(|| {
         io_err(
             f.path(),
