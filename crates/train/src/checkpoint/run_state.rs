@@ -143,7 +143,7 @@ impl SavedRun {
             return Err(format!("world {world} is not in 1..={MAX_REPLICAS}"));
         }
         // One global micro-batch; `batch` is bounded by the config check, `world` above.
-        let per = (batch.max(1) as u64) * world;
+        let per = (batch.max(1) as u64).saturating_mul(world);
         let rows = match s.rows_drawn {
             // Older checkpoints: whole global batches of their world.
             None => s.batches_drawn.checked_mul(per).ok_or_else(|| {
@@ -230,5 +230,78 @@ mod tests {
         refused(|v| v["step"] = "3".into(), "state:");
         refused(|v| v["loader"] = "{}".into(), "loader state");
         refused(|v| *v = json!([1, 2]), "state:");
+    }
+
+    /// Any JSON value of limited size and depth.
+    fn any_json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<u64>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<f64>().prop_map(serde_json::Value::from),
+            ".{0,8}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                proptest::collection::btree_map(".{0,6}", inner, 0..4)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Numbers a hostile tool would write.
+    fn hostile_u64() -> impl proptest::strategy::Strategy<Value = u64> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(0),
+            Just(1),
+            Just(u64::MAX),
+            Just(1 << 63),
+            0u64..64,
+            any::<u64>()
+        ]
+    }
+
+    proptest::proptest! {
+        // The run state's fuzz target, a fixed budget for CI (well under a second).
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 1024, ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// Arbitrary JSON in place of the state, or of one of its fields: never a panic.
+        #[test]
+        fn arbitrary_json_never_panics(
+            v in any_json(),
+            field in proptest::sample::select(vec!["step", "optimizer_step", "batches_drawn",
+                "rows_drawn", "loader", "world", "model_config", "extra"]),
+            batch in 0usize..1 << 20,
+        ) {
+            let _ = SavedRun::from_value(&v, 3, batch);
+            let mut state = good();
+            state[field] = v;
+            let _ = SavedRun::from_value(&state, 3, batch);
+        }
+
+        /// Hostile counts: whatever is accepted is consistent and bounded, so a resume that
+        /// skips its rows ends.
+        #[test]
+        fn accepted_counts_are_bounded(
+            (step, opt, batches, rows, world) in
+                (hostile_u64(), hostile_u64(), hostile_u64(), hostile_u64(), hostile_u64()),
+            manifest_step in hostile_u64(),
+            batch in 1usize..64,
+        ) {
+            let v = json!({"step": step, "optimizer_step": opt, "batches_drawn": batches,
+                           "rows_drawn": rows, "world": world, "loader": null});
+            if let Ok(run) = SavedRun::from_value(&v, manifest_step, batch) {
+                proptest::prop_assert_eq!(run.step, manifest_step);
+                proptest::prop_assert!(run.optimizer_step <= run.step);
+                let per = batch as u64 * world;
+                proptest::prop_assert!(run.rows / per <= step.saturating_mul(MAX_ROWS_PER_STEP_FACTOR));
+            }
+        }
     }
 }

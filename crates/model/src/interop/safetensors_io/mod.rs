@@ -502,7 +502,18 @@ pub fn load_flotilla_file(f: &TensorFile) -> Result<(ModelConfig, Vec<f32>)> {
             ),
         )
     })?;
+    let data_bytes = (f.bytes.len() - f.data_start) as u64;
+    metadata::check_fits(f.path(), &cfg, f.meta.tensors().len(), data_bytes)?;
     let layout = Layout::new(&cfg);
+    if layout.total as u64 > data_bytes / 4 {
+        return Err(io_err(
+            f.path(),
+            format!(
+                "the config in the metadata has {} parameters, the file holds {data_bytes} bytes",
+                layout.total
+            ),
+        ));
+    }
     let params = f.read_flat(&layout, "")?;
     Ok((cfg, params))
 }
