@@ -285,3 +285,104 @@ fn a_damaged_saved_model_is_refused_naming_the_file() {
         );
     }
 }
+
+/// A tmpfs of `bytes` mounted at `at`, unmounted when dropped.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    /// Mounts it, or says why not (not root, no mount namespace rights).
+    fn mount(at: &Path, bytes: u64) -> Result<Tmpfs, String> {
+        std::fs::create_dir_all(at).unwrap();
+        let out = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={bytes}"),
+                "tmpfs",
+                s(at),
+            ])
+            .output()
+            .map_err(|e| e.to_string())?;
+        match out.status.success() {
+            true => Ok(Tmpfs(at.to_path_buf())),
+            false => Err(String::from_utf8_lossy(&out.stderr).into()),
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Bytes of the files under `dir`.
+fn du(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            match e.file_type().unwrap().is_dir() {
+                true => du(&e.path()),
+                false => e.metadata().unwrap().len(),
+            }
+        })
+        .sum()
+}
+
+#[test]
+fn a_full_disk_fails_the_save_clearly_and_keeps_the_previous_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    // One step's size, measured on the ordinary disk.
+    let probe = tmp.path().join("probe");
+    let (ok, out, err) = train(tmp.path(), "2", &probe);
+    assert!(ok, "{err}\n{out}");
+    let step = du(&probe.join("step-2"));
+    // Room for one step and a half: step 2 fits, step 4 runs out of space half-way.
+    let at = tmp.path().join("small");
+    let _fs = match Tmpfs::mount(&at, (step * 3 / 2).div_ceil(4096) * 4096) {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!("skipped: cannot mount a tmpfs here ({why})");
+            return;
+        }
+    };
+    for sync in [true, false] {
+        let ck = at.join(format!("ck-sync-{sync}"));
+        let mut args = vec!["train"];
+        args.extend_from_slice(MICRO);
+        args.extend_from_slice(&["--steps", "6", "--ckpt-dir", s(&ck), "--ckpt-every", "2"]);
+        if sync {
+            args.push("--ckpt-sync");
+        }
+        let (status, out, err) = cli::run_with_deadline(tmp.path(), &args, DEADLINE);
+        assert!(
+            !status.success(),
+            "sync {sync}: a save to a full disk passed:\n{out}"
+        );
+        assert!(
+            err.contains("No space left on device") && err.contains(s(&ck)),
+            "sync {sync}: {err}"
+        );
+        // Step 2 committed and intact, nothing later presented as complete.
+        assert_eq!(ckpt::list_committed(&ck).unwrap(), vec![2], "sync {sync}");
+        let (ok, out, err) = cli::flotilla(&["ckpt", "verify", s(&ck)]);
+        assert!(ok, "sync {sync}: {out}{err}");
+        std::fs::remove_dir_all(&ck).unwrap();
+    }
+    // With several workers the launcher does not restart a job that ran out of space.
+    let ck = at.join("ck-nproc-2");
+    let mut args = vec!["train"];
+    args.extend_from_slice(MICRO);
+    args.extend_from_slice(&["--nproc", "2", "--steps", "6", "--ckpt-dir", s(&ck)]);
+    args.extend_from_slice(&["--ckpt-every", "2", "--max-restarts", "3"]);
+    let (status, out, err) = cli::run_with_deadline(tmp.path(), &args, DEADLINE);
+    assert!(!status.success(), "{out}");
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(
+        !out.contains("restart") && !err.contains("restarting"),
+        "{out}\n{err}"
+    );
+    assert_eq!(ckpt::list_committed(&ck).unwrap(), vec![2]);
+}

@@ -93,13 +93,31 @@ impl TrainError {
     /// Whether this error, or one it wraps, is a refusal ([`TrainError::Refused`], or the
     /// model's refusal of a config too large for this machine's memory): a restart would only
     /// be refused again.
+    ///
+    /// A full disk or an exhausted quota (ENOSPC, EDQUOT, anywhere in the chain of causes) is
+    /// one too: the restarted job would fill the same disk at the same save, so the launcher
+    /// stops at once with the error instead of spending its restarts.
     pub fn is_refusal(&self) -> bool {
         match self {
             TrainError::Refused(_) | TrainError::Model(model::ModelError::Memory { .. }) => true,
             TrainError::Context { source, .. } => source.is_refusal(),
-            _ => false,
+            other => out_of_space(other),
         }
     }
+}
+
+/// Whether `e` or one of its causes is an I/O error of a full disk or quota.
+fn out_of_space(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>()
+            && matches!(io.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// Adds what the run was doing to an error, as anyhow's `context` does.
