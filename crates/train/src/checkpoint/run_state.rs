@@ -15,7 +15,9 @@
 //!   micro-batches of `batch x world` rows plus fewer than one more (what a resume under
 //!   another world carries over), and at most [`MAX_ROWS_PER_STEP_FACTOR`] global batches
 //!   per step. A resume of the built-in corpora skips every drawn row, so an absurd cursor
-//!   would otherwise keep the resume busy for years.
+//!   would otherwise keep the resume busy for years;
+//! - a token-dataset loader's state parses, and its global sample cursor is that row cursor
+//!   (so it is bounded too: the loader adds to it every batch).
 
 use std::collections::BTreeMap;
 
@@ -170,6 +172,15 @@ impl SavedRun {
             ),
             None => None,
         };
+        // The loader's global sample cursor is the row cursor (one row per sample).
+        if let (Some(l), Some(_)) = (&loader, s.rows_drawn)
+            && l.cursor != rows
+        {
+            return Err(format!(
+                "loader cursor {} is not the {rows} rows drawn",
+                l.cursor
+            ));
+        }
         Ok(SavedRun {
             step: s.step,
             optimizer_step: s.optimizer_step,
@@ -229,6 +240,16 @@ mod tests {
         refused(|v| v["nested"] = json!([[[[[1]]]]]), "unknown field");
         refused(|v| v["step"] = "3".into(), "state:");
         refused(|v| v["loader"] = "{}".into(), "loader state");
+        let loader = |cursor: u64| {
+            format!(
+                r#"{{"version":1,"seed":1,"seq_len":32,"shuffle_window":8,"weights":[1],
+                "snapshots":["x"],"cursor":{cursor},"steps":3,"epoch":0}}"#
+            )
+        };
+        let mut v = good();
+        v["loader"] = loader(12).into();
+        assert!(SavedRun::from_value(&v, 3, 4).unwrap().loader.is_some());
+        refused(|v| v["loader"] = loader(u64::MAX).into(), "loader cursor");
         refused(|v| *v = json!([1, 2]), "state:");
     }
 
