@@ -12,9 +12,9 @@
 //! - AdamW's step count is not past the step;
 //! - the replicas that drew the rows (`world`) are between 1 and [`MAX_REPLICAS`];
 //! - the row cursor agrees with the batches drawn: `rows_drawn` is `batches_drawn` global
-//!   micro-batches of `batch x world` rows plus fewer than one more (what a resume under
-//!   another world carries over), and at most [`MAX_ROWS_PER_STEP_FACTOR`] global batches
-//!   per step. A resume of the built-in corpora skips every drawn row, so an absurd cursor
+//!   micro-batches of `batch x world` rows (the saving run's, as recorded) plus fewer than one
+//!   more (what a resume under another world carries over), and at most
+//!   [`MAX_ROWS_PER_STEP_FACTOR`] global batches per step. A resume of the built-in corpora skips every drawn row, so an absurd cursor
 //!   would otherwise keep the resume busy for years;
 //! - a token-dataset loader's state parses, and its global sample cursor is that row cursor
 //!   (so it is bounded too: the loader adds to it every batch).
@@ -68,13 +68,14 @@ impl RunState<'_> {
             "loader": self.loader,
             "seed": self.config.seed,
             "world": self.world,
+            "batch": self.config.batch,
             "model_config": model::interop::config_to_metadata(&self.config.model),
         })
     }
 }
 
 /// The state as stored, every field any engine writes (the MoE engine records its model
-/// config as `moe_model_config`); older checkpoints lack `rows_drawn` and `world`.
+/// config as `moe_model_config`); older checkpoints lack `rows_drawn`, `world` and `batch`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Stored {
@@ -87,6 +88,7 @@ struct Stored {
     #[allow(dead_code)]
     seed: Option<u64>,
     world: Option<u64>,
+    batch: Option<u64>,
     #[allow(dead_code)]
     model_config: Option<BTreeMap<String, String>>,
     #[allow(dead_code)]
@@ -144,14 +146,21 @@ impl SavedRun {
         if !(1..=MAX_REPLICAS).contains(&world) {
             return Err(format!("world {world} is not in 1..={MAX_REPLICAS}"));
         }
-        // One global micro-batch; `batch` is bounded by the config check, `world` above.
-        let per = (batch.max(1) as u64).saturating_mul(world);
+        // One global micro-batch of the saving run: its rows per replica as recorded (an
+        // engine may change them on resume, as the MoE engine does with the EP degree), else
+        // this run's.
+        let batch = s.batch.unwrap_or(batch as u64);
+        if batch == 0 {
+            return Err("batch 0".into());
+        }
+        let per = batch.saturating_mul(world);
         let rows = match s.rows_drawn {
             // Older checkpoints: whole global batches of their world.
             None => s.batches_drawn.checked_mul(per).ok_or_else(|| {
                 format!("{} batches drawn overflow the row count", s.batches_drawn)
             })?,
-            Some(rows) if rows / per != s.batches_drawn => {
+            // Without the saving run's batch only the bounds below apply.
+            Some(rows) if s.batch.is_some() && rows / per != s.batches_drawn => {
                 return Err(format!(
                     "rows drawn {rows} are not {} batches drawn of {per} rows (batch {batch} \
                      x world {world})",
@@ -160,9 +169,11 @@ impl SavedRun {
             }
             Some(rows) => rows,
         };
-        if s.batches_drawn > s.step.saturating_mul(MAX_ROWS_PER_STEP_FACTOR) {
+        let most = s.step.saturating_mul(MAX_ROWS_PER_STEP_FACTOR);
+        if s.batches_drawn > most || rows / per > most {
             return Err(format!(
-                "{} batches drawn in {} steps (at most {MAX_ROWS_PER_STEP_FACTOR} per step)",
+                "{} batches drawn ({rows} rows of {per} per batch) in {} steps (at most \
+                 {MAX_ROWS_PER_STEP_FACTOR} per step)",
                 s.batches_drawn, s.step
             ));
         }
@@ -196,7 +207,7 @@ mod tests {
 
     fn good() -> serde_json::Value {
         json!({"step": 3, "optimizer_step": 3, "batches_drawn": 3, "rows_drawn": 12,
-               "loader": null, "seed": 1, "world": 1, "model_config": {"a": "1"}})
+               "loader": null, "seed": 1, "world": 1, "batch": 4, "model_config": {"a": "1"}})
     }
 
     fn refused(edit: impl FnOnce(&mut serde_json::Value), needle: &str) {
@@ -214,8 +225,16 @@ mod tests {
         let mut v = good();
         v["rows_drawn"] = 15.into();
         assert_eq!(SavedRun::from_value(&v, 3, 4).unwrap().rows, 15);
+        // Saved with another batch per replica (an MoE run under another EP degree): the
+        // recorded batch counts, not this run's.
+        assert_eq!(SavedRun::from_value(&good(), 3, 2).unwrap().rows, 12);
+        // Without the recorded batch, only a bound.
+        let mut v = good();
+        v.as_object_mut().unwrap().remove("batch");
+        assert_eq!(SavedRun::from_value(&v, 3, 2).unwrap().rows, 12);
         // An old checkpoint without the cursor.
         let mut v = good();
+        v.as_object_mut().unwrap().remove("batch");
         v.as_object_mut().unwrap().remove("rows_drawn");
         v.as_object_mut().unwrap().remove("world");
         assert_eq!(SavedRun::from_value(&v, 3, 4).unwrap().rows, 12);
@@ -226,6 +245,7 @@ mod tests {
         refused(|v| v["step"] = 4.into(), "manifest's step 3");
         refused(|v| v["optimizer_step"] = 9.into(), "past the step");
         refused(|v| v["world"] = 0.into(), "world 0");
+        refused(|v| v["batch"] = 0.into(), "batch 0");
         refused(
             |v| v["rows_drawn"] = 1_000_000_000_000_000u64.into(),
             "rows drawn",
