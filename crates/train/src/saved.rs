@@ -17,8 +17,6 @@ use std::path::Path;
 pub const MODEL_FILE: &str = "model.safetensors";
 /// Name of the sidecar in a saved model's directory.
 pub const SIDECAR_FILE: &str = "flotilla.json";
-/// Largest model file read (1 TiB), checked before reading.
-pub const MAX_MODEL_BYTES: u64 = 1 << 40;
 /// Largest sidecar read (1 MiB), checked before reading.
 pub const MAX_SIDECAR_BYTES: u64 = 1 << 20;
 
@@ -52,7 +50,7 @@ pub fn save(dir: &Path, cfg: &TrainConfig, layout: &Layout, params: &[f32]) -> R
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let model_path = dir.join(MODEL_FILE);
     model::interop::save_flotilla(&model_path, &cfg.model, layout, params)?;
-    let written = data::fsread::read_bounded(&model_path, MAX_MODEL_BYTES)?;
+    let written = data::fsread::read_bounded(&model_path, model::interop::MAX_TENSOR_FILE_BYTES)?;
     let tokenizer = match &cfg.data {
         DataSpec::Markov { .. } => None,
         DataSpec::Grammar { tokenizer, .. } | DataSpec::Text { tokenizer, .. } => {
@@ -95,7 +93,7 @@ pub fn load(dir: &Path) -> Result<(ModelConfig, Vec<f32>, Sidecar)> {
         source: e.into(),
     })?;
     let model_path = dir.join(MODEL_FILE);
-    let bytes = data::fsread::read_bounded(&model_path, MAX_MODEL_BYTES)?;
+    let bytes = data::fsread::read_bounded(&model_path, model::interop::MAX_TENSOR_FILE_BYTES)?;
     let damaged = |reason: String| TrainError::SavedModel {
         path: model_path.clone(),
         reason,

@@ -81,12 +81,16 @@ impl std::fmt::Debug for TensorFile {
     }
 }
 
+/// Largest safetensors file read whole (1 TiB), checked before reading.
+pub const MAX_TENSOR_FILE_BYTES: u64 = 1 << 40;
+
 impl TensorFile {
-    /// Read and parse the file at `path`.
+    /// Read and parse the file at `path`: a regular file of at most [`MAX_TENSOR_FILE_BYTES`]
+    /// (a FIFO or a link to a device is refused, not read until memory runs out).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let bytes =
-            std::fs::read(path).map_err(|e| io_err(show(path), format!("cannot read: {e}")))?;
+        let bytes = fsread::read_bounded(path, MAX_TENSOR_FILE_BYTES, fsread::Links::Follow)
+            .map_err(|e| io_err(show(path), format!("cannot read: {e}")))?;
         Self::from_bytes(show(path), bytes)
     }
 
