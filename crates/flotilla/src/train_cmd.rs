@@ -237,14 +237,13 @@ pub fn run(a: Args) -> Result<()> {
 /// Node 0 holds the checkpoint directory's lock for the whole job, across worker restarts: a
 /// second job on the directory is refused naming the holder ([`ckpt::DirLock`]).
 fn lock_ckpt_dir(a: &Args, plan: &NodePlan, embedded: bool) -> Result<Option<ckpt::DirLock>> {
-    let dir = match &a.ckpt_dir {
-        Some(dir) => dir.clone(),
-        None if embedded => EMBEDDED_CKPT_DIR.into(),
-        None => return Ok(None),
-    };
-    if plan.node_rank != 0 {
+    let dir = a
+        .ckpt_dir
+        .clone()
+        .or_else(|| embedded.then(|| EMBEDDED_CKPT_DIR.into()));
+    let Some(dir) = dir.filter(|_| plan.node_rank == 0) else {
         return Ok(None);
-    }
+    };
     let (lock, previous) = ckpt::DirLock::acquire(&dir)?;
     if let Some(p) = previous {
         println!(
