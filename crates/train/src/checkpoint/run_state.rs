@@ -84,15 +84,16 @@ struct Stored {
     batches_drawn: u64,
     rows_drawn: Option<u64>,
     loader: Option<String>,
-    // Recorded for people and tools (`ckpt convert`); the seed is in the config hash.
-    #[allow(dead_code)]
-    seed: Option<u64>,
+    // Recorded for people and tools (`ckpt convert`), checked for their type only: the seed
+    // and the model are in the config hash.
+    #[serde(rename = "seed")]
+    _seed: Option<u64>,
     world: Option<u64>,
     batch: Option<u64>,
-    #[allow(dead_code)]
-    model_config: Option<BTreeMap<String, String>>,
-    #[allow(dead_code)]
-    moe_model_config: Option<String>,
+    #[serde(rename = "model_config")]
+    _model_config: Option<BTreeMap<String, String>>,
+    #[serde(rename = "moe_model_config")]
+    _moe_model_config: Option<String>,
 }
 
 /// Where a checkpoint left its run, from its validated state.
