@@ -30,6 +30,18 @@ pub enum CkptError {
         /// The offending path.
         path: PathBuf,
     },
+    /// Another live job holds the checkpoint directory's lock ([`crate::DirLock`]).
+    #[error(
+        "checkpoint directory {} is in use by another job ({holder}); two jobs sharing \
+         one directory would overwrite each other's steps",
+        dir.display()
+    )]
+    Locked {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// The holder as its lock file records it (host, process id, since when).
+        holder: String,
+    },
     /// A path inside a checkpoint is a directory, FIFO, device or socket, not a regular file.
     #[error("refusing non-regular file {}", path.display())]
     NotAFile {

@@ -1,8 +1,9 @@
 //! Small filesystem helpers shared by the writer and the reader: symlink-refusing opens, capped
-//! reads, durable atomic writes and the checksum format.
+//! reads (both through the shared `fsread` helper), durable atomic writes and the checksum
+//! format.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
+use std::fs::File;
+use std::io::Write;
 use std::path::Path;
 
 use crate::error::{CkptError, Result, io_err};
@@ -12,31 +13,33 @@ pub fn checksum_hex(bytes: &[u8]) -> String {
     format!("{:032x}", xxhash_rust::xxh3::xxh3_128(bytes))
 }
 
-/// Opens `path` read-only, refusing a symbolic link in the last component and anything that is
-/// not a regular file (`O_NONBLOCK` keeps a planted FIFO from blocking the open).
-pub(crate) fn open_read(path: &Path) -> Result<File> {
-    let mut opts = OpenOptions::new();
-    opts.read(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
-    }
-    let file = match opts.open(path) {
-        Ok(f) => f,
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return Err(CkptError::Symlink {
-                path: path.to_path_buf(),
-            });
+impl From<fsread::ReadError> for CkptError {
+    fn from(e: fsread::ReadError) -> Self {
+        match e {
+            fsread::ReadError::Io { op, path, source } => CkptError::Io { op, path, source },
+            fsread::ReadError::Symlink { path } => CkptError::Symlink { path },
+            fsread::ReadError::NotAFile { path, .. } => CkptError::NotAFile { path },
+            fsread::ReadError::TooLarge { path, size, cap } => CkptError::SizeLimit {
+                what: format!("file {}", path.display()),
+                size,
+                limit: cap,
+            },
+            fsread::ReadError::NotText { path, at } => CkptError::Io {
+                op: "read",
+                path,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("not UTF-8 text (byte {at})"),
+                ),
+            },
         }
-        Err(e) => return Err(io_err("open", path)(e)),
-    };
-    if !file.metadata().map_err(io_err("stat", path))?.is_file() {
-        return Err(CkptError::NotAFile {
-            path: path.to_path_buf(),
-        });
     }
-    Ok(file)
+}
+
+/// Opens `path` read-only, refusing a symbolic link in the last component and anything that is
+/// not a regular file, without blocking on a planted FIFO ([`fsread::open_regular`]).
+pub(crate) fn open_read(path: &Path) -> Result<File> {
+    Ok(fsread::open_regular(path, fsread::Links::Refuse)?.0)
 }
 
 /// Whether `path` exists and is a real directory (not a symlink to one).
@@ -50,22 +53,9 @@ pub(crate) fn file_len(file: &File, path: &Path) -> Result<u64> {
 }
 
 /// Reads a whole small file, refusing it if it is larger than `cap` bytes (checked before
-/// allocating).
+/// allocating), a symbolic link or not a regular file ([`fsread::read_bounded`]).
 pub(crate) fn read_capped(path: &Path, cap: u64) -> Result<Vec<u8>> {
-    let file = open_read(path)?;
-    let len = file_len(&file, path)?;
-    if len > cap {
-        return Err(CkptError::SizeLimit {
-            what: format!("file {}", path.display()),
-            size: len,
-            limit: cap,
-        });
-    }
-    let mut buf = Vec::with_capacity(len as usize);
-    file.take(cap)
-        .read_to_end(&mut buf)
-        .map_err(io_err("read", path))?;
-    Ok(buf)
+    Ok(fsread::read_bounded(path, cap, fsread::Links::Refuse)?)
 }
 
 /// Fsyncs a directory so that entries created or renamed in it are durable.

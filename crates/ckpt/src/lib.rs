@@ -11,6 +11,7 @@
 //!                        each rank file's header length and xxh3-128, state
 //!     COMMIT             written last; records the manifest's length and xxh3-128
 //!   step-200.tmp/        being written (or abandoned by a crash): invisible to readers
+//!   LOCK                 the job using the directory (see [`DirLock`])
 //! ```
 //!
 //! Every rank writes its own pieces with a [`RankWriter`], checksumming them as it goes; one
@@ -59,6 +60,7 @@ mod fsio;
 pub mod handoff;
 pub mod header;
 pub mod layout;
+pub mod lock;
 pub mod manifest;
 pub mod names;
 pub mod policy;
@@ -74,6 +76,7 @@ pub use error::{CkptError, Result};
 pub use fsio::{checksum_hex, start_writeback};
 pub use header::{HeaderSum, MAX_HEADER_BYTES};
 pub use layout::{DType, Extent, Slice, TensorMeta, copy_overlap, f32_bytes, f32_from_bytes};
+pub use lock::DirLock;
 pub use manifest::{CommitMarker, Manifest, Piece};
 pub use policy::{GcMode, IntervalPlanner, PolicyError, Retention, gc};
 pub use rank_file::{RankWriter, rank_file_name};

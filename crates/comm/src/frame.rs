@@ -265,6 +265,9 @@ mod tests {
     }
 
     proptest! {
+        // The wire frame's fuzz target: a fixed budget for CI (well under a second).
+        #![proptest_config(ProptestConfig { cases: 4096, ..ProptestConfig::default() })]
+
         /// The decoder never panics on arbitrary bytes, and accepts only checksummed headers.
         #[test]
         fn decode_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..130)) {

@@ -191,8 +191,14 @@ impl Manifest {
                 ));
             }
         }
-        let sum = |f: fn(&ShardEntry) -> u64| -> u64 { self.shards.iter().map(f).sum() };
-        let totals = (sum(|s| s.tokens), sum(|s| s.docs), sum(|s| s.bytes));
+        // Checked: a hostile manifest's counts could overflow the sums.
+        let sum = |f: fn(&ShardEntry) -> u64| -> Option<u64> {
+            self.shards.iter().map(f).try_fold(0u64, u64::checked_add)
+        };
+        let totals = match (sum(|s| s.tokens), sum(|s| s.docs), sum(|s| s.bytes)) {
+            (Some(t), Some(d), Some(b)) => (t, d, b),
+            _ => return Err("the shards' counts overflow 64 bits".into()),
+        };
         if totals != (self.tokens, self.docs, self.bytes) {
             return Err(format!(
                 "totals (tokens, docs, bytes) = {:?} but the shards sum to {totals:?}",

@@ -114,7 +114,8 @@ pub fn expand(cmd: &Command, argv: impl IntoIterator<Item = OsString>) -> Result
 
 /// Reads and parses `path`, returning its keys flattened out of any tables, in file order.
 fn read_table(path: &Path) -> Result<Vec<(String, toml::Value)>> {
-    let text = std::fs::read_to_string(path)
+    // A regular file of at most 1 MiB: a FIFO or a link to a device is refused, not read.
+    let text = fsread::read_text_bounded(path, 1 << 20, fsread::Links::Follow)
         .with_context(|| format!("reading config file {}", path.display()))?;
     let table: toml::Table = text
         .parse()

@@ -255,6 +255,7 @@ pub fn run(a: Args) -> Result<()> {
             let plan = NodePlan::resolve(a.nproc, a.nnodes, a.node_rank, rdzv.as_deref())?;
             // Degrees and settings are checked before any worker starts.
             cfg.check(plan.nproc * plan.nnodes)?;
+            let _lock = lock_ckpt_dir(&a, &plan, embedded)?;
             if plan.nproc * plan.nnodes > 1 || chaos.is_some() {
                 launch(&a, &cfg, &plan, chaos.unwrap_or_default(), embedded)
             } else {
@@ -291,6 +292,25 @@ pub fn run(a: Args) -> Result<()> {
             Supervision::ended(term, ended, grace)
         }
     }
+}
+
+/// Node 0 holds the checkpoint directory's lock for the whole job, across worker restarts: a
+/// second job on the directory is refused naming the holder ([`ckpt::DirLock`]).
+fn lock_ckpt_dir(a: &Args, plan: &NodePlan, embedded: bool) -> Result<Option<ckpt::DirLock>> {
+    let dir = a
+        .ckpt_dir
+        .clone()
+        .or_else(|| embedded.then(|| EMBEDDED_CKPT_DIR.into()));
+    let Some(dir) = dir.filter(|_| plan.node_rank == 0) else {
+        return Ok(None);
+    };
+    let (lock, previous) = ckpt::DirLock::acquire(&dir)?;
+    if let Some(p) = previous {
+        println!(
+            "# checkpoint directory lock taken over from {p}, which ended without releasing it"
+        );
+    }
+    Ok(Some(lock))
 }
 
 /// What a run reports, printed: lines above a progress bar on the lead rank, and the step

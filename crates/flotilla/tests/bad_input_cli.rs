@@ -292,3 +292,63 @@ fn flags_in_range_still_parse() {
     assert!(status.success(), "{err}");
     assert!(out.lines().any(|l| l.starts_with("step ")), "{out}");
 }
+
+/// Runs `flotilla args...` with `env` set, killing it at [`DEADLINE`]; returns (success,
+/// stderr).
+fn run_env(args: &[&str], env: (&str, &std::path::Path)) -> (bool, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .env(env.0, env.1)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > DEADLINE {
+            child.kill().unwrap();
+            panic!("flotilla {args:?} with {env:?} still running after {DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn a_fifo_or_device_as_config_or_secret_file_is_refused_in_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("fifo.toml");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let zero = tmp.path().join("zero.toml");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    for (file, what) in [(&fifo, "FIFO"), (&zero, "character device")] {
+        let mut args = train(&["--steps", "1"]);
+        args.extend(["--config".into(), file.to_str().unwrap().into()]);
+        let (status, _, err) = run_with_deadline(
+            tmp.path(),
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+            DEADLINE,
+        );
+        assert!(!status.success(), "--config {what}");
+        assert!(
+            err.contains(file.to_str().unwrap()) && err.contains(what),
+            "{err}"
+        );
+
+        let args = train(&["--steps", "1", "--nproc", "2"]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (ok, err) = run_env(&args, ("FLOTILLA_SECRET_FILE", file));
+        assert!(!ok, "secret file {what}");
+        assert!(
+            err.contains(file.to_str().unwrap()) && err.contains(what),
+            "{err}"
+        );
+    }
+}

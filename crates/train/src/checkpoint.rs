@@ -34,6 +34,7 @@ use std::ops::Range;
 
 mod collective;
 mod fallback;
+mod run_state;
 
 pub(crate) use collective::{
     check_state_tensors, check_tensor_metas, newest_committed, read_state_range, read_whole_state,
@@ -41,6 +42,8 @@ pub(crate) use collective::{
 };
 pub(crate) use fallback::clear_leftovers;
 pub use fallback::resume_collectively;
+pub(crate) use run_state::SavedRun;
+pub use run_state::{MAX_REPLICAS, MAX_ROWS_PER_STEP_FACTOR, RunState};
 
 /// Prefix of the parameter tensors.
 pub const MODEL_PREFIX: &str = "model.";
@@ -137,41 +140,6 @@ pub fn state_metas(layout: &Layout) -> Vec<TensorMeta> {
         }
     }
     out
-}
-
-/// The non-tensor state every engine records in a checkpoint (the module doc lists it);
-/// `collective::saved_run` reads it back.
-pub struct RunState<'a> {
-    /// Steps done.
-    pub step: u64,
-    /// AdamW's step count.
-    pub optimizer_step: u64,
-    /// Batches drawn from the data source.
-    pub batches_drawn: u64,
-    /// Rows drawn: the global cursor of the built-in corpora.
-    pub rows_drawn: u64,
-    /// The token-dataset loader's own state ([`data::LoaderState::to_json`]), if any.
-    pub loader: Option<String>,
-    /// Data-parallel replicas that drew the rows.
-    pub world: usize,
-    /// The run's training config (its seed and model config are recorded).
-    pub config: &'a TrainConfig,
-}
-
-impl RunState<'_> {
-    /// The state as the manifest stores it.
-    pub fn to_json(&self) -> serde_json::Value {
-        json!({
-            "step": self.step,
-            "optimizer_step": self.optimizer_step,
-            "batches_drawn": self.batches_drawn,
-            "rows_drawn": self.rows_drawn,
-            "loader": self.loader,
-            "seed": self.config.seed,
-            "world": self.world,
-            "model_config": model::interop::config_to_metadata(&self.config.model),
-        })
-    }
 }
 
 impl Trainer {

@@ -33,6 +33,17 @@ pub enum TrainError {
         /// What differs.
         reason: String,
     },
+    /// A checkpoint's run state (in its manifest) is malformed or disagrees with the rest of
+    /// the checkpoint: treated as damage, so a resume sets the step aside and falls back.
+    #[error("{}: run state of step {step}: {reason}", path.display())]
+    RunState {
+        /// The manifest holding the state.
+        path: std::path::PathBuf,
+        /// The checkpoint's step.
+        step: u64,
+        /// What is wrong.
+        reason: String,
+    },
     /// A training setting is invalid.
     #[error("invalid training config: {field} = {value}: {reason}")]
     Config {
@@ -52,6 +63,14 @@ pub enum TrainError {
         /// What failed.
         source: std::io::Error,
     },
+    /// A saved model (`--save`) whose file is not what its sidecar recorded.
+    #[error("{}: {reason}", path.display())]
+    SavedModel {
+        /// The model file.
+        path: std::path::PathBuf,
+        /// What differs.
+        reason: String,
+    },
     /// What the run was doing when `source` failed.
     #[error("{what}")]
     Context {
@@ -64,16 +83,41 @@ pub enum TrainError {
 }
 
 impl TrainError {
+    /// Whether this error says a checkpoint is damaged (the checkpoint layer's verification,
+    /// or a run state that disagrees with its checkpoint): a resume sets such a step aside
+    /// and tries the one before, where any other error ends the resume.
+    pub fn is_damage(&self) -> bool {
+        matches!(self, TrainError::Ckpt(_) | TrainError::RunState { .. })
+    }
+
     /// Whether this error, or one it wraps, is a refusal ([`TrainError::Refused`], or the
     /// model's refusal of a config too large for this machine's memory): a restart would only
     /// be refused again.
+    ///
+    /// A full disk or an exhausted quota (ENOSPC, EDQUOT, anywhere in the chain of causes) is
+    /// one too: the restarted job would fill the same disk at the same save, so the launcher
+    /// stops at once with the error instead of spending its restarts.
     pub fn is_refusal(&self) -> bool {
         match self {
             TrainError::Refused(_) | TrainError::Model(model::ModelError::Memory { .. }) => true,
             TrainError::Context { source, .. } => source.is_refusal(),
-            _ => false,
+            other => out_of_space(other),
         }
     }
+}
+
+/// Whether `e` or one of its causes is an I/O error of a full disk or quota.
+fn out_of_space(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>()
+            && matches!(io.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// Adds what the run was doing to an error, as anyhow's `context` does.

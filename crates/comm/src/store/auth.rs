@@ -29,6 +29,8 @@ pub const SECRET_ENV: &str = "FLOTILLA_SECRET";
 pub const SECRET_FILE_ENV: &str = "FLOTILLA_SECRET_FILE";
 /// Length of a handshake nonce.
 pub const NONCE_LEN: usize = 32;
+/// Largest job secret file read (64 KiB), checked before reading.
+pub const MAX_SECRET_FILE_BYTES: u64 = 64 << 10;
 /// Length of an HMAC-SHA256 tag.
 pub const TAG_LEN: usize = 32;
 /// First 8 bytes a store server sends; names the protocol and its version.
@@ -116,11 +118,19 @@ impl Secret {
         }
     }
 
-    /// Reads a secret from a file (contents trimmed of surrounding whitespace).
+    /// Reads a secret from a file (contents trimmed of surrounding whitespace): a regular file
+    /// of at most [`MAX_SECRET_FILE_BYTES`].
     pub fn from_file(path: &Path) -> Result<Secret> {
-        let mut contents = std::fs::read(path).map_err(|e| {
-            CommError::io(format!("reading the job secret file {}", path.display()), e)
-        })?;
+        // A regular file of at most MAX_SECRET_FILE_BYTES: a FIFO or a link to a device (or
+        // to a large file) is refused, not read until memory runs out.
+        let mut contents = fsread::read_bounded(path, MAX_SECRET_FILE_BYTES, fsread::Links::Follow)
+            .map_err(|e| match e {
+                fsread::ReadError::Io { source, .. } => CommError::io(
+                    format!("reading the job secret file {}", path.display()),
+                    source,
+                ),
+                refused => CommError::Config(format!("the job secret file: {refused}")),
+            })?;
         warn_if_readable_by_others(path);
         let secret = contents.trim_ascii().to_vec();
         contents.fill(0);

@@ -131,6 +131,9 @@ fn hostile_lengths_are_rejected() {
 }
 
 proptest! {
+    // The store protocol's fuzz target: a fixed budget for CI (about a second).
+    #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
+
     #[test]
     fn decode_request_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
         let _ = decode_request(&bytes);

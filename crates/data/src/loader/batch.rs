@@ -91,7 +91,8 @@ impl BatchTokens {
                 });
             }
         }
-        Ok(())
+        // A shard truncated under the run faulted during the copy: the ids are zeros.
+        shard.intact()
     }
 }
 

@@ -229,6 +229,7 @@ impl Loader {
         };
         if let Some(saved) = resume {
             saved.check_matches(&state)?;
+            saved.check_position()?;
             state.cursor = saved.cursor;
             state.steps = saved.steps;
         }

@@ -4,6 +4,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{DataError, Result};
 
+/// Largest cursor or step count a resume state may hold (2^62 sequences: far past any run,
+/// and far from the sums a loader forms with them overflowing).
+pub const MAX_POSITION: u64 = 1 << 62;
+
 /// Where a loader is in the global sequence order, and what that order was made of.
 ///
 /// Everything the order depends on is here (seed, sequence length, shuffle window, mixture
@@ -73,6 +77,26 @@ impl LoaderState {
             }),
             None => Ok(()),
         }
+    }
+
+    /// Checks that the position is one a loader can continue from: the cursor and the step
+    /// counter at most [`MAX_POSITION`], so the sums the loader forms from them (a cursor plus
+    /// batches ahead, a step plus batches in flight) cannot overflow.
+    ///
+    /// # Errors
+    /// [`DataError::Mismatch`] naming the field and its value.
+    pub fn check_position(&self) -> Result<()> {
+        for (field, value) in [("cursor", self.cursor), ("steps", self.steps)] {
+            if value > MAX_POSITION {
+                return Err(DataError::Mismatch {
+                    what: "resume state",
+                    detail: format!(
+                        "{field} {value} is beyond any position (at most {MAX_POSITION})"
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The state as JSON.

@@ -24,6 +24,7 @@
 //! before it knows the counts that go in the header. The expected file length follows from the
 //! header alone, so truncation is caught by one `stat` before anything is hashed.
 
+mod fault;
 mod reader;
 mod writer;
 

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use xxhash_rust::xxh3::Xxh3;
 
+use super::fault::Guard;
 use super::{END_MAGIC, FOOTER_LEN, HEADER_LEN, Header, combine, file_len, hex128, index_offset};
 use crate::error::{DataError, Result};
 use crate::fsread::open_regular;
@@ -69,6 +70,9 @@ pub struct ShardInfo {
 /// [`crate::Dataset`] always get verified shards.
 pub struct Shard {
     info: ShardInfo,
+    /// The map's SIGBUS registration ([`super::fault`]); declared before `map` so that it is
+    /// released before the map is unmapped.
+    guard: Guard,
     map: Mmap,
 }
 
@@ -89,8 +93,10 @@ impl Shard {
         // such as /dev/zero would "succeed").
         let (file, _) = open_regular(path)?;
         // SAFETY: the map is read-only and shards are immutable once renamed into place; a
-        // process that truncates a mapped shard underneath us is outside the supported use.
+        // process that truncates a mapped shard underneath us makes reads of the pages past
+        // its new end fault, which the guard turns into an error (`Shard::intact`).
         let map = unsafe { memmap2::MmapOptions::new().map(&file) }.map_err(io)?;
+        let guard = Guard::register(map.as_ptr(), map.len());
         populate(&map).map_err(io)?;
         let corrupt = |problem: String| DataError::CorruptShard {
             path: path.to_path_buf(),
@@ -118,8 +124,9 @@ impl Shard {
         if &map[map.len() - 8..] != END_MAGIC {
             return Err(corrupt("end marker missing (incomplete write?)".into()));
         }
-        let checksum = u128::from_le_bytes(map[map.len() - 24..map.len() - 8].try_into().unwrap());
-        Ok(Shard {
+        let mut sum = [0u8; 16];
+        sum.copy_from_slice(&map[map.len() - 24..map.len() - 8]);
+        let shard = Shard {
             info: ShardInfo {
                 path: path.to_path_buf(),
                 bytes: actual,
@@ -128,10 +135,31 @@ impl Shard {
                 vocab: header.vocab,
                 width: header.width,
                 tokenizer: header.tokenizer,
-                checksum,
+                checksum: u128::from_le_bytes(sum),
             },
+            guard,
             map,
-        })
+        };
+        shard.intact()?;
+        Ok(shard)
+    }
+
+    /// Checks that no read of the map has faulted since it was opened: the file shrank on disk
+    /// (truncated under the run), and whatever was read from its lost pages was zeros. Every
+    /// reader calls it after copying, so those zeros are never used.
+    ///
+    /// # Errors
+    /// [`DataError::CorruptShard`] naming the file.
+    pub fn intact(&self) -> Result<()> {
+        if self.guard.faulted() {
+            return Err(DataError::CorruptShard {
+                path: self.info.path.clone(),
+                problem: "changed on disk while in use: a read past its new end faulted (the \
+                          file was truncated under the run); its reads are refused from here on"
+                    .into(),
+            });
+        }
+        Ok(())
     }
 
     /// What the header says.
@@ -157,6 +185,7 @@ impl Shard {
             expected: hex128(want),
             actual: hex128(actual),
         };
+        self.intact()?;
         if actual != self.info.checksum {
             return Err(mismatch("the shard's footer", self.info.checksum));
         }
@@ -165,7 +194,8 @@ impl Shard {
         {
             return Err(mismatch("the manifest", want));
         }
-        self.check_index()
+        self.check_index()?;
+        self.intact()
     }
 
     fn check_index(&self) -> Result<()> {
@@ -211,7 +241,7 @@ impl Shard {
     }
 
     /// The stored bytes of `count` tokens from token `start` (little-endian ids of the shard's
-    /// width).
+    /// width). A caller that copies them checks [`Shard::intact`] after the copy.
     ///
     /// # Errors
     /// [`DataError::InvalidArgument`] if the range runs past the shard's tokens.
@@ -265,7 +295,7 @@ impl Shard {
                 *o = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             }
         }
-        Ok(())
+        self.intact()
     }
 }
 

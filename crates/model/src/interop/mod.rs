@@ -16,7 +16,7 @@ pub mod safetensors_io;
 
 pub use hf::{HfArch, config_from_hf_json, export_hf, hf_arch, hf_config_json, import_hf};
 pub use safetensors_io::{
-    CONFIG_PREFIX, REFERENCE_FILE, TensorFile, TensorWriter, config_from_metadata,
-    config_to_metadata, load_flotilla, load_flotilla_with_config, read_reference, save_flotilla,
-    write_reference,
+    CONFIG_PREFIX, MAX_TENSOR_FILE_BYTES, REFERENCE_FILE, TensorFile, TensorWriter,
+    config_from_metadata, config_to_metadata, load_flotilla, load_flotilla_file,
+    load_flotilla_with_config, read_reference, save_flotilla, write_reference,
 };

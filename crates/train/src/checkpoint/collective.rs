@@ -10,22 +10,11 @@ use ckpt::{Checkpoint, CheckpointMeta, f32_from_bytes};
 use model::layout::Layout;
 
 use super::{
-    EXP_AVG_PREFIX, EXP_AVG_SQ_PREFIX, MODEL_PREFIX, SAVE_TIMEOUT, config_hash, state_metas,
+    EXP_AVG_PREFIX, EXP_AVG_SQ_PREFIX, MODEL_PREFIX, SAVE_TIMEOUT, SavedRun, config_hash,
+    state_metas,
 };
 use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
-
-/// Where a checkpoint left its run, from its state.
-pub(crate) struct SavedRun {
-    /// Steps completed.
-    pub step: u64,
-    /// AdamW's step count.
-    pub optimizer_step: u64,
-    /// Rows drawn from the data stream (the global cursor of the built-in corpora).
-    pub rows: u64,
-    /// The token-dataset loader's state, when the run read one.
-    pub loader: Option<data::LoaderState>,
-}
 
 /// Checks that `ckpt` was saved under `cfg`'s training config (its hash) and reads where the
 /// run was. Shared by every engine that resumes from the Trainer's format.
@@ -49,32 +38,7 @@ pub(crate) fn saved_run_hashed(ckpt: &Checkpoint, want: &str, batch: usize) -> R
             ckpt.manifest().config_hash
         )));
     }
-    let state = ckpt.state();
-    let field = |name: &str| {
-        state[name]
-            .as_u64()
-            .ok_or_else(|| resume(format!("state has no integer {name:?}")))
-    };
-    let (step, optimizer_step, drawn) = (
-        field("step")?,
-        field("optimizer_step")?,
-        field("batches_drawn")?,
-    );
-    // The global row cursor (older checkpoints: whole global batches of their world).
-    let saved_world = state["world"].as_u64().unwrap_or(1);
-    let rows = state["rows_drawn"]
-        .as_u64()
-        .unwrap_or(drawn * saved_world * batch as u64);
-    let loader = match &state["loader"] {
-        serde_json::Value::String(s) => Some(data::LoaderState::from_json(s)?),
-        _ => None,
-    };
-    Ok(SavedRun {
-        step,
-        optimizer_step,
-        rows,
-        loader,
-    })
+    SavedRun::parse(ckpt, batch)
 }
 
 /// The newest committed step under `dir`, opened (its manifest verified; each tensor's bytes

@@ -59,7 +59,7 @@ pub fn resume_collectively(
             .and_then(|c| restore(&c));
         let mine = match &outcome {
             Ok(()) => LOADED,
-            Err(TrainError::Ckpt(_)) => DAMAGED,
+            Err(e) if e.is_damage() => DAMAGED,
             Err(_) => REFUSED,
         };
         // Per rank, so the message can name the ranks that failed.
@@ -121,7 +121,7 @@ pub(super) fn resume_alone(
             .and_then(|c| restore(&c))
         {
             Ok(()) => return Ok(Some((step, rejected))),
-            Err(TrainError::Ckpt(e)) => rejected.push(set_aside(dir, step, &e.to_string())?),
+            Err(e) if e.is_damage() => rejected.push(set_aside(dir, step, &e.to_string())?),
             Err(other) => return Err(other),
         }
     }

@@ -195,6 +195,14 @@ struct Source {
     index: HashMap<String, usize>,
 }
 
+/// Largest JSON file of a Hugging Face directory read (64 MiB; a config or a weight index).
+const MAX_JSON_BYTES: u64 = 64 << 20;
+
+/// The text of a small JSON file: a regular file of at most [`MAX_JSON_BYTES`] in UTF-8.
+fn read_json_text(path: &Path) -> std::result::Result<String, fsread::ReadError> {
+    fsread::read_text_bounded(path, MAX_JSON_BYTES, fsread::Links::Follow)
+}
+
 impl Source {
     fn open(dir: &Path) -> Result<Self> {
         let single = dir.join(HF_WEIGHTS);
@@ -202,7 +210,7 @@ impl Source {
             vec![single]
         } else {
             let ipath = dir.join(HF_INDEX);
-            let text = std::fs::read_to_string(&ipath).map_err(|e| {
+            let text = read_json_text(&ipath).map_err(|e| {
                 io_err(
                     show(dir),
                     format!("neither {HF_WEIGHTS} nor {HF_INDEX} can be read ({HF_INDEX}: {e})"),
@@ -277,8 +285,8 @@ impl Source {
 pub fn import_hf(dir: impl AsRef<Path>) -> Result<(ModelConfig, Vec<f32>)> {
     let dir = dir.as_ref();
     let cpath = dir.join(HF_CONFIG);
-    let text = std::fs::read_to_string(&cpath)
-        .map_err(|e| io_err(show(&cpath), format!("cannot read: {e}")))?;
+    let text =
+        read_json_text(&cpath).map_err(|e| io_err(show(&cpath), format!("cannot read: {e}")))?;
     let (arch, cfg) = config_from_hf_json(&show(&cpath), &text)?;
     let src = Source::open(dir)?;
     let prefix = if arch == HfArch::Gpt2

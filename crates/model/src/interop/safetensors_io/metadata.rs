@@ -150,3 +150,68 @@ pub(super) fn config_diff(a: &ModelConfig, b: &ModelConfig) -> Option<(String, S
     }
     None
 }
+
+/// Longest sequence a config read from a file may declare (16 Mi tokens): rotary models store
+/// no tensor of the sequence length, so nothing in the file bounds it, and a reader sizes its
+/// caches by it.
+pub const MAX_FILE_SEQ_LEN: usize = 1 << 24;
+
+/// Refuses a config read from a file (`path`, `tensors` tensors and `data_bytes` bytes of
+/// data) that the file cannot hold, before its layout is built (which takes time and memory
+/// in the number of layers and allocates every parameter): every layer has tensors of its
+/// own, and the embedding, each block's QKV and first FFN matrix are stored tensors of at
+/// least 4 bytes per element.
+pub(crate) fn check_fits(
+    path: &str,
+    cfg: &ModelConfig,
+    tensors: usize,
+    data_bytes: u64,
+) -> Result<()> {
+    let elems = data_bytes / 4;
+    let too_big = |what: &str, n: Option<u64>| {
+        io_err(
+            path,
+            format!(
+                "the config in the metadata needs {what} of {} elements, the file holds {data_bytes} bytes",
+                n.map_or("more than 2^64".into(), |n| n.to_string())
+            ),
+        )
+    };
+    if cfg.layers > tensors {
+        return Err(io_err(
+            path,
+            format!(
+                "the config in the metadata has {} layers, the file {tensors} tensors",
+                cfg.layers
+            ),
+        ));
+    }
+    if cfg.seq_len > MAX_FILE_SEQ_LEN {
+        return Err(io_err(
+            path,
+            format!(
+                "sequence length {} in the metadata is over {MAX_FILE_SEQ_LEN}",
+                cfg.seq_len
+            ),
+        ));
+    }
+    // Each is a dimension of a stored tensor; bounded first, so the products below cannot
+    // overflow in the config's own arithmetic (QKV width, the SwiGLU doubling).
+    for (what, n) in [("a model width", cfg.d_model), ("an FFN width", cfg.ffn)] {
+        if n as u64 > elems {
+            return Err(too_big(what, Some(n as u64)));
+        }
+    }
+    let c = cfg.d_model as u64;
+    for (what, rows) in [
+        ("an embedding", cfg.vocab as u64),
+        ("a QKV matrix", cfg.qkv_dim() as u64),
+        ("an FFN matrix", cfg.ffn_in_dim() as u64),
+    ] {
+        match rows.checked_mul(c) {
+            Some(n) if n <= elems => {}
+            n => return Err(too_big(what, n)),
+        }
+    }
+    Ok(())
+}

@@ -81,12 +81,16 @@ impl std::fmt::Debug for TensorFile {
     }
 }
 
+/// Largest safetensors file read whole (1 TiB), checked before reading.
+pub const MAX_TENSOR_FILE_BYTES: u64 = 1 << 40;
+
 impl TensorFile {
-    /// Read and parse the file at `path`.
+    /// Read and parse the file at `path`: a regular file of at most [`MAX_TENSOR_FILE_BYTES`]
+    /// (a FIFO or a link to a device is refused, not read until memory runs out).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let bytes =
-            std::fs::read(path).map_err(|e| io_err(show(path), format!("cannot read: {e}")))?;
+        let bytes = fsread::read_bounded(path, MAX_TENSOR_FILE_BYTES, fsread::Links::Follow)
+            .map_err(|e| io_err(show(path), format!("cannot read: {e}")))?;
         Self::from_bytes(show(path), bytes)
     }
 
@@ -489,8 +493,11 @@ pub fn load_flotilla(
 /// Load a Flotilla safetensors file together with the config stored in its
 /// metadata (an error if it has none).
 pub fn load_flotilla_with_config(path: impl AsRef<Path>) -> Result<(ModelConfig, Vec<f32>)> {
-    let path = path.as_ref();
-    let f = TensorFile::open(path)?;
+    load_flotilla_file(&TensorFile::open(path)?)
+}
+
+/// [`load_flotilla_with_config`] of a file already read (and, say, its checksum verified).
+pub fn load_flotilla_file(f: &TensorFile) -> Result<(ModelConfig, Vec<f32>)> {
     let cfg = f.config()?.ok_or_else(|| {
         io_err(
             f.path(),
@@ -499,7 +506,18 @@ pub fn load_flotilla_with_config(path: impl AsRef<Path>) -> Result<(ModelConfig,
             ),
         )
     })?;
+    let data_bytes = (f.bytes.len() - f.data_start) as u64;
+    metadata::check_fits(f.path(), &cfg, f.meta.tensors().len(), data_bytes)?;
     let layout = Layout::new(&cfg);
+    if layout.total as u64 > data_bytes / 4 {
+        return Err(io_err(
+            f.path(),
+            format!(
+                "the config in the metadata has {} parameters, the file holds {data_bytes} bytes",
+                layout.total
+            ),
+        ));
+    }
     let params = f.read_flat(&layout, "")?;
     Ok((cfg, params))
 }

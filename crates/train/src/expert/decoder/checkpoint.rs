@@ -181,6 +181,7 @@ impl MoeTrainer {
             "loader": loader,
             "seed": self.config().seed,
             "world": ep,
+            "batch": self.config().batch,
             "moe_model_config": format!("{:?}", self.config().model),
         });
         CheckpointMeta {
