@@ -142,6 +142,58 @@ pub struct TrainingFile {
     pub critical_batch: Option<f64>,
     /// Deadline in days (004 example 27.3).
     pub deadline_days: Option<f64>,
+    /// How compute is priced: "roofline" (the default: one efficiency factor for all FLOPs) or
+    /// "kernels" (each GEMM from its shape, attention as its kernel, memory-bound work from its
+    /// bytes; [`crate::kernels`]).
+    #[serde(default)]
+    pub compute_model: ComputeModel,
+    /// The attention kernel the run uses ("flash", the default, or "unfused"); `kernels` only.
+    #[serde(default)]
+    pub attention: AttentionKernel,
+    /// Causal (decoder) attention: half the score FLOPs in a flash kernel (default true).
+    #[serde(default = "d_true")]
+    pub causal: bool,
+    /// Gradient precision: "param" (the default: gradients stored like the weights) or "fp32"
+    /// (FP32 main gradients, Megatron's default: 2 + 4 + 12 = 18 bytes per parameter with Adam).
+    #[serde(default)]
+    pub grad_precision: GradPrecision,
+}
+
+/// How the step's compute is priced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ComputeModel {
+    /// max(F/(R·eff), Q/B_mem) with the job's single efficiency factor (004 eq. 28.2).
+    #[default]
+    Roofline,
+    /// Shape-aware kernels: [`crate::kernels`].
+    Kernels,
+}
+
+/// The attention kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionKernel {
+    /// Fused (FlashAttention, Dao et al. 2022): no score matrix in HBM.
+    #[default]
+    Flash,
+    /// Two batched GEMMs around a memory-bound softmax/mask/dropout over the s×s scores.
+    Unfused,
+}
+
+/// Precision of the stored gradients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GradPrecision {
+    /// As the weights ([`Precision::bytes`]).
+    #[default]
+    Param,
+    /// FP32 (4 bytes).
+    Fp32,
+}
+
+fn d_true() -> bool {
+    true
 }
 
 fn d_eff() -> f64 {
@@ -220,6 +272,10 @@ impl JobFile {
                 dp_overlap: d_overlap(),
                 critical_batch: None,
                 deadline_days: None,
+                compute_model: ComputeModel::Roofline,
+                attention: AttentionKernel::Flash,
+                causal: true,
+                grad_precision: GradPrecision::Param,
             },
             layout: None,
             checkpoint: None,
@@ -257,6 +313,14 @@ pub struct Job {
     pub checkpoint: Option<CheckpointSpec>,
     /// Data pipeline.
     pub data: Option<DataSpec>,
+    /// How compute is priced.
+    pub compute_model: ComputeModel,
+    /// Attention kernel.
+    pub attention: AttentionKernel,
+    /// Causal attention.
+    pub causal: bool,
+    /// Gradient precision.
+    pub grad_precision: GradPrecision,
 }
 
 /// Largest global batch accepted, in sequences (2^32: far beyond any job, and small enough
@@ -323,7 +387,19 @@ impl Job {
             layout: f.layout.clone(),
             checkpoint: f.checkpoint.clone(),
             data: f.data.clone(),
+            compute_model: t.compute_model,
+            attention: t.attention,
+            causal: t.causal,
+            grad_precision: t.grad_precision,
         })
+    }
+
+    /// Bytes of one stored gradient element: the weights' bytes, or 4 with FP32 gradients.
+    pub fn grad_bytes(&self) -> f64 {
+        match self.grad_precision {
+            GradPrecision::Param => self.precision.bytes(),
+            GradPrecision::Fp32 => 4.0,
+        }
     }
 
     /// Tokens per step: B·s.

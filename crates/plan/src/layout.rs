@@ -88,6 +88,18 @@ pub struct Layout {
     /// rank, as Flotilla's tensor-parallel engine does today (`train::tensor`).
     #[serde(default = "yes")]
     pub vocab_parallel: bool,
+    /// Context-parallel degree (the sequence split over `cp` devices, K/V exchanged in a ring;
+    /// Megatron-Core's context parallelism). 1 = off.
+    #[serde(default = "one")]
+    pub cp: u64,
+    /// Accept layer counts that pp × interleave does not divide: the slowest stage holds
+    /// ⌈L/(p·v)⌉ layers per virtual stage (default false: refused, as before).
+    #[serde(default)]
+    pub uneven_stages: bool,
+    /// Tensor-parallel communication overlapped with the neighbouring GEMMs (Megatron-Core /
+    /// Transformer Engine `tp_comm_overlap`); only the part longer than those GEMMs is exposed.
+    #[serde(default)]
+    pub tp_overlap: bool,
 }
 
 fn one() -> u64 {
@@ -112,12 +124,29 @@ impl Layout {
             recompute: Recompute::None,
             sequence_parallel: true,
             vocab_parallel: true,
+            cp: 1,
+            uneven_stages: false,
+            tp_overlap: false,
         }
     }
 
-    /// Devices used: t × p × d.
+    /// Devices used: t × p × d × cp.
     pub fn devices(&self) -> u64 {
-        self.tp.saturating_mul(self.pp).saturating_mul(self.dp)
+        self.tp
+            .saturating_mul(self.pp)
+            .saturating_mul(self.dp)
+            .saturating_mul(self.cp)
+    }
+
+    /// Transformer blocks on the most loaded pipeline stage: L/p, or ⌈L/(p·v)⌉·v with uneven
+    /// stages.
+    pub fn layers_per_stage(&self, layers: u64) -> u64 {
+        let pv = self.pp.saturating_mul(self.interleave).max(1);
+        if self.uneven_stages {
+            layers.div_ceil(pv) * self.interleave.max(1)
+        } else {
+            layers / self.pp.max(1)
+        }
     }
 
     /// Micro-batches per step per pipeline: m = B / (d·b).
@@ -145,6 +174,7 @@ impl Layout {
             ("layout.ep", self.ep),
             ("layout.micro_batch", self.micro_batch),
             ("layout.interleave", self.interleave),
+            ("layout.cp", self.cp),
         ] {
             if v == 0 {
                 return Err(PlanError::Invalid {
@@ -155,10 +185,15 @@ impl Layout {
             }
         }
         if self.devices() != devices {
+            let cp = if self.cp > 1 {
+                format!(" x cp {}", self.cp)
+            } else {
+                String::new()
+            };
             return Err(bad(
                 "layout",
                 format!(
-                    "tp x pp x dp = {} x {} x {} = {} != {} devices",
+                    "tp x pp x dp = {} x {} x {}{cp} = {} != {} devices",
                     self.tp,
                     self.pp,
                     self.dp,
@@ -188,7 +223,17 @@ impl Layout {
                 format!("pp {} > layers {layers}", self.pp),
             ));
         }
-        if !layers.is_multiple_of(self.pp.saturating_mul(self.interleave)) {
+        if self.uneven_stages && self.pp.saturating_mul(self.interleave) > layers {
+            return Err(bad(
+                "layout.pp",
+                format!(
+                    "pp x interleave = {} x {} > layers {layers}",
+                    self.pp, self.interleave
+                ),
+            ));
+        }
+        if !self.uneven_stages && !layers.is_multiple_of(self.pp.saturating_mul(self.interleave))
+        {
             return Err(bad(
                 "layout.pp",
                 format!(

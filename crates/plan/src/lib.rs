@@ -27,8 +27,10 @@ pub mod collectives;
 pub mod cost;
 pub mod data;
 pub mod error;
+pub mod gemm;
 pub mod hardware;
 pub mod job;
+pub mod kernels;
 pub mod layout;
 pub mod lint;
 pub mod memory;
@@ -43,5 +45,6 @@ pub mod step;
 pub mod storage;
 pub mod sweep;
 pub mod units;
+pub mod validate;
 
 pub use error::{PlanError, Result};

@@ -143,6 +143,7 @@ pub fn search(job: &Job, cluster: &Cluster, opts: &SearchOptions) -> Result<Sear
                                     recompute,
                                     sequence_parallel: true,
                                     vocab_parallel: true,
+                                    ..Layout::new(tp, pp, dp)
                                 };
                                 let e = evaluate_valid(job, cluster, &l, false)?;
                                 evaluated += 1;

