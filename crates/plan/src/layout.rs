@@ -100,6 +100,13 @@ pub struct Layout {
     /// Transformer Engine `tp_comm_overlap`); only the part longer than those GEMMs is exposed.
     #[serde(default)]
     pub tp_overlap: bool,
+    /// The embedding and the LM head each take one layer's slot in the pipeline split
+    /// (Megatron-Core's account_for_embedding/loss_in_pipeline_split, DeepSpeed's
+    /// `type:transformer|embedding` partition): stages hold (L + 2)/(p·v) slots per virtual
+    /// stage, the first and last one layer fewer. Default false: the last stage holds L/p layers
+    /// and the head.
+    #[serde(default)]
+    pub embedding_slots: bool,
 }
 
 fn one() -> u64 {
@@ -127,6 +134,7 @@ impl Layout {
             cp: 1,
             uneven_stages: false,
             tp_overlap: false,
+            embedding_slots: false,
         }
     }
 
@@ -142,10 +150,32 @@ impl Layout {
     /// stages.
     pub fn layers_per_stage(&self, layers: u64) -> u64 {
         let pv = self.pp.saturating_mul(self.interleave).max(1);
+        let slots = self.pipeline_slots(layers);
         if self.uneven_stages {
-            layers.div_ceil(pv) * self.interleave.max(1)
+            slots.div_ceil(pv) * self.interleave.max(1)
         } else {
-            layers / self.pp.max(1)
+            slots / self.pp.max(1)
+        }
+    }
+
+    /// Slots the pipeline split shares out: L, or L + 2 with [`Layout::embedding_slots`].
+    pub fn pipeline_slots(&self, layers: u64) -> u64 {
+        if self.embedding_slots && self.pp > 1 {
+            layers + 2
+        } else {
+            layers
+        }
+    }
+
+    /// Compute of the slowest stage for one micro-batch, from one layer's time and the head's:
+    /// L_stage·t_layer + t_head, or with embedding slots max(S·t_layer, (S − 1)·t_layer + t_head)
+    /// with S slots per stage (the first stage's embedding lookup is negligible).
+    pub fn slowest_stage(&self, layers: u64, t_layer: f64, t_head: f64) -> f64 {
+        let per = self.layers_per_stage(layers) as f64;
+        if self.embedding_slots && self.pp > 1 {
+            (per * t_layer).max((per - 1.0) * t_layer + t_head)
+        } else {
+            per * t_layer + t_head
         }
     }
 
@@ -232,7 +262,10 @@ impl Layout {
                 ),
             ));
         }
-        if !self.uneven_stages && !layers.is_multiple_of(self.pp.saturating_mul(self.interleave))
+        if !self.uneven_stages
+            && !self
+                .pipeline_slots(layers)
+                .is_multiple_of(self.pp.saturating_mul(self.interleave))
         {
             return Err(bad(
                 "layout.pp",

@@ -149,7 +149,7 @@ pub(crate) fn evaluate_valid(
     let t_flop = f_dev / (peak * job.efficiency);
     let t_mem = q_dev / cluster.device.hbm_bw;
     let t_mb = match &kernels {
-        Some(k) => layers_stage * k.layer() + k.head,
+        Some(k) => l.slowest_stage(m.layers, k.layer(), k.head),
         None => t_flop.max(t_mem),
     };
     let compute = mb as f64 * t_mb;

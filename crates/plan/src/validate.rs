@@ -333,7 +333,7 @@ pub fn fit() -> Result<FitParams> {
 pub fn render(r: &ValidationReport) -> String {
     let mut out = format!(
         "published runs: {} cases; free parameters: A100 BF16 GEMM ceiling {:.3}, H100 FP8 GEMM ceiling {:.3}\n\
-         {:<28} {:<8} {:<6} {:>4} {:>12} {:>12} {:>8} {:>14}\n",
+         {:<28} {:<12} {:<6} {:>4} {:>12} {:>12} {:>8} {:>14}\n",
         r.cases.len(),
         r.params.a100_bf16,
         r.params.h100_fp8,
@@ -352,7 +352,7 @@ pub fn render(r: &ValidationReport) -> String {
             .map(|(p, q)| format!("{p:.1} vs {q:.1}"))
             .unwrap_or_default();
         out += &format!(
-            "{:<28} {:<8} {:<6} {:>4} {:>12.3} {:>12.3} {:>7.1}% {:>14}\n",
+            "{:<28} {:<12} {:<6} {:>4} {:>12.3} {:>12.3} {:>7.1}% {:>14}\n",
             c.name,
             c.group,
             match c.class {
