@@ -116,7 +116,12 @@ pub struct Gemm {
 impl Gemm {
     /// One GEMM of M×N×K.
     pub fn new(m: f64, n: f64, k: f64) -> Gemm {
-        Gemm { m, n, k, batch: 1.0 }
+        Gemm {
+            m,
+            n,
+            k,
+            batch: 1.0,
+        }
     }
     /// FLOPs: 2·M·N·K per product.
     pub fn flops(&self) -> f64 {
@@ -214,8 +219,24 @@ mod tests {
     fn one_tile_too_many_costs_a_wave() {
         // 132 SMs: 132 tiles of 128×128 make one wave; 133 need two.
         let (d, c) = h100();
-        let full = gemm_time(&c, d.bf16, 0.7, d.hbm_bw, Gemm::new(128.0 * 12.0, 128.0 * 11.0, 8192.0), 2.0, 2.0);
-        let over = gemm_time(&c, d.bf16, 0.7, d.hbm_bw, Gemm::new(128.0 * 12.0 + 1.0, 128.0 * 11.0, 8192.0), 2.0, 2.0);
+        let full = gemm_time(
+            &c,
+            d.bf16,
+            0.7,
+            d.hbm_bw,
+            Gemm::new(128.0 * 12.0, 128.0 * 11.0, 8192.0),
+            2.0,
+            2.0,
+        );
+        let over = gemm_time(
+            &c,
+            d.bf16,
+            0.7,
+            d.hbm_bw,
+            Gemm::new(128.0 * 12.0 + 1.0, 128.0 * 11.0, 8192.0),
+            2.0,
+            2.0,
+        );
         assert!(over > 1.5 * full, "{full} {over}");
     }
 

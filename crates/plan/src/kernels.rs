@@ -97,9 +97,8 @@ pub fn layer_times(job: &Job, cluster: &Cluster, l: &Layout) -> LayerTimes {
     let head_g = Gemm::new(tok, v_rank, h);
     let (bpeak, bceil) = gemm_peak(dev, &curve, Precision::Bf16);
     let hp = |g: Gemm| gemm_time(&curve, bpeak, bceil, dev.hbm_bw, g, 2.0, 2.0);
-    let head = hp(head_g)
-        + head_g.backward().into_iter().map(hp).sum::<f64>()
-        + mem(12.0 * tok * v_rank);
+    let head =
+        hp(head_g) + head_g.backward().into_iter().map(hp).sum::<f64>() + mem(12.0 * tok * v_rank);
     LayerTimes {
         forward,
         backward,
@@ -160,12 +159,7 @@ fn attention(
             };
             let p = |g: Gemm| gemm_time(curve, bf16_peak, curve.gemm_bf16, hbm, g, 2.0, 2.0);
             let fwd = p(qk) + p(pv);
-            let bwd: f64 = qk
-                .backward()
-                .into_iter()
-                .chain(pv.backward())
-                .map(p)
-                .sum();
+            let bwd: f64 = qk.backward().into_iter().chain(pv.backward()).map(p).sum();
             let scores = batch * s_local * s_full;
             (fwd, bwd, 9.0 * scores, 11.0 * scores)
         }

@@ -102,11 +102,7 @@ pub fn params_per_device(job: &Job, l: &Layout) -> (f64, f64) {
 /// the sequence (activations ÷ cp).
 pub fn device_memory(job: &Job, cluster: &Cluster, l: &Layout) -> MemoryBreakdown {
     let m = &job.model;
-    let (w, g, k) = (
-        job.precision.bytes(),
-        job.grad_bytes(),
-        job.optimizer_bytes,
-    );
+    let (w, g, k) = (job.precision.bytes(), job.grad_bytes(), job.optimizer_bytes);
     let (dense, expert) = params_per_device(job, l);
     let n_dense = l.dp * l.cp.max(1);
     let n_expert = (l.dp / l.ep.max(1)).max(1);

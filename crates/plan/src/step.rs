@@ -126,7 +126,8 @@ pub(crate) fn evaluate_valid(
     let mb = l.microbatches(job.global_batch);
     let layers_stage = l.layers_per_stage(m.layers) as f64;
     let cp = l.cp.max(1) as f64;
-    let kernels = (job.compute_model == ComputeModel::Kernels).then(|| layer_times(job, cluster, l));
+    let kernels =
+        (job.compute_model == ComputeModel::Kernels).then(|| layer_times(job, cluster, l));
     let act = job.precision.bytes();
     let dpn = cluster.devices_per_node;
 
@@ -312,7 +313,13 @@ pub(crate) fn evaluate_valid(
     };
     term(
         "cp_comm",
-        &|| format!("m x L/p x max(4(cp-1) x (a + KV/B) - attention, 0), cp = {} = {}", l.cp, fmt_time(cp_comm)),
+        &|| {
+            format!(
+                "m x L/p x max(4(cp-1) x (a + KV/B) - attention, 0), cp = {} = {}",
+                l.cp,
+                fmt_time(cp_comm)
+            )
+        },
         cp_comm,
         "Megatron-Core context parallelism; 004 eq. 28.10",
     );

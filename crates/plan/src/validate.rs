@@ -23,7 +23,6 @@ macro_rules! case {
         )
     };
 }
-pub(crate) use case;
 
 /// The suite's case files, compiled in so that `flotilla plan --validate` needs no path.
 pub const CASES: &[(&str, &str)] = &[
@@ -48,7 +47,6 @@ pub const CASES: &[(&str, &str)] = &[
     case!("bloom-176b-384"),
     case!("opt-175b-992"),
 ];
-
 
 /// Which bar a case is held to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -217,13 +215,12 @@ pub fn run_case(name: &str, c: &CaseFile, params: FitParams) -> Result<CaseResul
         reason: format!("published case {name} needs its layout"),
     })?;
     let e = evaluate(&job, &cluster, &layout)?;
-    let published_s = published_iteration(&job, &cluster, &c.published).ok_or(
-        PlanError::Invalid {
+    let published_s =
+        published_iteration(&job, &cluster, &c.published).ok_or(PlanError::Invalid {
             field: "published",
             value: "missing".into(),
             reason: format!("case {name} gives no iteration time, throughput or TFLOP/s"),
-        },
-    )?;
+        })?;
     let predicted_s = e.step.total;
     Ok(CaseResult {
         name: name.into(),

@@ -1,0 +1,102 @@
+//! The kernel model's new inputs: each changes what it should and nothing when omitted.
+
+use plan::cluster::{Cluster, ClusterFile};
+use plan::job::{ComputeModel, GradPrecision, Job, JobFile};
+use plan::layout::{Layout, Recompute};
+use plan::step::evaluate;
+
+fn h100(nodes: u64) -> Cluster {
+    Cluster::from_file(&ClusterFile::preset("h100", nodes)).unwrap()
+}
+
+fn kernels(model: &str, batch: u64) -> JobFile {
+    let mut f = JobFile::preset(model, batch);
+    f.training.compute_model = ComputeModel::Kernels;
+    f
+}
+
+#[test]
+fn omitted_fields_keep_the_old_figures() {
+    let text = "[model]\npreset = \"llama2-7b\"\n[training]\nglobal_batch = 64\n[layout]\ntp = 8\npp = 1\ndp = 4\n";
+    let j = Job::from_file(&JobFile::from_toml(text).unwrap()).unwrap();
+    let l = j.layout.clone().unwrap();
+    assert_eq!(
+        (l.cp, l.uneven_stages, l.tp_overlap, l.embedding_slots),
+        (1, false, false, false)
+    );
+    assert_eq!(j.compute_model, ComputeModel::Roofline);
+    let old = evaluate(
+        &Job::from_file(&JobFile::preset("llama2-7b", 64)).unwrap(),
+        &h100(4),
+        &l,
+    )
+    .unwrap();
+    let new = evaluate(&j, &h100(4), &l).unwrap();
+    assert_eq!(old.step, new.step);
+    assert_eq!(old.memory, new.memory);
+}
+
+#[test]
+fn fp32_gradients_are_eighteen_bytes_per_parameter() {
+    let mut f = JobFile::preset("llama2-7b", 8);
+    f.training.grad_precision = GradPrecision::Fp32;
+    let j = Job::from_file(&f).unwrap();
+    let e = evaluate(&j, &h100(1), &Layout::new(8, 1, 1)).unwrap();
+    let m = &e.memory;
+    let per_param = (m.weights + m.grads + m.optimizer) / m.params_local;
+    assert!((per_param - 18.0).abs() < 1e-9, "{per_param}");
+}
+
+#[test]
+fn uneven_stages_are_accepted_only_when_asked() {
+    let j = Job::from_file(&kernels("llama2-7b", 64)).unwrap();
+    let mut l = Layout::new(1, 3, 8);
+    assert!(evaluate(&j, &h100(3), &l).is_err());
+    l.uneven_stages = true;
+    let e = evaluate(&j, &h100(3), &l).unwrap();
+    assert_eq!(l.layers_per_stage(32), 11);
+    assert!(e.step.total > 0.0);
+}
+
+#[test]
+fn sequence_parallel_charges_the_recompute_all_gather() {
+    // Kernel model: 5 all-reduce equivalents per layer with SP, 4 without.
+    let j = Job::from_file(&kernels("llama2-70b", 64)).unwrap();
+    let mut l = Layout::new(8, 1, 8);
+    let sp = evaluate(&j, &h100(8), &l).unwrap().step.tp_comm;
+    l.sequence_parallel = false;
+    let plain = evaluate(&j, &h100(8), &l).unwrap().step.tp_comm;
+    assert!((sp / plain - 1.25).abs() < 1e-9, "{sp} {plain}");
+}
+
+#[test]
+fn causal_flash_attention_is_cheaper_at_long_context() {
+    let mut f = kernels("llama3-8b", 16);
+    f.model.seq = Some(32768);
+    let causal = evaluate(
+        &Job::from_file(&f).unwrap(),
+        &h100(2),
+        &Layout::new(8, 1, 2),
+    )
+    .unwrap();
+    f.training.causal = false;
+    let full = evaluate(
+        &Job::from_file(&f).unwrap(),
+        &h100(2),
+        &Layout::new(8, 1, 2),
+    )
+    .unwrap();
+    assert!(full.step.compute > 1.3 * causal.step.compute);
+}
+
+#[test]
+fn context_parallelism_splits_activations() {
+    let j = Job::from_file(&kernels("llama3-8b", 16)).unwrap();
+    let mut l = Layout::new(8, 1, 2);
+    l.recompute = Recompute::None;
+    let one = evaluate(&j, &h100(2), &l).unwrap();
+    l.dp = 1;
+    l.cp = 2;
+    let two = evaluate(&j, &h100(2), &l).unwrap();
+    assert!((one.memory.activations / two.memory.activations - 2.0).abs() < 1e-9);
+}
