@@ -49,10 +49,9 @@ pub const TILES: [(f64, f64); 3] = [(128.0, 256.0), (256.0, 128.0), (128.0, 128.
 /// - SM counts are the vendors' whitepaper figures: A100 108 SMs (NVIDIA A100 Tensor Core GPU
 ///   Architecture whitepaper), H100 SXM5 and H200 132 SMs (NVIDIA H100 Tensor Core GPU
 ///   Architecture whitepaper), B200 148, MI300X 304 compute units (AMD CDNA 3 whitepaper).
-/// - `gemm_bf16` (A100) and `gemm_fp8` (H100) are fitted on the fitting half of the published
-///   suite (`crates/plan/tests/published/`, see docs/PLAN.md "Validation"); H100's BF16 ceiling
-///   (its LM head in FP8 runs, every GEMM in BF16 runs) is the A100's fraction. Devices without
-///   suite cases take the H100 values (an assumption).
+/// - `gemm_bf16` (A100, H100) and `gemm_fp8` (H100) are fitted on the fitting half of the
+///   published suite (`crates/plan/tests/published/`, see docs/PLAN.md "Validation"). Devices
+///   without suite cases take the H100 values (an assumption).
 /// - `flash_attention`: FlashAttention-2 (Dao 2023, §4) reports 50–73% of the A100's peak
 ///   forward and lower backward; we take 0.55 of the BF16 peak for forward + backward on every
 ///   device (an assumption; no suite case isolates it).
@@ -87,9 +86,9 @@ pub fn kernel_curve(device: &Device) -> KernelCurve {
 /// Fitted: A100 BF16 GEMM ceiling (fraction of 312 TFLOP/s), `plan::validate::fit` on the
 /// fitting half of the suite (3 A100 cases). See [`kernel_curve`].
 pub const FIT_A100_BF16: f64 = 0.545;
-/// H100 BF16 GEMM ceiling: not fitted (the suite has no BF16 H100 dense run); taken equal to
-/// the A100's fraction of its peak, an assumption. See [`kernel_curve`].
-pub const FIT_H100_BF16: f64 = FIT_A100_BF16;
+/// Fitted: H100 BF16 GEMM ceiling (fraction of 989.4 TFLOP/s), `plan::validate::fit` on the
+/// fitting half (8 H100 FP8 cases, where BF16 prices the LM head). See [`kernel_curve`].
+pub const FIT_H100_BF16: f64 = 0.555;
 /// Fitted: H100 FP8 GEMM ceiling (fraction of 1,978.9 TFLOP/s), `plan::validate::fit` on the
 /// fitting half of the suite (8 H100 cases). See [`kernel_curve`].
 pub const FIT_H100_FP8: f64 = 0.475;
