@@ -38,6 +38,11 @@ pub struct KernelCurve {
     /// K at which a tile's main loop reaches half its speed (pipeline fill and epilogue):
     /// efficiency × K/(K + k_ramp).
     pub k_ramp: f64,
+    /// Query/key block length at which a flash-attention call reaches half its efficiency:
+    /// efficiency × L/(L + flash_half_len), L the sequence length of one call (s, or s/(2·cp)
+    /// under load-balanced context parallelism).
+    #[serde(default)]
+    pub flash_half_len: f64,
 }
 
 /// Output-tile shapes (M × N) the GEMM library chooses from: CUTLASS/cuBLAS's large tensor-core
@@ -57,6 +62,7 @@ pub const TILES: [(f64, f64); 3] = [(128.0, 256.0), (256.0, 128.0), (128.0, 128.
 ///   device (an assumption; no suite case isolates it).
 /// - `memory`: 0.8 of the HBM bandwidth for streaming kernels (an assumption: STREAM-style copies
 ///   reach 80–90% of the datasheet figure on A100/H100).
+/// - `flash_half_len`: fitted with the ceilings (one value for every device).
 /// - `k_ramp`: 64 (one 64-deep K-slice of the main loop lost to pipeline fill and the epilogue;
 ///   an assumption from the CUTLASS tile structure).
 pub fn kernel_curve(device: &Device) -> KernelCurve {
@@ -80,22 +86,25 @@ pub fn kernel_curve(device: &Device) -> KernelCurve {
         flash_attention: FLASH_ATTENTION_EFF,
         memory: MEMORY_EFF,
         k_ramp: K_RAMP,
+        flash_half_len: FIT_FLASH_HALF_LEN,
     }
 }
 
 /// Fitted: A100 BF16 GEMM ceiling (fraction of 312 TFLOP/s), `plan::validate::fit` on the
 /// fitting half of the suite (3 A100 cases). See [`kernel_curve`].
-pub const FIT_A100_BF16: f64 = 0.545;
+pub const FIT_A100_BF16: f64 = 0.55;
 /// Fitted: H100 BF16 GEMM ceiling (fraction of 989.4 TFLOP/s), `plan::validate::fit` on the
 /// fitting half (8 H100 FP8 cases, where BF16 prices the LM head). See [`kernel_curve`].
 pub const FIT_H100_BF16: f64 = 0.555;
 /// Fitted: H100 FP8 GEMM ceiling (fraction of 1,978.9 TFLOP/s), `plan::validate::fit` on the
 /// fitting half of the suite (8 H100 cases). See [`kernel_curve`].
-pub const FIT_H100_FP8: f64 = 0.475;
+pub const FIT_H100_FP8: f64 = 0.51;
 /// Flash-attention efficiency (assumption, FlashAttention-2 §4; see [`kernel_curve`]).
 pub const FLASH_ATTENTION_EFF: f64 = 0.55;
 /// Streaming-kernel fraction of HBM bandwidth (assumption; see [`kernel_curve`]).
 pub const MEMORY_EFF: f64 = 0.8;
+/// Fitted: flash-attention half-efficiency length (tokens), every device. See [`kernel_curve`].
+pub const FIT_FLASH_HALF_LEN: f64 = 1728.0;
 /// K ramp of a GEMM tile (assumption; see [`kernel_curve`]).
 pub const K_RAMP: f64 = 64.0;
 

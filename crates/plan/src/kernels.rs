@@ -140,7 +140,15 @@ fn attention(
             let causal = if job.causal { 0.5 } else { 1.0 };
             let fwd_flops = 4.0 * tok * s_full * heads * d * causal;
             // Peak is the BF16 one whatever the GEMM precision.
-            let rate = bf16_peak * curve.flash_attention;
+            // Load-balanced context parallelism runs each rank's attention as calls on blocks of
+            // s/(2·cp) queries and keys.
+            let len = if l.cp > 1 {
+                s_full / (2.0 * l.cp as f64)
+            } else {
+                s_full
+            };
+            let ramp = len / (len + curve.flash_half_len);
+            let rate = bf16_peak * curve.flash_attention * ramp;
             (fwd_flops / rate, 2.5 * fwd_flops / rate, 0.0, 0.0)
         }
         AttentionKernel::Unfused => {

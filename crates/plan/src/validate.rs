@@ -8,7 +8,7 @@
 
 use crate::cluster::{Cluster, ClusterFile};
 use crate::error::{PlanError, Result};
-use crate::gemm::{FIT_A100_BF16, FIT_H100_BF16, FIT_H100_FP8, kernel_curve};
+use crate::gemm::{FIT_A100_BF16, FIT_FLASH_HALF_LEN, FIT_H100_BF16, FIT_H100_FP8, kernel_curve};
 use crate::job::{Job, JobFile};
 use crate::step::evaluate;
 use crate::units::GB;
@@ -157,6 +157,8 @@ pub struct FitParams {
     pub h100_bf16: f64,
     /// H100 FP8 ceiling.
     pub h100_fp8: f64,
+    /// Flash-attention half-efficiency length, tokens (every device).
+    pub flash_half_len: f64,
 }
 
 impl FitParams {
@@ -166,6 +168,7 @@ impl FitParams {
             a100_bf16: FIT_A100_BF16,
             h100_bf16: FIT_H100_BF16,
             h100_fp8: FIT_H100_FP8,
+            flash_half_len: FIT_FLASH_HALF_LEN,
         }
     }
 }
@@ -207,6 +210,7 @@ pub fn run_case(name: &str, c: &CaseFile, params: FitParams) -> Result<CaseResul
     let job = Job::from_file(&c.job)?;
     let mut cluster = Cluster::from_file(&c.cluster)?;
     let mut curve = kernel_curve(&cluster.device);
+    curve.flash_half_len = params.flash_half_len;
     if cluster.device.name.starts_with("a100") {
         curve.gemm_bf16 = params.a100_bf16;
     } else {
@@ -289,44 +293,49 @@ pub fn validate(params: FitParams) -> Result<ValidationReport> {
     })
 }
 
-/// Fits the three ceilings on the dense cases marked `fit`, minimising the mean absolute error
-/// of each device's cases (the devices share no case): A100 by a grid search over 0.30–1.00 in
-/// steps of 0.005; H100's two ceilings by coordinate descent on the same grid (each in turn,
-/// the other fixed, from the shipped values, until neither moves; at most 20 rounds).
+/// Fits the four parameters on the dense cases marked `fit` by coordinate descent: each in
+/// turn over its grid (ceilings 0.30–1.00 in steps of 0.005, the flash half length 0–4,096
+/// tokens in steps of 64), the others fixed, minimising
+/// the mean absolute error of the fitting half, from the shipped values until none moves (at
+/// most 20 rounds).
 pub fn fit() -> Result<FitParams> {
     let all = cases()?;
     let train: Vec<&(String, CaseFile)> = all
         .iter()
         .filter(|(_, c)| c.fit && c.class == CaseClass::Dense)
         .collect();
-    let grid: Vec<f64> = (60..=200).map(|i| i as f64 * 0.005).collect();
-    let loss = |a100: bool, p: FitParams| -> Result<f64> {
+    let loss = |p: FitParams| -> Result<f64> {
         let mut sum = 0.0;
-        for (n, c) in train
-            .iter()
-            .filter(|(_, c)| c.cluster.device.starts_with("a100") == a100)
-        {
+        for (n, c) in &train {
             sum += run_case(n, c, p)?.error.abs();
         }
         Ok(sum)
     };
-    let best = |a100: bool, set: &dyn Fn(f64) -> FitParams| -> Result<f64> {
-        let mut best = (f64::INFINITY, grid[0]);
-        for &x in &grid {
-            let l = loss(a100, set(x))?;
-            if l < best.0 {
-                best = (l, x);
-            }
-        }
-        Ok(best.1)
-    };
+    let ceiling: Vec<f64> = (60..=200).map(|i| i as f64 * 0.005).collect();
+    let half_len: Vec<f64> = (0..=64).map(|i| i as f64 * 64.0).collect();
+    type Set = fn(&mut FitParams, f64);
+    let axes: [(&[f64], Set); 4] = [
+        (&ceiling, |p, x| p.a100_bf16 = x),
+        (&ceiling, |p, x| p.h100_fp8 = x),
+        (&ceiling, |p, x| p.h100_bf16 = x),
+        (&half_len, |p, x| p.flash_half_len = x),
+    ];
     let mut p = FitParams::shipped();
-    p.a100_bf16 = best(true, &|x| FitParams { a100_bf16: x, ..p })?;
     for _ in 0..20 {
-        let q = p;
-        p.h100_fp8 = best(false, &|x| FitParams { h100_fp8: x, ..p })?;
-        p.h100_bf16 = best(false, &|x| FitParams { h100_bf16: x, ..p })?;
-        if q == p {
+        let before = p;
+        for (grid, set) in &axes {
+            let mut best = (f64::INFINITY, p);
+            for &x in grid.iter() {
+                let mut q = p;
+                set(&mut q, x);
+                let l = loss(q)?;
+                if l < best.0 {
+                    best = (l, q);
+                }
+            }
+            p = best.1;
+        }
+        if p == before {
             break;
         }
     }
@@ -336,12 +345,13 @@ pub fn fit() -> Result<FitParams> {
 /// The report as a table: every case, then the means.
 pub fn render(r: &ValidationReport) -> String {
     let mut out = format!(
-        "published runs: {} cases; free parameters (GEMM ceilings): A100 BF16 {:.3}, H100 BF16 {:.3}, H100 FP8 {:.3}\n\
+        "published runs: {} cases; free parameters: GEMM ceilings A100 BF16 {:.3}, H100 BF16 {:.3}, H100 FP8 {:.3}; flash half length {:.0} tokens\n\
          {:<28} {:<12} {:<6} {:>4} {:>12} {:>12} {:>8} {:>14}\n",
         r.cases.len(),
         r.params.a100_bf16,
         r.params.h100_bf16,
         r.params.h100_fp8,
+        r.params.flash_half_len,
         "case",
         "group",
         "bar",
