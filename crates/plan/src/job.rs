@@ -153,8 +153,9 @@ pub struct TrainingFile {
     /// Causal (decoder) attention: half the score FLOPs in a flash kernel (default true).
     #[serde(default = "d_true")]
     pub causal: bool,
-    /// Gradient precision: "param" (the default: gradients stored like the weights) or "fp32"
-    /// (FP32 main gradients, Megatron's default: 2 + 4 + 12 = 18 bytes per parameter with Adam).
+    /// Gradient precision: "param" (the default: gradients stored like the weights), "fp32"
+    /// (FP32 main gradients, Megatron's default: 2 + 4 + 12 = 18 bytes per parameter with Adam)
+    /// or "param_and_fp32" (both, as DeepSpeed's BF16 optimizer keeps: 2 + 6 + 12 = 20).
     #[serde(default)]
     pub grad_precision: GradPrecision,
 }
@@ -190,6 +191,9 @@ pub enum GradPrecision {
     Param,
     /// FP32 (4 bytes).
     Fp32,
+    /// A gradient like the weights plus an FP32 accumulation copy (DeepSpeed's BF16 optimizer
+    /// keeps both): 2 + 4 bytes held, the FP32 copy reduced.
+    ParamAndFp32,
 }
 
 fn d_true() -> bool {
@@ -399,6 +403,16 @@ impl Job {
         match self.grad_precision {
             GradPrecision::Param => self.precision.bytes(),
             GradPrecision::Fp32 => 4.0,
+            GradPrecision::ParamAndFp32 => self.precision.bytes() + 4.0,
+        }
+    }
+
+    /// Bytes per gradient element the data-parallel reduction moves: the weights' bytes, or 4
+    /// when an FP32 gradient is kept.
+    pub fn grad_comm_bytes(&self) -> f64 {
+        match self.grad_precision {
+            GradPrecision::Param => self.precision.bytes(),
+            GradPrecision::Fp32 | GradPrecision::ParamAndFp32 => 4.0,
         }
     }
 

@@ -327,7 +327,7 @@ pub(crate) fn evaluate_valid(
     // DP: gradient all-reduce (2 half-units), ZeRO-2 m reduce-scatters + 1 all-gather, ZeRO-3
     // 2m all-gathers + m reduce-scatters (000 F20: FSDP ≈ 3 units vs DDP 2 at m = 1).
     let (dense, expert) = params_per_device(job, l);
-    let g = job.grad_bytes();
+    let g = job.grad_comm_bytes();
     let units = match l.zero {
         ZeroStage::None | ZeroStage::Optimizer => 2.0,
         ZeroStage::Gradients => mb as f64 + 1.0,
