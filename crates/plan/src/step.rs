@@ -237,7 +237,7 @@ pub(crate) fn evaluate_valid(
         "tp_comm",
         &|| {
             format!(
-                "m x L/p x {n_tp} x AR({}, t={}) = {mb} x {layers_stage} x {n_tp} x {} = {}{}",
+                "m x L/p x {n_tp} x AR({}, t={}) = {mb} x {layers_stage} x {n_tp} x {} = {}{}{}",
                 fmt_bytes(tp_msg),
                 l.tp,
                 fmt_time(t_tp1),
@@ -246,6 +246,13 @@ pub(crate) fn evaluate_valid(
                     ""
                 } else {
                     " [crosses nodes]"
+                },
+                match (&kernels, l.tp_overlap) {
+                    (Some(k), true) => format!(
+                        " [overlapped: per layer max(0, comm - GEMM {})]",
+                        fmt_time(k.gemm)
+                    ),
+                    _ => String::new(),
                 }
             )
         },
@@ -311,18 +318,20 @@ pub(crate) fn evaluate_valid(
         }
         _ => 0.0,
     };
-    term(
-        "cp_comm",
-        &|| {
-            format!(
-                "m x L/p x max(4(cp-1) x (a + KV/B) - attention, 0), cp = {} = {}",
-                l.cp,
-                fmt_time(cp_comm)
-            )
-        },
-        cp_comm,
-        "Megatron-Core context parallelism; 004 eq. 28.10",
-    );
+    if kernels.is_some() {
+        term(
+            "cp_comm",
+            &|| {
+                format!(
+                    "m x L/p x max(4(cp-1) x (a + KV/B) - attention, 0), cp = {} = {}",
+                    l.cp,
+                    fmt_time(cp_comm)
+                )
+            },
+            cp_comm,
+            "Megatron-Core context parallelism; 004 eq. 28.10",
+        );
+    }
 
     // DP: gradient all-reduce (2 half-units), ZeRO-2 m reduce-scatters + 1 all-gather, ZeRO-3
     // 2m all-gathers + m reduce-scatters (000 F20: FSDP ≈ 3 units vs DDP 2 at m = 1).
