@@ -100,3 +100,17 @@ fn context_parallelism_splits_activations() {
     let two = evaluate(&j, &h100(2), &l).unwrap();
     assert!((one.memory.activations / two.memory.activations - 2.0).abs() < 1e-9);
 }
+
+/// Issue 30: the 175B / 1,024-GPU layout search stays under a second with the kernel model
+/// (about 1 ms in release, `examples/search_bench.rs`; the bound leaves room for debug builds
+/// on a loaded machine).
+#[test]
+fn kernel_model_search_175b_on_1024_gpus_under_a_second() {
+    use plan::search::{SearchOptions, search};
+    let job = Job::from_file(&kernels("gpt3-175b", 1536)).unwrap();
+    let t = std::time::Instant::now();
+    let r = search(&job, &h100(128), &SearchOptions::default()).unwrap();
+    let took = t.elapsed();
+    assert!(r.evaluated > 1000 && !r.top.is_empty(), "{}", r.evaluated);
+    assert!(took.as_secs_f64() < 1.0, "{took:?}");
+}
