@@ -95,10 +95,10 @@ pub fn kernel_curve(device: &Device) -> KernelCurve {
 pub const FIT_A100_BF16: f64 = 0.55;
 /// Fitted: H100 BF16 GEMM ceiling (fraction of 989.4 TFLOP/s), `plan::validate::fit` on the
 /// fitting half (8 H100 FP8 cases, where BF16 prices the LM head). See [`kernel_curve`].
-pub const FIT_H100_BF16: f64 = 0.555;
+pub const FIT_H100_BF16: f64 = 0.56;
 /// Fitted: H100 FP8 GEMM ceiling (fraction of 1,978.9 TFLOP/s), `plan::validate::fit` on the
 /// fitting half of the suite (8 H100 cases). See [`kernel_curve`].
-pub const FIT_H100_FP8: f64 = 0.51;
+pub const FIT_H100_FP8: f64 = 0.505;
 /// Flash-attention efficiency (assumption, FlashAttention-2 §4; see [`kernel_curve`]).
 pub const FLASH_ATTENTION_EFF: f64 = 0.55;
 /// Streaming-kernel fraction of HBM bandwidth (assumption; see [`kernel_curve`]).
