@@ -61,6 +61,8 @@ pub struct ModelFile {
     pub gated: Option<bool>,
     /// Tied input/output embeddings.
     pub tied_embeddings: Option<bool>,
+    /// Head width when it is not hidden/heads.
+    pub head_dim: Option<u64>,
 }
 
 impl ModelFile {
@@ -91,6 +93,7 @@ impl ModelFile {
                     top_k: 1,
                     gated: false,
                     tied_embeddings: true,
+                    head_dim: None,
                 }
             }
         };
@@ -110,6 +113,9 @@ impl ModelFile {
             gated,
             tied_embeddings
         );
+        if self.head_dim.is_some() {
+            m.head_dim = self.head_dim;
+        }
         m.validate()?;
         Ok(m)
     }

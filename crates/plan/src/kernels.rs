@@ -62,21 +62,42 @@ pub fn layer_times(job: &Job, cluster: &Cluster, l: &Layout) -> LayerTimes {
     let gated = if m.gated { 2.0 } else { 1.0 };
     // K/V heads: split over TP when there are at least t of them, else replicated (Megatron).
     let kv_rank = (kv / t).max(1.0) * d;
-    let experts = if m.experts > 1 { m.top_k as f64 } else { 1.0 };
-    let gemms = [
-        (Gemm::new(tok, h / t + 2.0 * kv_rank, h), 1.0),
-        (Gemm::new(tok, h, h / t), 1.0),
-        (Gemm::new(tok, gated * f / t, h), experts),
-        (Gemm::new(tok, h, f / t), experts),
+    let q = m.q_width() as f64;
+    let mut gemms = vec![
+        Gemm::new(tok, q / t + 2.0 * kv_rank, h),
+        Gemm::new(tok, h, q / t),
     ];
+    if m.experts > 1 {
+        // MoE (balanced routing, as the sources force it): the router (T, E, h), then each of
+        // the E/ep local experts gets T·k·ep/E of the T·k routed tokens.
+        let (e, k, ep) = (m.experts as f64, m.top_k as f64, l.ep.max(1) as f64);
+        let per_expert = tok * k * ep / e;
+        let local = e / ep;
+        gemms.push(Gemm::new(tok, e, h));
+        gemms.push(Gemm {
+            m: per_expert,
+            n: gated * f / t,
+            k: h,
+            batch: local,
+        });
+        gemms.push(Gemm {
+            m: per_expert,
+            n: h,
+            k: f / t,
+            batch: local,
+        });
+    } else {
+        gemms.push(Gemm::new(tok, gated * f / t, h));
+        gemms.push(Gemm::new(tok, h, f / t));
+    }
     let fp8 = job.precision == Precision::Fp8;
     let (peak, ceil) = gemm_peak(dev, &curve, job.precision);
     let (bin, bout) = if fp8 { (1.0, 2.0) } else { (2.0, 2.0) };
     let price = |g: Gemm| gemm_time(&curve, peak, ceil, dev.hbm_bw, g, bin, bout);
     let (mut g_fwd, mut g_bwd) = (0.0, 0.0);
-    for (g, count) in gemms {
-        g_fwd += count * price(g);
-        g_bwd += count * g.backward().into_iter().map(price).sum::<f64>();
+    for g in gemms {
+        g_fwd += price(g);
+        g_bwd += g.backward().into_iter().map(price).sum::<f64>();
     }
 
     let (a_fwd, a_bwd, a_mem_fwd, a_mem_bwd) =
@@ -185,6 +206,7 @@ fn attention(
 /// | GeLU (f/t) / SwiGLU (2f/t in, f/t out) | 4 / 6 | 6 / 10 |
 /// | rotary on Q, K (gated models) | 4 | 4 |
 /// | FP8 casts of the four GEMM inputs (FP8 runs) | 3 | 3 (the output gradients) |
+/// | MoE dispatch and combine copies (T·k tokens × h, in and out) | 8 | 8 |
 fn elementwise_bytes(job: &Job, l: &Layout, tok: f64, t: f64) -> (f64, f64) {
     let m = &job.model;
     let (h, f) = (m.hidden as f64, m.ffn as f64);
@@ -198,14 +220,20 @@ fn elementwise_bytes(job: &Job, l: &Layout, tok: f64, t: f64) -> (f64, f64) {
     let resid = 2.0 * h * sp_tok;
     let act = tok * f / t * experts;
     let (act_f, act_b) = if m.gated { (6.0, 10.0) } else { (4.0, 6.0) };
+    let q = m.q_width() as f64;
     let kv = (m.kv_heads as f64 / t).max(1.0) * m.head_dim() as f64;
-    let rope = if m.gated { tok * (h / t + kv) } else { 0.0 };
+    let rope = if m.gated { tok * (q / t + kv) } else { 0.0 };
     let cast = if job.precision == Precision::Fp8 {
-        tok * (2.0 * h + h / t + f / t * experts)
+        tok * (h + q / t + experts * (h + f / t))
     } else {
         0.0
     };
-    let fwd = 4.0 * norm + 7.0 * resid + act_f * act + 4.0 * rope + 3.0 * cast;
-    let bwd = 8.0 * norm + 5.0 * resid + act_b * act + 4.0 * rope + 3.0 * cast;
+    let dispatch = if m.experts > 1 {
+        tok * experts * h
+    } else {
+        0.0
+    };
+    let fwd = 4.0 * norm + 7.0 * resid + act_f * act + 4.0 * rope + 3.0 * cast + 8.0 * dispatch;
+    let bwd = 8.0 * norm + 5.0 * resid + act_b * act + 4.0 * rope + 3.0 * cast + 8.0 * dispatch;
     (fwd, bwd)
 }

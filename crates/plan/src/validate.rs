@@ -46,6 +46,8 @@ pub const CASES: &[(&str, &str)] = &[
     case!("mtnlg-530b-3360"),
     case!("bloom-176b-384"),
     case!("opt-175b-992"),
+    case!("mbridge2511-qwen3-30b-a3b"),
+    case!("mbridge2602-qwen3-30b-a3b"),
 ];
 
 /// Which bar a case is held to.

@@ -114,3 +114,18 @@ fn kernel_model_search_175b_on_1024_gpus_under_a_second() {
     assert!(r.evaluated > 1000 && !r.top.is_empty(), "{}", r.evaluated);
     assert!(took.as_secs_f64() < 1.0, "{took:?}");
 }
+
+/// Qwen 3 style heads wider than h/a: Q and O are h × (a·d), K and V h × (kv·d); omitting
+/// `head_dim` keeps h/a.
+#[test]
+fn head_dim_sets_the_attention_width() {
+    let text = "[model]\nlayers = 48\nhidden = 2048\nheads = 32\nkv_heads = 4\nhead_dim = 128\nffn = 768\nvocab = 151936\nseq = 4096\n[training]\nglobal_batch = 8\n";
+    let j = Job::from_file(&JobFile::from_toml(text).unwrap()).unwrap();
+    let (h, q, kv) = (2048.0, 32.0 * 128.0, 4.0 * 128.0);
+    assert_eq!(j.model.attn_params_per_layer(), 2.0 * h * q + 2.0 * h * kv);
+    let mut f = JobFile::preset("llama2-7b", 8);
+    f.model.head_dim = None;
+    let j = Job::from_file(&f).unwrap();
+    assert_eq!(j.model.head_dim(), 128);
+    assert_eq!(j.model.attn_params_per_layer(), 4.0 * 4096.0 * 4096.0);
+}
