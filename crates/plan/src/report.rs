@@ -247,6 +247,9 @@ fn layout_cell(e: &Evaluation) -> String {
     if l.ep > 1 {
         let _ = write!(s, " ep{}", l.ep);
     }
+    if l.cp > 1 {
+        let _ = write!(s, " cp{}", l.cp);
+    }
     let _ = write!(s, " mb{} m{}", l.micro_batch, e.microbatches);
     if l.interleave > 1 {
         let _ = write!(s, " v{}", l.interleave);
