@@ -357,8 +357,20 @@ pub(crate) fn evaluate_valid(
     let dp_comm = units
         * (half_ar(dense * g, l.dp * l.cp.max(1), stride)
             + half_ar(expert * g, l.dp / ep, stride * ep));
-    let overlap = (job.dp_overlap * dp_comm).min(compute);
-    let dp_exposed = dp_comm - overlap;
+    // ZeRO-3 under the kernel model: its traffic comes per micro-batch (units = 3m), and each
+    // micro-batch's gathers and reduce-scatters are prefetched under that micro-batch's own
+    // layers (PyTorch FSDP and Megatron-FSDP forward/backward prefetch: Zhao et al. 2023,
+    // "PyTorch FSDP", §3.3). Only the first micro-batch's share pays the default overlap
+    // rule; the other m-1 expose only what exceeds their compute. Other stages, and the
+    // roofline model, keep one overlap of the whole step's traffic.
+    let dp_exposed = if kernels.is_some() && l.zero == ZeroStage::Parameters && mb > 1 {
+        let per_mb = dp_comm / mb as f64;
+        per_mb - (job.dp_overlap * per_mb).min(t_mb)
+            + (mb - 1) as f64 * (per_mb - t_mb).max(0.0)
+    } else {
+        dp_comm - (job.dp_overlap * dp_comm).min(compute)
+    };
+    let overlap = dp_comm - dp_exposed;
     term(
         "dp_comm",
         &|| {

@@ -10,7 +10,7 @@ use crate::cluster::{Cluster, ClusterFile};
 use crate::error::{PlanError, Result};
 use crate::gemm::{FIT_A100_BF16, FIT_FLASH_HALF_LEN, FIT_H100_BF16, FIT_H100_FP8, kernel_curve};
 use crate::job::{Job, JobFile};
-use crate::step::evaluate;
+use crate::step::{StepBreakdown, evaluate};
 use crate::units::GB;
 use serde::{Deserialize, Serialize};
 
@@ -121,6 +121,10 @@ pub struct CaseResult {
     pub error: f64,
     /// Published and predicted memory per GPU, GB.
     pub memory_gb: Option<(f64, f64)>,
+    /// The predicted step's components (which term an error comes from).
+    pub step: StepBreakdown,
+    /// Micro-batches per step.
+    pub microbatches: u64,
 }
 
 /// Mean and largest absolute error of a set of cases.
@@ -242,6 +246,8 @@ pub fn run_case(name: &str, c: &CaseFile, params: FitParams) -> Result<CaseResul
         predicted_s,
         error: predicted_s / published_s - 1.0,
         memory_gb: c.published.memory_gb.map(|m| (m, e.memory.total / GB)),
+        step: e.step.clone(),
+        microbatches: e.microbatches,
     })
 }
 

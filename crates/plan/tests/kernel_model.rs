@@ -129,3 +129,29 @@ fn head_dim_sets_the_attention_width() {
     assert_eq!(j.model.head_dim(), 128);
     assert_eq!(j.model.attn_params_per_layer(), 4.0 * 4096.0 * 4096.0);
 }
+
+#[test]
+fn zero3_prefetch_hides_each_microbatch_under_its_own_compute() {
+    use plan::layout::ZeroStage;
+    let j = Job::from_file(&kernels("llama2-7b", 64)).unwrap();
+    let mut l = Layout::new(1, 1, 8);
+    l.zero = ZeroStage::Parameters;
+    let e = evaluate(&j, &h100(1), &l).unwrap();
+    let s = &e.step;
+    let m = e.microbatches as f64;
+    assert!(m > 1.0);
+    let per_mb = s.dp_comm / m;
+    let t_mb = s.compute / m;
+    assert!(per_mb < t_mb, "NVLink traffic fits under compute");
+    // Only the first micro-batch's share is exposed, at the default overlap (75% hidden).
+    let expect = per_mb - (j.dp_overlap * per_mb).min(t_mb);
+    assert!((s.dp_exposed - expect).abs() < 1e-12, "{} vs {expect}", s.dp_exposed);
+    // The whole-step rule would expose m times as much.
+    assert!(s.dp_exposed < (1.0 - j.dp_overlap) * s.dp_comm / 2.0);
+    // One micro-batch: the whole-step rule, unchanged.
+    let j1 = Job::from_file(&kernels("llama2-7b", 8)).unwrap();
+    let e1 = evaluate(&j1, &h100(1), &l).unwrap();
+    assert_eq!(e1.microbatches, 1);
+    let d = &e1.step;
+    assert!((d.dp_exposed - (d.dp_comm - (j1.dp_overlap * d.dp_comm).min(d.compute))).abs() < 1e-12);
+}

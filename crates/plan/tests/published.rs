@@ -107,3 +107,30 @@ fn print_breakdowns() {
         );
     }
 }
+
+#[test]
+#[ignore]
+fn print_searches() {
+    use plan::cluster::Cluster;
+    use plan::job::Job;
+    use plan::search::{SearchOptions, search};
+    for (name, c) in cases().unwrap() {
+        if !(name.starts_with("mtnlg") || name.starts_with("bloom")) {
+            continue;
+        }
+        let mut job = Job::from_file(&c.job).unwrap();
+        let cl = Cluster::from_file(&c.cluster).unwrap();
+        let published = job.layout.take().unwrap();
+        let pe = plan::step::evaluate(&job, &cl, &published).unwrap();
+        let r = search(&job, &cl, &SearchOptions { top_k: 8, ..Default::default() }).unwrap();
+        println!("{name}: published {:?} -> {:.3} s, mem {:.1} GB", (published.tp, published.pp, published.dp, published.micro_batch, published.recompute, published.zero), pe.step.total, pe.memory.total / 1e9);
+        for e in &r.top {
+            let l = &e.layout;
+            println!("   tp {} pp {} dp {} mb {} v {} {:?} {:?} sp {} -> {:.3} s mem {:.1} GB", l.tp, l.pp, l.dp, l.micro_batch, l.interleave, l.zero, l.recompute, l.sequence_parallel, e.step.total, e.memory.total / 1e9);
+            let mut nsp = l.clone();
+            nsp.sequence_parallel = false;
+            let n = plan::step::evaluate(&job, &cl, &nsp).unwrap();
+            println!("      without SP -> {:.3} s mem {:.1} GB", n.step.total, n.memory.total / 1e9);
+        }
+    }
+}
