@@ -365,8 +365,7 @@ pub(crate) fn evaluate_valid(
     // roofline model, keep one overlap of the whole step's traffic.
     let dp_exposed = if kernels.is_some() && l.zero == ZeroStage::Parameters && mb > 1 {
         let per_mb = dp_comm / mb as f64;
-        per_mb - (job.dp_overlap * per_mb).min(t_mb)
-            + (mb - 1) as f64 * (per_mb - t_mb).max(0.0)
+        per_mb - (job.dp_overlap * per_mb).min(t_mb) + (mb - 1) as f64 * (per_mb - t_mb).max(0.0)
     } else {
         dp_comm - (job.dp_overlap * dp_comm).min(compute)
     };

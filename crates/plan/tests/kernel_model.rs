@@ -145,7 +145,11 @@ fn zero3_prefetch_hides_each_microbatch_under_its_own_compute() {
     assert!(per_mb < t_mb, "NVLink traffic fits under compute");
     // Only the first micro-batch's share is exposed, at the default overlap (75% hidden).
     let expect = per_mb - (j.dp_overlap * per_mb).min(t_mb);
-    assert!((s.dp_exposed - expect).abs() < 1e-12, "{} vs {expect}", s.dp_exposed);
+    assert!(
+        (s.dp_exposed - expect).abs() < 1e-12,
+        "{} vs {expect}",
+        s.dp_exposed
+    );
     // The whole-step rule would expose m times as much.
     assert!(s.dp_exposed < (1.0 - j.dp_overlap) * s.dp_comm / 2.0);
     // One micro-batch: the whole-step rule, unchanged.
@@ -153,5 +157,7 @@ fn zero3_prefetch_hides_each_microbatch_under_its_own_compute() {
     let e1 = evaluate(&j1, &h100(1), &l).unwrap();
     assert_eq!(e1.microbatches, 1);
     let d = &e1.step;
-    assert!((d.dp_exposed - (d.dp_comm - (j1.dp_overlap * d.dp_comm).min(d.compute))).abs() < 1e-12);
+    assert!(
+        (d.dp_exposed - (d.dp_comm - (j1.dp_overlap * d.dp_comm).min(d.compute))).abs() < 1e-12
+    );
 }

@@ -108,29 +108,51 @@ fn print_breakdowns() {
     }
 }
 
+/// MT-NLG (Smith et al. 2022 §2.2-2.4) states why it chose its layout: tensor slicing inside
+/// the node, pipelining across nodes, degrees that fit 530B with activation checkpointing.
+/// Searched with the options its framework had (no sequence parallelism, no selective
+/// recomputation), the planner picks the published layout at 2,800 GPUs. At 2,240 and 3,360
+/// it prefers PP 7 x DP 40 and PP 21 x DP 20 (full recomputation, TP 8), which it prices 1.1%
+/// and 1.3% faster (a smaller bubble fraction and a lighter last stage against more exposed
+/// DP traffic; docs/PLAN.md) and keeps the published layout within 2% in its top three.
 #[test]
-#[ignore]
-fn print_searches() {
+fn mtnlg_search_with_its_framework_picks_the_published_layout() {
     use plan::cluster::Cluster;
     use plan::job::Job;
+    use plan::layout::Recompute;
     use plan::search::{SearchOptions, search};
+    let opts = SearchOptions {
+        top_k: 3,
+        recompute: vec![Recompute::None, Recompute::Full],
+        sequence_parallel: false,
+        ..Default::default()
+    };
     for (name, c) in cases().unwrap() {
-        if !(name.starts_with("mtnlg") || name.starts_with("bloom")) {
+        if !name.starts_with("mtnlg") {
             continue;
         }
         let mut job = Job::from_file(&c.job).unwrap();
         let cl = Cluster::from_file(&c.cluster).unwrap();
-        let published = job.layout.take().unwrap();
-        let pe = plan::step::evaluate(&job, &cl, &published).unwrap();
-        let r = search(&job, &cl, &SearchOptions { top_k: 8, ..Default::default() }).unwrap();
-        println!("{name}: published {:?} -> {:.3} s, mem {:.1} GB", (published.tp, published.pp, published.dp, published.micro_batch, published.recompute, published.zero), pe.step.total, pe.memory.total / 1e9);
-        for e in &r.top {
-            let l = &e.layout;
-            println!("   tp {} pp {} dp {} mb {} v {} {:?} {:?} sp {} -> {:.3} s mem {:.1} GB", l.tp, l.pp, l.dp, l.micro_batch, l.interleave, l.zero, l.recompute, l.sequence_parallel, e.step.total, e.memory.total / 1e9);
-            let mut nsp = l.clone();
-            nsp.sequence_parallel = false;
-            let n = plan::step::evaluate(&job, &cl, &nsp).unwrap();
-            println!("      without SP -> {:.3} s mem {:.1} GB", n.step.total, n.memory.total / 1e9);
-        }
+        let p = job.layout.take().unwrap();
+        let key = |l: &plan::layout::Layout| (l.tp, l.pp, l.dp, l.micro_batch, l.recompute, l.zero);
+        let r = search(&job, &cl, &opts).unwrap();
+        let best = &r.top[0];
+        let expect_best = match name.as_str() {
+            "mtnlg-530b-2240" => (8, 7, 40, 1, Recompute::Full, p.zero),
+            "mtnlg-530b-3360" => (8, 21, 20, 1, Recompute::Full, p.zero),
+            _ => key(&p),
+        };
+        assert_eq!(key(&best.layout), expect_best, "{name}");
+        let published = r
+            .top
+            .iter()
+            .find(|e| key(&e.layout) == key(&p))
+            .unwrap_or_else(|| panic!("{name}: published layout not in the top three"));
+        let margin = published.step.total / best.step.total - 1.0;
+        assert!(margin < 0.02, "{name}: {margin}");
+        // With today's options the same TP is kept and full recomputation is dropped.
+        let modern = search(&job, &cl, &SearchOptions::default()).unwrap();
+        assert_eq!(modern.top[0].layout.tp, 8, "{name}");
+        assert_ne!(modern.top[0].layout.recompute, Recompute::Full, "{name}");
     }
 }
