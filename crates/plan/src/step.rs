@@ -10,7 +10,7 @@ use crate::job::{ComputeModel, Job};
 use crate::kernels::layer_times;
 use crate::layout::{Layout, Recompute, ZeroStage};
 use crate::memory::{MemoryBreakdown, device_memory, params_per_device};
-use crate::pipeline::{bubble_fraction, bubble_time};
+use crate::pipeline::{Schedule, bubble_fraction, bubble_time};
 use crate::units::{fmt_bytes, fmt_time};
 use serde::{Deserialize, Serialize};
 
@@ -264,18 +264,33 @@ pub(crate) fn evaluate_valid(
     // s·b·h·bytes/t per device with scatter-gather (000 F42).
     let pp_link = group_link(&cluster.intra, &cluster.inter, placement(l.pp, l.tp, dpn));
     let pp_msg = s * b * h * act / (l.tp as f64 * cp);
-    let pp_comm = if l.pp > 1 {
-        2.0 * (mb * l.interleave) as f64 * pp_link.msg_time(pp_msg)
-    } else {
-        0.0
+    // Under the kernel model the interleaved schedule overlaps each send/receive with the
+    // next model chunk's compute (Megatron-Core's overlap_p2p_comm, on by default for
+    // interleaving: Megatron-LM `--no-overlap-p2p-communication` turns it off): only what
+    // exceeds one chunk's forward (or backward) stays exposed. 1F1B sends block.
+    let pp_msg_t = pp_link.msg_time(pp_msg);
+    let pp_comm = match &kernels {
+        _ if l.pp <= 1 => 0.0,
+        Some(k) if l.schedule == Schedule::Interleaved => {
+            let chunk = l.layers_per_stage(m.layers) as f64 / l.interleave.max(1) as f64;
+            (mb * l.interleave) as f64
+                * ((pp_msg_t - chunk * k.forward).max(0.0)
+                    + (pp_msg_t - chunk * k.backward).max(0.0))
+        }
+        _ => 2.0 * (mb * l.interleave) as f64 * pp_msg_t,
     };
     term(
         "pp_comm",
         &|| {
             format!(
-                "2 x m x v x (a + n/B), n = s*b*h*bytes/t = {} -> {}",
+                "2 x m x v x (a + n/B), n = s*b*h*bytes/t = {} -> {}{}",
                 fmt_bytes(pp_msg),
-                fmt_time(pp_comm)
+                fmt_time(pp_comm),
+                if kernels.is_some() && l.schedule == Schedule::Interleaved {
+                    " [overlapped: each send beyond the next chunk's compute]"
+                } else {
+                    ""
+                }
             )
         },
         pp_comm,

@@ -301,7 +301,8 @@ pub fn validate(params: FitParams) -> Result<ValidationReport> {
     })
 }
 
-/// Fits the four parameters on the dense cases marked `fit` by coordinate descent: each in
+/// Fits the three parameters (A100 BF16 ceiling, H100 ceiling for FP8 and BF16 alike, flash
+/// half length) on the dense cases marked `fit` by coordinate descent: each in
 /// turn over its grid (ceilings 0.30–1.00 in steps of 0.005, the flash half length 0–4,096
 /// tokens in steps of 64), the others fixed, minimising
 /// the mean absolute error of the fitting half, from the shipped values until none moves (at
@@ -322,10 +323,15 @@ pub fn fit() -> Result<FitParams> {
     let ceiling: Vec<f64> = (60..=200).map(|i| i as f64 * 0.005).collect();
     let half_len: Vec<f64> = (0..=64).map(|i| i as f64 * 64.0).collect();
     type Set = fn(&mut FitParams, f64);
-    let axes: [(&[f64], Set); 4] = [
+    // One H100 ceiling: the BF16 GEMMs of the FP8 runs (the LM head alone) cannot pin a
+    // second one (fitted free, it ran to 0.96 of the BF16 peak, a value no GEMM reaches),
+    // so BF16 and FP8 GEMMs reach the same fraction of their peaks.
+    let axes: [(&[f64], Set); 3] = [
         (&ceiling, |p, x| p.a100_bf16 = x),
-        (&ceiling, |p, x| p.h100_fp8 = x),
-        (&ceiling, |p, x| p.h100_bf16 = x),
+        (&ceiling, |p, x| {
+            p.h100_fp8 = x;
+            p.h100_bf16 = x;
+        }),
         (&half_len, |p, x| p.flash_half_len = x),
     ];
     let mut p = FitParams::shipped();

@@ -161,3 +161,22 @@ fn zero3_prefetch_hides_each_microbatch_under_its_own_compute() {
         (d.dp_exposed - (d.dp_comm - (j1.dp_overlap * d.dp_comm).min(d.compute))).abs() < 1e-12
     );
 }
+
+#[test]
+fn interleaved_sends_hide_under_the_next_chunk() {
+    use plan::pipeline::Schedule;
+    let j = Job::from_file(&kernels("llama2-70b", 64)).unwrap();
+    let mut l = Layout::new(8, 4, 1);
+    let one_f = evaluate(&j, &h100(4), &l).unwrap();
+    assert!(one_f.step.pp_comm > 0.0, "1F1B sends block");
+    l.schedule = Schedule::Interleaved;
+    l.interleave = 2;
+    let inter = evaluate(&j, &h100(4), &l).unwrap();
+    assert_eq!(
+        inter.step.pp_comm, 0.0,
+        "a send is shorter than a 10-layer chunk"
+    );
+    // The roofline model keeps charging every send.
+    let r = Job::from_file(&JobFile::preset("llama2-70b", 64)).unwrap();
+    assert!(evaluate(&r, &h100(4), &l).unwrap().step.pp_comm > 0.0);
+}
