@@ -1,6 +1,7 @@
 //! The published-runs suite (`crates/plan/tests/published/*.toml`): each case is a job, a
 //! cluster and what its source measured; [`validate`] predicts every case with the kernel model
-//! and compares, and [`fit`] finds the model's two free parameters on the cases marked `fit`.
+//! and compares, and [`fit`] finds the model's three free parameters (A100 ceiling, H100
+//! ceiling, flash half length) on the cases marked `fit`.
 //!
 //! Error = predicted / published − 1 on the iteration time. A published throughput converts to
 //! an iteration time as T = B·s / (tokens/s/GPU · N); a published TFLOP/s per GPU as
@@ -359,7 +360,7 @@ pub fn fit() -> Result<FitParams> {
 /// The report as a table: every case, then the means.
 pub fn render(r: &ValidationReport) -> String {
     let mut out = format!(
-        "published runs: {} cases; free parameters: GEMM ceilings A100 BF16 {:.3}, H100 BF16 {:.3}, H100 FP8 {:.3}; flash half length {:.0} tokens\n\
+        "published runs: {} cases; free parameters: GEMM ceilings A100 BF16 {:.3}, H100 BF16 {:.3} (tied to FP8), H100 FP8 {:.3}; flash half length {:.0} tokens\n\
          {:<28} {:<12} {:<6} {:>4} {:>12} {:>12} {:>8} {:>14}\n",
         r.cases.len(),
         r.params.a100_bf16,
