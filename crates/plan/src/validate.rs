@@ -42,6 +42,8 @@ pub const CASES: &[(&str, &str)] = &[
     case!("mbridge2511-llama31-405b"),
     case!("mbridge2602-llama3-70b"),
     case!("mbridge2602-llama31-405b"),
+    case!("mlperf31-gpt3-175b-512"),
+    case!("mlperf31-gpt3-175b-768"),
     case!("mtnlg-530b-2240"),
     case!("mtnlg-530b-2800"),
     case!("mtnlg-530b-3360"),
