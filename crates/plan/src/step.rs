@@ -267,15 +267,21 @@ pub(crate) fn evaluate_valid(
     // Under the kernel model the interleaved schedule overlaps each send/receive with the
     // next model chunk's compute (Megatron-Core's overlap_p2p_comm, on by default for
     // interleaving: Megatron-LM `--no-overlap-p2p-communication` turns it off): only what
-    // exceeds one chunk's forward (or backward) stays exposed. 1F1B sends block.
+    // exceeds one chunk's forward (or backward) stays exposed. The fill and the drain have no
+    // compute to hide under: the first micro-batch's activations cross all p·v − 1 virtual
+    // stage boundaries before the last stage starts its backward, and the last gradients
+    // cross them back (Megatron-Core's warm-up and cool-down phases), so 2(p·v − 1) sends sit
+    // on the critical path. 1F1B sends block (all 2·m·v charged).
     let pp_msg_t = pp_link.msg_time(pp_msg);
     let pp_comm = match &kernels {
         _ if l.pp <= 1 => 0.0,
         Some(k) if l.schedule == Schedule::Interleaved => {
             let chunk = l.layers_per_stage(m.layers) as f64 / l.interleave.max(1) as f64;
-            (mb * l.interleave) as f64
-                * ((pp_msg_t - chunk * k.forward).max(0.0)
-                    + (pp_msg_t - chunk * k.backward).max(0.0))
+            let fill_drain = 2.0 * ((l.pp * l.interleave) as f64 - 1.0) * pp_msg_t;
+            fill_drain
+                + (mb * l.interleave) as f64
+                    * ((pp_msg_t - chunk * k.forward).max(0.0)
+                        + (pp_msg_t - chunk * k.backward).max(0.0))
         }
         _ => 2.0 * (mb * l.interleave) as f64 * pp_msg_t,
     };
@@ -287,7 +293,7 @@ pub(crate) fn evaluate_valid(
                 fmt_bytes(pp_msg),
                 fmt_time(pp_comm),
                 if kernels.is_some() && l.schedule == Schedule::Interleaved {
-                    " [overlapped: each send beyond the next chunk's compute]"
+                    " [overlapped: 2(p*v-1) fill/drain sends + each send beyond the next chunk's compute]"
                 } else {
                     ""
                 }
