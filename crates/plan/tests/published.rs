@@ -59,10 +59,16 @@ fn validation_report() {
             );
         }
     }
-    // A regression guard at what the model achieved when fitted (mean 4.1%, max 14.0%), not
-    // the bar (mean 3%, max 6%), which this model does not reach: docs/PLAN.md.
-    assert!(r.dense_all.mean_abs < 0.045, "{:?}", r.dense_all);
-    assert!(r.dense_all.max_abs < 0.150, "{:?}", r.dense_all);
+    // A regression guard at what the model achieves (all 3.56% / 14.0%, held out 3.61% /
+    // 12.2%), not the bar (mean 3%, max 6%), which this model does not reach:
+    // docs/PLAN.md.
+    assert!(r.dense_all.mean_abs < 0.037, "{:?}", r.dense_all);
+    assert!(r.dense_all.max_abs < 0.145, "{:?}", r.dense_all);
+    assert!(r.dense_held_out.mean_abs < 0.038, "{:?}", r.dense_held_out);
+    // The MLPerf runs (held out, a fifth source) stay within 4%.
+    for c in r.cases.iter().filter(|c| c.group == "mlperf") {
+        assert!(c.error.abs() < 0.04, "{}: {:+.1}%", c.name, c.error * 100.0);
+    }
 }
 
 #[test]
