@@ -7,6 +7,7 @@
 //! flotilla plan --model llama2-70b --device h100 --nodes 64 --top 10
 //! flotilla plan examples/plan/llama2-70b.toml --nodes 64 --sweep-nodes 32,64,128,256
 //! flotilla plan --calibrate --out this-machine.toml   # then --cluster this-machine.toml
+//! flotilla plan --validate                            # the published-runs suite
 //! ```
 
 use std::path::PathBuf;
@@ -72,6 +73,10 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Predict every published run of the suite (crates/plan/tests/published) and print
+    /// published vs predicted iteration time, the error and the means.
+    #[arg(long)]
+    validate: bool,
     /// Measure this machine (GEMM FLOP/s, copy bandwidth, shared-memory and TCP alpha/beta)
     /// and write it as a cluster file whose device is "this-machine".
     #[arg(long)]
@@ -99,6 +104,14 @@ pub fn run(a: Args) -> Result<()> {
                 eprintln!("# wrote {}", p.display());
             }
             None => print!("{text}"),
+        }
+        return Ok(());
+    }
+    if a.validate {
+        let r = plan::validate::validate(plan::validate::FitParams::shipped())?;
+        match a.json {
+            true => println!("{}", serde_json::to_string_pretty(&r)?),
+            false => print!("{}", plan::validate::render(&r)),
         }
         return Ok(());
     }

@@ -56,6 +56,10 @@ pub struct Device {
     pub hbm_bw: f64,
     /// Board power (TDP), watts.
     pub power_w: f64,
+    /// Kernel-efficiency curve replacing the preset's ([`crate::gemm::kernel_curve`]); set by
+    /// the fit (`plan::validate::fit`), absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<crate::gemm::KernelCurve>,
 }
 
 impl Device {
@@ -109,6 +113,7 @@ pub fn unmeasured_device() -> Device {
         hbm_bytes: 0.0,
         hbm_bw: 0.0,
         power_w: 0.0,
+        kernel: None,
     }
 }
 
@@ -132,6 +137,7 @@ pub fn device_preset(name: &str) -> Result<Device> {
         hbm_bytes: hbm * GB,
         hbm_bw: bw * TB,
         power_w: w,
+        kernel: None,
     };
     Ok(match name.to_ascii_lowercase().as_str() {
         "a100-40" | "a100-40gb" => d(19.5, 156.0, 312.0, 0.0, 40.0, 1.555, 400.0),

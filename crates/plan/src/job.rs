@@ -61,6 +61,8 @@ pub struct ModelFile {
     pub gated: Option<bool>,
     /// Tied input/output embeddings.
     pub tied_embeddings: Option<bool>,
+    /// Head width when it is not hidden/heads.
+    pub head_dim: Option<u64>,
 }
 
 impl ModelFile {
@@ -91,6 +93,7 @@ impl ModelFile {
                     top_k: 1,
                     gated: false,
                     tied_embeddings: true,
+                    head_dim: None,
                 }
             }
         };
@@ -110,6 +113,9 @@ impl ModelFile {
             gated,
             tied_embeddings
         );
+        if self.head_dim.is_some() {
+            m.head_dim = self.head_dim;
+        }
         m.validate()?;
         Ok(m)
     }
@@ -142,6 +148,62 @@ pub struct TrainingFile {
     pub critical_batch: Option<f64>,
     /// Deadline in days (004 example 27.3).
     pub deadline_days: Option<f64>,
+    /// How compute is priced: "roofline" (the default: one efficiency factor for all FLOPs) or
+    /// "kernels" (each GEMM from its shape, attention as its kernel, memory-bound work from its
+    /// bytes; [`crate::kernels`]).
+    #[serde(default)]
+    pub compute_model: ComputeModel,
+    /// The attention kernel the run uses ("flash", the default, or "unfused"); `kernels` only.
+    #[serde(default)]
+    pub attention: AttentionKernel,
+    /// Causal (decoder) attention: half the score FLOPs in a flash kernel (default true).
+    #[serde(default = "d_true")]
+    pub causal: bool,
+    /// Gradient precision: "param" (the default: gradients stored like the weights), "fp32"
+    /// (FP32 main gradients, Megatron's default: 2 + 4 + 12 = 18 bytes per parameter with Adam)
+    /// or "param_and_fp32" (both, as DeepSpeed's BF16 optimizer keeps: 2 + 6 + 12 = 20).
+    #[serde(default)]
+    pub grad_precision: GradPrecision,
+}
+
+/// How the step's compute is priced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ComputeModel {
+    /// max(F/(R·eff), Q/B_mem) with the job's single efficiency factor (004 eq. 28.2).
+    #[default]
+    Roofline,
+    /// Shape-aware kernels: [`crate::kernels`].
+    Kernels,
+}
+
+/// The attention kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionKernel {
+    /// Fused (FlashAttention, Dao et al. 2022): no score matrix in HBM.
+    #[default]
+    Flash,
+    /// Two batched GEMMs around a memory-bound softmax/mask/dropout over the s×s scores.
+    Unfused,
+}
+
+/// Precision of the stored gradients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GradPrecision {
+    /// As the weights ([`Precision::bytes`]).
+    #[default]
+    Param,
+    /// FP32 (4 bytes).
+    Fp32,
+    /// A gradient like the weights plus an FP32 accumulation copy (DeepSpeed's BF16 optimizer
+    /// keeps both): 2 + 4 bytes held, the FP32 copy reduced.
+    ParamAndFp32,
+}
+
+fn d_true() -> bool {
+    true
 }
 
 fn d_eff() -> f64 {
@@ -220,6 +282,10 @@ impl JobFile {
                 dp_overlap: d_overlap(),
                 critical_batch: None,
                 deadline_days: None,
+                compute_model: ComputeModel::Roofline,
+                attention: AttentionKernel::Flash,
+                causal: true,
+                grad_precision: GradPrecision::Param,
             },
             layout: None,
             checkpoint: None,
@@ -257,6 +323,14 @@ pub struct Job {
     pub checkpoint: Option<CheckpointSpec>,
     /// Data pipeline.
     pub data: Option<DataSpec>,
+    /// How compute is priced.
+    pub compute_model: ComputeModel,
+    /// Attention kernel.
+    pub attention: AttentionKernel,
+    /// Causal attention.
+    pub causal: bool,
+    /// Gradient precision.
+    pub grad_precision: GradPrecision,
 }
 
 /// Largest global batch accepted, in sequences (2^32: far beyond any job, and small enough
@@ -323,7 +397,29 @@ impl Job {
             layout: f.layout.clone(),
             checkpoint: f.checkpoint.clone(),
             data: f.data.clone(),
+            compute_model: t.compute_model,
+            attention: t.attention,
+            causal: t.causal,
+            grad_precision: t.grad_precision,
         })
+    }
+
+    /// Bytes of one stored gradient element: the weights' bytes, or 4 with FP32 gradients.
+    pub fn grad_bytes(&self) -> f64 {
+        match self.grad_precision {
+            GradPrecision::Param => self.precision.bytes(),
+            GradPrecision::Fp32 => 4.0,
+            GradPrecision::ParamAndFp32 => self.precision.bytes() + 4.0,
+        }
+    }
+
+    /// Bytes per gradient element the data-parallel reduction moves: the weights' bytes, or 4
+    /// when an FP32 gradient is kept.
+    pub fn grad_comm_bytes(&self) -> f64 {
+        match self.grad_precision {
+            GradPrecision::Param => self.precision.bytes(),
+            GradPrecision::Fp32 | GradPrecision::ParamAndFp32 => 4.0,
+        }
     }
 
     /// Tokens per step: B·s.

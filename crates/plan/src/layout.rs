@@ -88,6 +88,25 @@ pub struct Layout {
     /// rank, as Flotilla's tensor-parallel engine does today (`train::tensor`).
     #[serde(default = "yes")]
     pub vocab_parallel: bool,
+    /// Context-parallel degree (the sequence split over `cp` devices, K/V exchanged in a ring;
+    /// Megatron-Core's context parallelism). 1 = off.
+    #[serde(default = "one")]
+    pub cp: u64,
+    /// Accept layer counts that pp × interleave does not divide: the slowest stage holds
+    /// ⌈L/(p·v)⌉ layers per virtual stage (default false: refused, as before).
+    #[serde(default)]
+    pub uneven_stages: bool,
+    /// Tensor-parallel communication overlapped with the neighbouring GEMMs (Megatron-Core /
+    /// Transformer Engine `tp_comm_overlap`); only the part longer than those GEMMs is exposed.
+    #[serde(default)]
+    pub tp_overlap: bool,
+    /// The embedding and the LM head each take one layer's slot in the pipeline split
+    /// (Megatron-Core's account_for_embedding/loss_in_pipeline_split, DeepSpeed's
+    /// `type:transformer|embedding` partition): stages hold (L + 2)/(p·v) slots per virtual
+    /// stage, the first and last one layer fewer. Default false: the last stage holds L/p layers
+    /// and the head.
+    #[serde(default)]
+    pub embedding_slots: bool,
 }
 
 fn one() -> u64 {
@@ -112,12 +131,52 @@ impl Layout {
             recompute: Recompute::None,
             sequence_parallel: true,
             vocab_parallel: true,
+            cp: 1,
+            uneven_stages: false,
+            tp_overlap: false,
+            embedding_slots: false,
         }
     }
 
-    /// Devices used: t × p × d.
+    /// Devices used: t × p × d × cp.
     pub fn devices(&self) -> u64 {
-        self.tp.saturating_mul(self.pp).saturating_mul(self.dp)
+        self.tp
+            .saturating_mul(self.pp)
+            .saturating_mul(self.dp)
+            .saturating_mul(self.cp)
+    }
+
+    /// Transformer blocks on the most loaded pipeline stage: L/p, or ⌈L/(p·v)⌉·v with uneven
+    /// stages.
+    pub fn layers_per_stage(&self, layers: u64) -> u64 {
+        let pv = self.pp.saturating_mul(self.interleave).max(1);
+        let slots = self.pipeline_slots(layers);
+        if self.uneven_stages {
+            slots.div_ceil(pv) * self.interleave.max(1)
+        } else {
+            slots / self.pp.max(1)
+        }
+    }
+
+    /// Slots the pipeline split shares out: L, or L + 2 with [`Layout::embedding_slots`].
+    pub fn pipeline_slots(&self, layers: u64) -> u64 {
+        if self.embedding_slots && self.pp > 1 {
+            layers + 2
+        } else {
+            layers
+        }
+    }
+
+    /// Compute of the slowest stage for one micro-batch, from one layer's time and the head's:
+    /// L_stage·t_layer + t_head, or with embedding slots max(S·t_layer, (S − 1)·t_layer + t_head)
+    /// with S slots per stage (the first stage's embedding lookup is negligible).
+    pub fn slowest_stage(&self, layers: u64, t_layer: f64, t_head: f64) -> f64 {
+        let per = self.layers_per_stage(layers) as f64;
+        if self.embedding_slots && self.pp > 1 {
+            (per * t_layer).max((per - 1.0) * t_layer + t_head)
+        } else {
+            per * t_layer + t_head
+        }
     }
 
     /// Micro-batches per step per pipeline: m = B / (d·b).
@@ -145,6 +204,7 @@ impl Layout {
             ("layout.ep", self.ep),
             ("layout.micro_batch", self.micro_batch),
             ("layout.interleave", self.interleave),
+            ("layout.cp", self.cp),
         ] {
             if v == 0 {
                 return Err(PlanError::Invalid {
@@ -155,10 +215,15 @@ impl Layout {
             }
         }
         if self.devices() != devices {
+            let cp = if self.cp > 1 {
+                format!(" x cp {}", self.cp)
+            } else {
+                String::new()
+            };
             return Err(bad(
                 "layout",
                 format!(
-                    "tp x pp x dp = {} x {} x {} = {} != {} devices",
+                    "tp x pp x dp = {} x {} x {}{cp} = {} != {} devices",
                     self.tp,
                     self.pp,
                     self.dp,
@@ -188,7 +253,20 @@ impl Layout {
                 format!("pp {} > layers {layers}", self.pp),
             ));
         }
-        if !layers.is_multiple_of(self.pp.saturating_mul(self.interleave)) {
+        if self.uneven_stages && self.pp.saturating_mul(self.interleave) > layers {
+            return Err(bad(
+                "layout.pp",
+                format!(
+                    "pp x interleave = {} x {} > layers {layers}",
+                    self.pp, self.interleave
+                ),
+            ));
+        }
+        if !self.uneven_stages
+            && !self
+                .pipeline_slots(layers)
+                .is_multiple_of(self.pp.saturating_mul(self.interleave))
+        {
             return Err(bad(
                 "layout.pp",
                 format!(

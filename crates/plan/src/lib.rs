@@ -28,8 +28,10 @@ pub mod cost;
 pub mod data;
 pub mod engine_memory;
 pub mod error;
+pub mod gemm;
 pub mod hardware;
 pub mod job;
+pub mod kernels;
 pub mod layout;
 pub mod lint;
 pub mod memory;
@@ -44,5 +46,6 @@ pub mod step;
 pub mod storage;
 pub mod sweep;
 pub mod units;
+pub mod validate;
 
 pub use error::{PlanError, Result};

@@ -2,7 +2,7 @@
 //! Korthikanti et al.'s per-layer formula, micro-batches in flight per schedule.
 
 use crate::cluster::Cluster;
-use crate::job::Job;
+use crate::job::{AttentionKernel, ComputeModel, Job};
 use crate::layout::{Layout, Recompute, ZeroStage};
 use crate::pipeline::in_flight;
 use serde::{Deserialize, Serialize};
@@ -88,7 +88,7 @@ impl MemoryBreakdown {
 /// whole on every TP rank: layers/p · dense / t + embedding.
 pub fn params_per_device(job: &Job, l: &Layout) -> (f64, f64) {
     let m = &job.model;
-    let layers_per_stage = (m.layers / l.pp.max(1)) as f64;
+    let layers_per_stage = l.layers_per_stage(m.layers) as f64;
     let emb = m.vocab as f64 * m.hidden as f64;
     let emb_stage = if l.pp <= 1 { m.embedding_params() } else { emb };
     let emb_split = if l.vocab_parallel { l.tp as f64 } else { 1.0 };
@@ -98,16 +98,13 @@ pub fn params_per_device(job: &Job, l: &Layout) -> (f64, f64) {
 }
 
 /// The memory of one device of `layout` (000 §2.21; the first pipeline stage is the peak).
-/// ZeRO shards dense state over dp and expert state over dp/ep.
+/// ZeRO shards dense state over dp·cp and expert state over dp/ep; context parallelism splits
+/// the sequence (activations ÷ cp).
 pub fn device_memory(job: &Job, cluster: &Cluster, l: &Layout) -> MemoryBreakdown {
     let m = &job.model;
-    let (w, g, k) = (
-        job.precision.bytes(),
-        job.precision.bytes(),
-        job.optimizer_bytes,
-    );
+    let (w, g, k) = (job.precision.bytes(), job.grad_bytes(), job.optimizer_bytes);
     let (dense, expert) = params_per_device(job, l);
-    let n_dense = l.dp;
+    let n_dense = l.dp * l.cp.max(1);
     let n_expert = (l.dp / l.ep.max(1)).max(1);
     let per = |stage_bytes: &dyn Fn(u64) -> (f64, f64, f64)| {
         let (a, b, c) = stage_bytes(n_dense);
@@ -131,7 +128,7 @@ pub fn device_memory(job: &Job, cluster: &Cluster, l: &Layout) -> MemoryBreakdow
     let scale = job.precision.bytes() / 2.0;
     let layer = |recompute| {
         activation_bytes_per_layer(
-            m.seq as f64,
+            m.seq as f64 / l.cp.max(1) as f64,
             l.micro_batch as f64,
             m.hidden as f64,
             m.heads as f64,
@@ -141,9 +138,17 @@ pub fn device_memory(job: &Job, cluster: &Cluster, l: &Layout) -> MemoryBreakdow
             scale,
         )
     };
-    let per_layer = layer(l.recompute);
+    // A flash-attention kernel never stores the s×s scores: without recomputation the layer
+    // keeps what selective recomputation keeps (Dao et al. 2022; Korthikanti et al. eq. 2
+    // without the 5as/h term). Only under the kernel model, so a job that omits
+    // `compute_model` keeps its old figure.
+    let stored = match (l.recompute, job.compute_model, job.attention) {
+        (Recompute::None, ComputeModel::Kernels, AttentionKernel::Flash) => Recompute::Selective,
+        (r, _, _) => r,
+    };
+    let per_layer = layer(stored);
     let mb = l.microbatches(job.global_batch);
-    let layers_per_stage = (m.layers / l.pp.max(1)) as f64;
+    let layers_per_stage = l.layers_per_stage(m.layers) as f64;
     let mut activations =
         per_layer * layers_per_stage * in_flight(l.schedule, l.pp, mb, l.interleave);
     if l.recompute == Recompute::Full {

@@ -37,6 +37,9 @@ pub struct ModelShape {
     /// Input embedding and output head share weights.
     #[serde(default)]
     pub tied_embeddings: bool,
+    /// Width of one attention head when it is not h/a (Qwen 3, GPT-OSS); absent: h/a.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<u64>,
 }
 
 fn custom() -> String {
@@ -96,6 +99,7 @@ pub fn model_preset(name: &str) -> Result<ModelShape> {
             top_k: 1,
             gated,
             tied_embeddings: !gated,
+            head_dim: None,
         }
     }
     let key = name.to_ascii_lowercase();
@@ -137,7 +141,9 @@ impl ModelShape {
         at_least_one("model.seq", self.seq)?;
         at_least_one("model.experts", self.experts)?;
         at_least_one("model.top_k", self.top_k)?;
-        if !self.hidden.is_multiple_of(self.heads) {
+        if let Some(d) = self.head_dim {
+            at_least_one("model.head_dim", d)?;
+        } else if !self.hidden.is_multiple_of(self.heads) {
             return Err(PlanError::Inconsistent {
                 field: "model.heads",
                 equation: format!(
@@ -164,16 +170,23 @@ impl ModelShape {
         Ok(())
     }
 
-    /// Head dimension h/a.
+    /// Head dimension: `head_dim` if given, else h/a.
     pub fn head_dim(&self) -> u64 {
-        self.hidden / self.heads
+        self.head_dim.unwrap_or(self.hidden / self.heads)
     }
 
-    /// Attention parameters per layer: Q and O are h×h, K and V are h×(kv·d_head).
+    /// Width of all query heads a·d_head (= h unless `head_dim` is given).
+    pub fn q_width(&self) -> u64 {
+        self.heads * self.head_dim()
+    }
+
+    /// Attention parameters per layer: Q and O are h×(a·d_head) (h×h when d_head = h/a), K and
+    /// V are h×(kv·d_head).
     pub fn attn_params_per_layer(&self) -> f64 {
         let h = self.hidden as f64;
+        let q = self.q_width() as f64;
         let kv = (self.kv_heads * self.head_dim()) as f64;
-        2.0 * h * h + 2.0 * h * kv
+        2.0 * h * q + 2.0 * h * kv
     }
 
     /// MLP parameters of one expert: 3·h·f gated, 2·h·f otherwise.

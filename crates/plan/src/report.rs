@@ -247,6 +247,9 @@ fn layout_cell(e: &Evaluation) -> String {
     if l.ep > 1 {
         let _ = write!(s, " ep{}", l.ep);
     }
+    if l.cp > 1 {
+        let _ = write!(s, " cp{}", l.cp);
+    }
     let _ = write!(s, " mb{} m{}", l.micro_batch, e.microbatches);
     if l.interleave > 1 {
         let _ = write!(s, " v{}", l.interleave);
@@ -341,13 +344,18 @@ pub fn render(r: &Report, explain: bool) -> String {
         let _ = writeln!(o, "\nlayout {}", layout_cell(e));
         let _ = writeln!(
             o,
-            "step {} = compute {} + bubble {} + tp {} + pp {} + ep {} + dp {} (of {}) + optimizer {}",
+            "step {} = compute {} + bubble {} + tp {} + pp {} + ep {}{} + dp {} (of {}) + optimizer {}",
             fmt_time(st.total),
             fmt_time(st.compute),
             fmt_time(st.bubble),
             fmt_time(st.tp_comm),
             fmt_time(st.pp_comm),
             fmt_time(st.ep_comm),
+            if e.layout.cp > 1 {
+                format!(" + cp {}", fmt_time(st.cp_comm))
+            } else {
+                String::new()
+            },
             fmt_time(st.dp_exposed),
             fmt_time(st.dp_comm),
             fmt_time(st.optimizer)

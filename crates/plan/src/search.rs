@@ -21,6 +21,24 @@ pub struct SearchOptions {
     pub max_interleave: u64,
     /// Allow TP groups larger than a node (000 Q9 says never; off by default).
     pub tp_across_nodes: bool,
+    /// Recomputation modes to try (default: none, selective, full). A framework without
+    /// selective recomputation (before Korthikanti et al. 2022) is searched with none and full.
+    #[serde(default = "all_recompute")]
+    pub recompute: Vec<Recompute>,
+    /// Whether the layouts use sequence parallelism when tp > 1 (default true; false for a
+    /// framework without it).
+    #[serde(default = "yes")]
+    pub sequence_parallel: bool,
+}
+
+/// Every recomputation mode.
+fn all_recompute() -> Vec<Recompute> {
+    vec![Recompute::None, Recompute::Selective, Recompute::Full]
+}
+
+/// Serde default `true`.
+fn yes() -> bool {
+    true
 }
 
 impl Default for SearchOptions {
@@ -30,6 +48,8 @@ impl Default for SearchOptions {
             micro_batches: vec![1, 2, 4, 8],
             max_interleave: 4,
             tp_across_nodes: false,
+            recompute: all_recompute(),
+            sequence_parallel: true,
         }
     }
 }
@@ -128,9 +148,7 @@ pub fn search(job: &Job, cluster: &Cluster, opts: &SearchOptions) -> Result<Sear
                             if dp == 1 && zero != ZeroStage::None {
                                 continue;
                             }
-                            for recompute in
-                                [Recompute::None, Recompute::Selective, Recompute::Full]
-                            {
+                            for &recompute in &opts.recompute {
                                 let l = Layout {
                                     tp,
                                     pp,
@@ -141,8 +159,9 @@ pub fn search(job: &Job, cluster: &Cluster, opts: &SearchOptions) -> Result<Sear
                                     schedule,
                                     zero,
                                     recompute,
-                                    sequence_parallel: true,
+                                    sequence_parallel: opts.sequence_parallel,
                                     vocab_parallel: true,
+                                    ..Layout::new(tp, pp, dp)
                                 };
                                 let e = evaluate_valid(job, cluster, &l, false)?;
                                 evaluated += 1;

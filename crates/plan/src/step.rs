@@ -6,10 +6,11 @@
 use crate::cluster::Cluster;
 use crate::collectives::{Placement, all_to_all, group_all_reduce, group_link, placement};
 use crate::error::Result;
-use crate::job::Job;
+use crate::job::{ComputeModel, Job};
+use crate::kernels::layer_times;
 use crate::layout::{Layout, Recompute, ZeroStage};
 use crate::memory::{MemoryBreakdown, device_memory, params_per_device};
-use crate::pipeline::{bubble_fraction, bubble_time};
+use crate::pipeline::{Schedule, bubble_fraction, bubble_time};
 use crate::units::{fmt_bytes, fmt_time};
 use serde::{Deserialize, Serialize};
 
@@ -39,6 +40,9 @@ pub struct StepBreakdown {
     pub pp_comm: f64,
     /// Expert-parallel all-to-all.
     pub ep_comm: f64,
+    /// Context-parallel K/V exchange not hidden under attention (kernel model).
+    #[serde(default)]
+    pub cp_comm: f64,
     /// Data-parallel (or ZeRO) communication before overlap.
     pub dp_comm: f64,
     /// The part of `dp_comm` not hidden under compute.
@@ -120,7 +124,10 @@ pub(crate) fn evaluate_valid(
     let (s, h) = (m.seq as f64, m.hidden as f64);
     let b = l.micro_batch as f64;
     let mb = l.microbatches(job.global_batch);
-    let layers_stage = (m.layers / l.pp) as f64;
+    let layers_stage = l.layers_per_stage(m.layers) as f64;
+    let cp = l.cp.max(1) as f64;
+    let kernels =
+        (job.compute_model == ComputeModel::Kernels).then(|| layer_times(job, cluster, l));
     let act = job.precision.bytes();
     let dpn = cluster.devices_per_node;
 
@@ -142,22 +149,45 @@ pub(crate) fn evaluate_valid(
     let q_dev = 3.0 * memory.params_local * job.precision.bytes();
     let t_flop = f_dev / (peak * job.efficiency);
     let t_mem = q_dev / cluster.device.hbm_bw;
-    let t_mb = t_flop.max(t_mem);
+    let t_mb = match &kernels {
+        Some(k) => l.slowest_stage(m.layers, k.layer(), k.head),
+        None => t_flop.max(t_mem),
+    };
     let compute = mb as f64 * t_mb;
-    term(
-        "compute",
-        &|| {
-            format!(
-                "m x max(F/(R*eff), Q/B_mem) = {mb} x max({f_dev:.3e}/({peak:.3e}*{}), {}/{:.3e}) = {}",
-                job.efficiency,
-                fmt_bytes(q_dev),
-                cluster.device.hbm_bw,
-                fmt_time(compute)
-            )
-        },
-        compute,
-        "000 F23 (6N), 004 eq. 28.2",
-    );
+    match &kernels {
+        Some(k) => term(
+            "compute",
+            &|| {
+                format!(
+                    "m x (L_stage x (fwd + bwd + recompute) + head) = {mb} x ({layers_stage} x ({} + {} + {}) + {}) = {} [GEMM {}, attention {}, memory-bound {} per layer]",
+                    fmt_time(k.forward),
+                    fmt_time(k.backward),
+                    fmt_time(k.recompute),
+                    fmt_time(k.head),
+                    fmt_time(compute),
+                    fmt_time(k.gemm),
+                    fmt_time(k.attention),
+                    fmt_time(k.memory_bound)
+                )
+            },
+            compute,
+            "kernels: GEMM tile/wave quantisation, flash attention, bytes/bandwidth (docs/PLAN.md)",
+        ),
+        None => term(
+            "compute",
+            &|| {
+                format!(
+                    "m x max(F/(R*eff), Q/B_mem) = {mb} x max({f_dev:.3e}/({peak:.3e}*{}), {}/{:.3e}) = {}",
+                    job.efficiency,
+                    fmt_bytes(q_dev),
+                    cluster.device.hbm_bw,
+                    fmt_time(compute)
+                )
+            },
+            compute,
+            "000 F23 (6N), 004 eq. 28.2",
+        ),
+    }
     let bf = bubble_fraction(l.schedule, l.pp, mb, l.interleave);
     let bubble = bubble_time(l.schedule, l.pp, mb, l.interleave, t_mb);
     term(
@@ -179,11 +209,16 @@ pub(crate) fn evaluate_valid(
     // TP/SP: 4 all-reduces (or AG+RS pairs) of s·b·h per layer per micro-batch, 6 with full
     // recomputation (000 F46–F47).
     let tp_pl = placement(l.tp, 1, dpn);
-    let tp_msg = s * b * h * act;
-    let n_tp = if l.recompute == Recompute::Full {
-        6.0
-    } else {
-        4.0
+    let tp_msg = s * b * h * act / cp;
+    let sp = l.sequence_parallel && l.tp > 1;
+    // Under the kernel model sequence parallelism's backward also re-gathers the two
+    // all-gathered inputs for the weight gradients (Megatron does not keep them; Korthikanti
+    // et al. §4.2.2): two all-gathers = one all-reduce more per layer.
+    let n_tp = match (l.recompute == Recompute::Full, kernels.is_some() && sp) {
+        (true, true) => 7.0,
+        (false, true) => 5.0,
+        (true, false) => 6.0,
+        (false, false) => 4.0,
     };
     let t_tp1 = group_all_reduce(
         &cluster.intra,
@@ -193,12 +228,16 @@ pub(crate) fn evaluate_valid(
         tp_pl,
         cluster.ring,
     );
-    let tp_comm = mb as f64 * layers_stage * n_tp * t_tp1;
+    let tp_layer = match (&kernels, l.tp_overlap) {
+        (Some(k), true) => (n_tp * t_tp1 - k.gemm).max(0.0),
+        _ => n_tp * t_tp1,
+    };
+    let tp_comm = mb as f64 * layers_stage * tp_layer;
     term(
         "tp_comm",
         &|| {
             format!(
-                "m x L/p x {n_tp} x AR({}, t={}) = {mb} x {layers_stage} x {n_tp} x {} = {}{}",
+                "m x L/p x {n_tp} x AR({}, t={}) = {mb} x {layers_stage} x {n_tp} x {} = {}{}{}",
                 fmt_bytes(tp_msg),
                 l.tp,
                 fmt_time(t_tp1),
@@ -207,6 +246,13 @@ pub(crate) fn evaluate_valid(
                     ""
                 } else {
                     " [crosses nodes]"
+                },
+                match (&kernels, l.tp_overlap) {
+                    (Some(k), true) => format!(
+                        " [overlapped: per layer max(0, comm - GEMM {})]",
+                        fmt_time(k.gemm)
+                    ),
+                    _ => String::new(),
                 }
             )
         },
@@ -217,19 +263,40 @@ pub(crate) fn evaluate_valid(
     // PP: one activation send forward and one gradient back per micro-batch and virtual stage;
     // s·b·h·bytes/t per device with scatter-gather (000 F42).
     let pp_link = group_link(&cluster.intra, &cluster.inter, placement(l.pp, l.tp, dpn));
-    let pp_msg = s * b * h * act / l.tp as f64;
-    let pp_comm = if l.pp > 1 {
-        2.0 * (mb * l.interleave) as f64 * pp_link.msg_time(pp_msg)
-    } else {
-        0.0
+    let pp_msg = s * b * h * act / (l.tp as f64 * cp);
+    // Under the kernel model the interleaved schedule overlaps each send/receive with the
+    // next model chunk's compute (Megatron-Core's overlap_p2p_comm, on by default for
+    // interleaving: Megatron-LM `--no-overlap-p2p-communication` turns it off): only what
+    // exceeds one chunk's forward (or backward) stays exposed. The fill and the drain have no
+    // compute to hide under: the first micro-batch's activations cross all p·v − 1 virtual
+    // stage boundaries before the last stage starts its backward, and the last gradients
+    // cross them back (Megatron-Core's warm-up and cool-down phases), so 2(p·v − 1) sends sit
+    // on the critical path. 1F1B sends block (all 2·m·v charged).
+    let pp_msg_t = pp_link.msg_time(pp_msg);
+    let pp_comm = match &kernels {
+        _ if l.pp <= 1 => 0.0,
+        Some(k) if l.schedule == Schedule::Interleaved => {
+            let chunk = l.layers_per_stage(m.layers) as f64 / l.interleave.max(1) as f64;
+            let fill_drain = 2.0 * ((l.pp * l.interleave) as f64 - 1.0) * pp_msg_t;
+            fill_drain
+                + (mb * l.interleave) as f64
+                    * ((pp_msg_t - chunk * k.forward).max(0.0)
+                        + (pp_msg_t - chunk * k.backward).max(0.0))
+        }
+        _ => 2.0 * (mb * l.interleave) as f64 * pp_msg_t,
     };
     term(
         "pp_comm",
         &|| {
             format!(
-                "2 x m x v x (a + n/B), n = s*b*h*bytes/t = {} -> {}",
+                "2 x m x v x (a + n/B), n = s*b*h*bytes/t = {} -> {}{}",
                 fmt_bytes(pp_msg),
-                fmt_time(pp_comm)
+                fmt_time(pp_comm),
+                if kernels.is_some() && l.schedule == Schedule::Interleaved {
+                    " [overlapped: 2(p*v-1) fill/drain sends + each send beyond the next chunk's compute]"
+                } else {
+                    ""
+                }
             )
         },
         pp_comm,
@@ -258,10 +325,39 @@ pub(crate) fn evaluate_valid(
         "000 F50, F59",
     );
 
+    // CP: each rank's K and V (b·s/cp·2·kv·d/t elements) go round the cp ring, (cp-1) hops
+    // forward and, with their gradients, 3(cp-1) in the backward; hidden under the attention
+    // core the ring overlaps with (Megatron-Core context parallelism). Kernel model only.
+    let cp_comm = match &kernels {
+        Some(k) if l.cp > 1 => {
+            let pl = placement(l.cp, l.tp, dpn);
+            let link = group_link(&cluster.intra, &cluster.inter, pl);
+            let kv_rank = (m.kv_heads as f64 / l.tp as f64).max(1.0) * m.head_dim() as f64;
+            let chunk = b * s / cp * 2.0 * kv_rank * act;
+            let ring = 4.0 * (cp - 1.0) * link.msg_time(chunk);
+            mb as f64 * layers_stage * (ring - k.attention).max(0.0)
+        }
+        _ => 0.0,
+    };
+    if kernels.is_some() {
+        term(
+            "cp_comm",
+            &|| {
+                format!(
+                    "m x L/p x max(4(cp-1) x (a + KV/B) - attention, 0), cp = {} = {}",
+                    l.cp,
+                    fmt_time(cp_comm)
+                )
+            },
+            cp_comm,
+            "Megatron-Core context parallelism; 004 eq. 28.10",
+        );
+    }
+
     // DP: gradient all-reduce (2 half-units), ZeRO-2 m reduce-scatters + 1 all-gather, ZeRO-3
     // 2m all-gathers + m reduce-scatters (000 F20: FSDP ≈ 3 units vs DDP 2 at m = 1).
     let (dense, expert) = params_per_device(job, l);
-    let g = job.precision.bytes();
+    let g = job.grad_comm_bytes();
     let units = match l.zero {
         ZeroStage::None | ZeroStage::Optimizer => 2.0,
         ZeroStage::Gradients => mb as f64 + 1.0,
@@ -279,10 +375,22 @@ pub(crate) fn evaluate_valid(
         ) / 2.0
     };
     let ep = l.ep.max(1);
-    let dp_comm =
-        units * (half_ar(dense * g, l.dp, stride) + half_ar(expert * g, l.dp / ep, stride * ep));
-    let overlap = (job.dp_overlap * dp_comm).min(compute);
-    let dp_exposed = dp_comm - overlap;
+    let dp_comm = units
+        * (half_ar(dense * g, l.dp * l.cp.max(1), stride)
+            + half_ar(expert * g, l.dp / ep, stride * ep));
+    // ZeRO-3 under the kernel model: its traffic comes per micro-batch (units = 3m), and each
+    // micro-batch's gathers and reduce-scatters are prefetched under that micro-batch's own
+    // layers (PyTorch FSDP and Megatron-FSDP forward/backward prefetch: Zhao et al. 2023,
+    // "PyTorch FSDP", §3.3). Only the first micro-batch's share pays the default overlap
+    // rule; the other m-1 expose only what exceeds their compute. Other stages, and the
+    // roofline model, keep one overlap of the whole step's traffic.
+    let dp_exposed = if kernels.is_some() && l.zero == ZeroStage::Parameters && mb > 1 {
+        let per_mb = dp_comm / mb as f64;
+        per_mb - (job.dp_overlap * per_mb).min(t_mb) + (mb - 1) as f64 * (per_mb - t_mb).max(0.0)
+    } else {
+        dp_comm - (job.dp_overlap * dp_comm).min(compute)
+    };
+    let overlap = dp_comm - dp_exposed;
     term(
         "dp_comm",
         &|| {
@@ -308,13 +416,14 @@ pub(crate) fn evaluate_valid(
         "004 eq. 28.2",
     );
 
-    let total = compute + bubble + tp_comm + pp_comm + ep_comm + dp_exposed + optimizer;
+    let total = compute + bubble + tp_comm + pp_comm + ep_comm + cp_comm + dp_exposed + optimizer;
     let step = StepBreakdown {
         compute,
         bubble,
         tp_comm,
         pp_comm,
         ep_comm,
+        cp_comm,
         dp_comm,
         dp_exposed,
         optimizer,
@@ -352,6 +461,7 @@ pub(crate) fn evaluate_valid(
         ("tp_comm", tp_comm),
         ("pp_comm", pp_comm),
         ("ep_comm", ep_comm),
+        ("cp_comm", cp_comm),
         ("dp_comm", dp_exposed),
         ("optimizer", optimizer),
     ];

@@ -1,0 +1,188 @@
+//! The kernel model's new inputs: each changes what it should and nothing when omitted.
+
+use plan::cluster::{Cluster, ClusterFile};
+use plan::job::{ComputeModel, GradPrecision, Job, JobFile};
+use plan::layout::{Layout, Recompute};
+use plan::step::evaluate;
+
+fn h100(nodes: u64) -> Cluster {
+    Cluster::from_file(&ClusterFile::preset("h100", nodes)).unwrap()
+}
+
+fn kernels(model: &str, batch: u64) -> JobFile {
+    let mut f = JobFile::preset(model, batch);
+    f.training.compute_model = ComputeModel::Kernels;
+    f
+}
+
+#[test]
+fn omitted_fields_keep_the_old_figures() {
+    let text = "[model]\npreset = \"llama2-7b\"\n[training]\nglobal_batch = 64\n[layout]\ntp = 8\npp = 1\ndp = 4\n";
+    let j = Job::from_file(&JobFile::from_toml(text).unwrap()).unwrap();
+    let l = j.layout.clone().unwrap();
+    assert_eq!(
+        (l.cp, l.uneven_stages, l.tp_overlap, l.embedding_slots),
+        (1, false, false, false)
+    );
+    assert_eq!(j.compute_model, ComputeModel::Roofline);
+    let old = evaluate(
+        &Job::from_file(&JobFile::preset("llama2-7b", 64)).unwrap(),
+        &h100(4),
+        &l,
+    )
+    .unwrap();
+    let new = evaluate(&j, &h100(4), &l).unwrap();
+    assert_eq!(old.step, new.step);
+    assert_eq!(old.memory, new.memory);
+}
+
+#[test]
+fn fp32_gradients_are_eighteen_bytes_per_parameter() {
+    let mut f = JobFile::preset("llama2-7b", 8);
+    f.training.grad_precision = GradPrecision::Fp32;
+    let j = Job::from_file(&f).unwrap();
+    let e = evaluate(&j, &h100(1), &Layout::new(8, 1, 1)).unwrap();
+    let m = &e.memory;
+    let per_param = (m.weights + m.grads + m.optimizer) / m.params_local;
+    assert!((per_param - 18.0).abs() < 1e-9, "{per_param}");
+}
+
+#[test]
+fn uneven_stages_are_accepted_only_when_asked() {
+    let j = Job::from_file(&kernels("llama2-7b", 64)).unwrap();
+    let mut l = Layout::new(1, 3, 8);
+    assert!(evaluate(&j, &h100(3), &l).is_err());
+    l.uneven_stages = true;
+    let e = evaluate(&j, &h100(3), &l).unwrap();
+    assert_eq!(l.layers_per_stage(32), 11);
+    assert!(e.step.total > 0.0);
+}
+
+#[test]
+fn sequence_parallel_charges_the_recompute_all_gather() {
+    // Kernel model: 5 all-reduce equivalents per layer with SP, 4 without.
+    let j = Job::from_file(&kernels("llama2-70b", 64)).unwrap();
+    let mut l = Layout::new(8, 1, 8);
+    let sp = evaluate(&j, &h100(8), &l).unwrap().step.tp_comm;
+    l.sequence_parallel = false;
+    let plain = evaluate(&j, &h100(8), &l).unwrap().step.tp_comm;
+    assert!((sp / plain - 1.25).abs() < 1e-9, "{sp} {plain}");
+}
+
+#[test]
+fn causal_flash_attention_is_cheaper_at_long_context() {
+    let mut f = kernels("llama3-8b", 16);
+    f.model.seq = Some(32768);
+    let causal = evaluate(
+        &Job::from_file(&f).unwrap(),
+        &h100(2),
+        &Layout::new(8, 1, 2),
+    )
+    .unwrap();
+    f.training.causal = false;
+    let full = evaluate(
+        &Job::from_file(&f).unwrap(),
+        &h100(2),
+        &Layout::new(8, 1, 2),
+    )
+    .unwrap();
+    assert!(full.step.compute > 1.3 * causal.step.compute);
+}
+
+#[test]
+fn context_parallelism_splits_activations() {
+    let j = Job::from_file(&kernels("llama3-8b", 16)).unwrap();
+    let mut l = Layout::new(8, 1, 2);
+    l.recompute = Recompute::None;
+    let one = evaluate(&j, &h100(2), &l).unwrap();
+    l.dp = 1;
+    l.cp = 2;
+    let two = evaluate(&j, &h100(2), &l).unwrap();
+    assert!((one.memory.activations / two.memory.activations - 2.0).abs() < 1e-9);
+}
+
+/// Issue 30: the 175B / 1,024-GPU layout search stays under a second with the kernel model
+/// (about 1 ms in release, `examples/search_bench.rs`; the bound leaves room for debug builds
+/// on a loaded machine).
+#[test]
+fn kernel_model_search_175b_on_1024_gpus_under_a_second() {
+    use plan::search::{SearchOptions, search};
+    let job = Job::from_file(&kernels("gpt3-175b", 1536)).unwrap();
+    let t = std::time::Instant::now();
+    let r = search(&job, &h100(128), &SearchOptions::default()).unwrap();
+    let took = t.elapsed();
+    assert!(r.evaluated > 1000 && !r.top.is_empty(), "{}", r.evaluated);
+    assert!(took.as_secs_f64() < 1.0, "{took:?}");
+}
+
+/// Qwen 3 style heads wider than h/a: Q and O are h × (a·d), K and V h × (kv·d); omitting
+/// `head_dim` keeps h/a.
+#[test]
+fn head_dim_sets_the_attention_width() {
+    let text = "[model]\nlayers = 48\nhidden = 2048\nheads = 32\nkv_heads = 4\nhead_dim = 128\nffn = 768\nvocab = 151936\nseq = 4096\n[training]\nglobal_batch = 8\n";
+    let j = Job::from_file(&JobFile::from_toml(text).unwrap()).unwrap();
+    let (h, q, kv) = (2048.0, 32.0 * 128.0, 4.0 * 128.0);
+    assert_eq!(j.model.attn_params_per_layer(), 2.0 * h * q + 2.0 * h * kv);
+    let mut f = JobFile::preset("llama2-7b", 8);
+    f.model.head_dim = None;
+    let j = Job::from_file(&f).unwrap();
+    assert_eq!(j.model.head_dim(), 128);
+    assert_eq!(j.model.attn_params_per_layer(), 4.0 * 4096.0 * 4096.0);
+}
+
+#[test]
+fn zero3_prefetch_hides_each_microbatch_under_its_own_compute() {
+    use plan::layout::ZeroStage;
+    let j = Job::from_file(&kernels("llama2-7b", 64)).unwrap();
+    let mut l = Layout::new(1, 1, 8);
+    l.zero = ZeroStage::Parameters;
+    let e = evaluate(&j, &h100(1), &l).unwrap();
+    let s = &e.step;
+    let m = e.microbatches as f64;
+    assert!(m > 1.0);
+    let per_mb = s.dp_comm / m;
+    let t_mb = s.compute / m;
+    assert!(per_mb < t_mb, "NVLink traffic fits under compute");
+    // Only the first micro-batch's share is exposed, at the default overlap (75% hidden).
+    let expect = per_mb - (j.dp_overlap * per_mb).min(t_mb);
+    assert!(
+        (s.dp_exposed - expect).abs() < 1e-12,
+        "{} vs {expect}",
+        s.dp_exposed
+    );
+    // The whole-step rule would expose m times as much.
+    assert!(s.dp_exposed < (1.0 - j.dp_overlap) * s.dp_comm / 2.0);
+    // One micro-batch: the whole-step rule, unchanged.
+    let j1 = Job::from_file(&kernels("llama2-7b", 8)).unwrap();
+    let e1 = evaluate(&j1, &h100(1), &l).unwrap();
+    assert_eq!(e1.microbatches, 1);
+    let d = &e1.step;
+    assert!(
+        (d.dp_exposed - (d.dp_comm - (j1.dp_overlap * d.dp_comm).min(d.compute))).abs() < 1e-12
+    );
+}
+
+#[test]
+fn interleaved_sends_hide_under_the_next_chunk() {
+    use plan::pipeline::Schedule;
+    let j = Job::from_file(&kernels("llama2-70b", 64)).unwrap();
+    let mut l = Layout::new(8, 4, 1);
+    let one_f = evaluate(&j, &h100(4), &l).unwrap();
+    assert!(one_f.step.pp_comm > 0.0, "1F1B sends block");
+    l.schedule = Schedule::Interleaved;
+    l.interleave = 2;
+    let inter = evaluate(&j, &h100(4), &l).unwrap();
+    // A send is shorter than a 10-layer chunk: only the 2(p·v − 1) fill and drain sends stay,
+    // where 1F1B charges two per micro-batch (one send = 1F1B total / (2·m)).
+    let send = one_f.step.pp_comm / (2.0 * one_f.microbatches as f64);
+    let fill_drain = 2.0 * (4.0 * 2.0 - 1.0) * send;
+    assert!(
+        (inter.step.pp_comm - fill_drain).abs() < 1e-12,
+        "{}",
+        inter.step.pp_comm
+    );
+    assert!(inter.step.pp_comm < one_f.step.pp_comm);
+    // The roofline model keeps charging every send.
+    let r = Job::from_file(&JobFile::preset("llama2-70b", 64)).unwrap();
+    assert!(evaluate(&r, &h100(4), &l).unwrap().step.pp_comm > 0.0);
+}
