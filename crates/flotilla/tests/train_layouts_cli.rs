@@ -261,6 +261,27 @@ fn dp2_x_tp2_prints_the_forecast_beside_the_measurement() {
     }
 }
 
+/// PP2 x TP2 with sequence parallelism (each stage's TP ranks keep half the rows and send the
+/// next stage only those) and recompute: the losses of PP2 x TP2 within float summation order.
+#[test]
+fn pp2_x_tp2_with_sequence_parallelism_and_recompute_trains_the_plain_losses() {
+    let _one = serial();
+    let pp_tp = ["--nproc", "4", "--tp", "2", "--pp", "2", "--batch", "2"];
+    let extra = ["--steps", "3", "--max-restarts", "0", "--grad-accum", "2"];
+    let plain = train_ok(&pp_tp, &extra);
+    let mut sp = pp_tp.to_vec();
+    sp.extend_from_slice(&["--sp", "--recompute"]);
+    let with = train_ok(&sp, &extra);
+    let (a, b) = (loss_values(&with), loss_values(&plain));
+    assert_eq!(a.len(), 3, "{with}");
+    for (x, y) in a.iter().zip(&b) {
+        assert!(
+            (x - y).abs() <= 1e-4 * y.abs(),
+            "--sp --recompute loss {x} vs {y}"
+        );
+    }
+}
+
 /// The state line's three measured and three planned megabytes.
 fn state_mb(out: &str) -> ([f64; 3], [f64; 3]) {
     let line = out

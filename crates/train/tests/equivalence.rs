@@ -205,6 +205,16 @@ fn pipeline_run(
     kind: ScheduleKind,
     zero1: bool,
 ) -> Run {
+    pipeline_sp_run(cfg, shape, kind, (zero1, false))
+}
+
+/// [`pipeline_run`] with sequence parallelism inside the TP stages when `sequence`.
+fn pipeline_sp_run(
+    cfg: TrainConfig,
+    shape: (usize, usize, usize),
+    kind: ScheduleKind,
+    (zero1, sequence): (bool, bool),
+) -> Run {
     let (dp, pp, tp) = shape;
     ranks(dp * pp * tp, move |g| {
         let mesh = DeviceMesh::new(&g, MeshShape::new(dp, pp, tp), false).expect("mesh");
@@ -212,7 +222,7 @@ fn pipeline_run(
             let (pp, dp) = (mesh.pp().clone(), mesh.dp().clone());
             PipelineStage::with_zero(cfg.clone(), pp, dp, kind, Stage::One)
         } else {
-            PipelineStage::on_mesh(cfg.clone(), &mesh, kind)
+            PipelineStage::on_mesh_with(cfg.clone(), &mesh, kind, sequence)
         }
         .expect("stage");
         let (mut losses, mut norms) = (vec![], vec![]);
@@ -438,6 +448,11 @@ fn layouts() -> Vec<Layout> {
         (
             "pp2 tp2",
             Box::new(move || pipeline_run(gpt2(4, 2), (1, 2, 2), one, false)),
+            Some("gpt2 b4 a2"),
+        ),
+        (
+            "pp2 tp2 sp",
+            Box::new(move || pipeline_sp_run(gpt2(4, 2), (1, 2, 2), one, (false, true))),
             Some("gpt2 b4 a2"),
         ),
         // Mixture of experts.

@@ -219,9 +219,21 @@ impl PipelineStage {
     /// mesh. Ends where one process with `grad_accum = m` on the global batch of
     /// `cfg.batch x dp` rows ends, up to float summation order; repeated runs are
     /// bit-identical. Errors naming `expert_parallel` when the mesh has `ep > 1`; with
-    /// `tp > 1`, `tp` when it does not divide the heads, kv_heads or ffn, `recompute` (not
-    /// built with TP); else as `with_data_parallel`.
+    /// `tp > 1`, `tp` when it does not divide the heads, kv_heads or ffn; else as
+    /// `with_data_parallel`.
     pub fn on_mesh(cfg: TrainConfig, mesh: &DeviceMesh, kind: ScheduleKind) -> Result<Self> {
+        Self::on_mesh_with(cfg, mesh, kind, false)
+    }
+
+    /// [`PipelineStage::on_mesh`] with Megatron sequence parallelism inside the TP stages when
+    /// `sequence`: each TP rank keeps `N/tp` rows of the residual stream, so a stage sends the
+    /// next one only its rows (the same-TP-index ranks pair up), `(N/tp, C)` per message.
+    pub fn on_mesh_with(
+        cfg: TrainConfig,
+        mesh: &DeviceMesh,
+        kind: ScheduleKind,
+        sequence: bool,
+    ) -> Result<Self> {
         let shape = mesh.shape();
         if shape.ep > 1 {
             return Err(config_err(
@@ -232,21 +244,26 @@ impl PipelineStage {
         }
         let (pp, dp, tp) = (mesh.pp().clone(), mesh.dp().clone(), mesh.tp().clone());
         let stages = pp.size();
+        let tp = (tp, sequence);
         Self::build(cfg, pp, stages, (Some(dp), Some(tp)), kind, false)
     }
 
     /// The stage of `group` with the optional data-parallel and tensor-parallel groups
-    /// `(dp, tp)` (a TP group of one rank is no tensor parallelism).
+    /// `(dp, tp)` (a TP group of one rank is no tensor parallelism; its flag: sequence
+    /// parallelism).
     fn build(
         cfg: TrainConfig,
         group: ProcessGroup,
         stages: usize,
-        (dp, tp): (Option<ProcessGroup>, Option<ProcessGroup>),
+        (dp, tp): (Option<ProcessGroup>, Option<(ProcessGroup, bool)>),
         kind: ScheduleKind,
         zero: bool,
     ) -> Result<Self> {
         cfg.validate()?;
-        let tp = tp.filter(|t| t.size() > 1);
+        let (tp, sequence) = match tp {
+            Some((t, s)) if t.size() > 1 => (Some(t), s),
+            _ => (None, false),
+        };
         if let Some(t) = &tp {
             check_tensor_parallel(&cfg.model, t.size())?;
         }
@@ -294,12 +311,9 @@ impl PipelineStage {
         for _ in 0..slots_needed {
             let recompute = vec![cfg.recompute; cfg.model.layers];
             let (b, t) = (cfg.batch, cfg.seq_len);
+            let split = (degree, sequence);
             models.push(Model::<f32>::split_in_place(
-                &cfg.model,
-                b,
-                t,
-                recompute,
-                (degree, false),
+                &cfg.model, b, t, recompute, split,
             )?);
         }
         let layout = model::layout::Layout::new(&cfg.model);
@@ -327,7 +341,7 @@ impl PipelineStage {
         let (norm_ranges, tensor) = match tp {
             None => (chunks.iter().map(|c| c.range.clone()).collect(), None),
             Some(g) => {
-                let part = TensorPart::new(&cfg, g, &layout, &chunks)?;
+                let part = TensorPart::new(&cfg, (g, sequence), &layout, &chunks)?;
                 part.shard_blocks(&layout, &chunks, &mut params)?;
                 (part.owned.clone(), Some(part))
             }

@@ -281,7 +281,14 @@ impl PipelineStage {
         for u in &self.updates {
             self.grads[u.part.range.clone()].fill(0.0);
         }
-        let nc = self.cfg.micro_tokens() * self.cfg.model.d_model;
+        // A message is the residual stream (N, C), or under sequence parallelism this TP
+        // rank's rows of it.
+        let nc = self.cfg.micro_tokens() * self.cfg.model.d_model
+            / self
+                .tensor
+                .as_ref()
+                .filter(|t| t.sequence)
+                .map_or(1, |t| t.group.size());
         let mut losses = vec![f64::NAN; m];
         let (mut compute, mut wait) = (0.0f64, 0.0f64);
         // Micro-batch -> slot, free slots, received tensors and tensors waiting to be sent.

@@ -65,6 +65,8 @@ pub(super) struct TensorPart {
     pub(super) owned: Vec<Range<usize>>,
     /// The parts of `owned` whose gradients this rank counts in the norm.
     pub(super) counted: Vec<Range<usize>>,
+    /// Whether the residual stream is split by rows over the group (sequence parallelism).
+    pub(super) sequence: bool,
 }
 
 /// Checks that `tp` ranks can split every block of `model` ([`check_tp`]: whole heads per
@@ -135,7 +137,7 @@ impl TensorPart {
     /// Rank `group.rank()` of the `group.size()`-way TP group of a stage holding `chunks`.
     pub(super) fn new(
         cfg: &TrainConfig,
-        group: ProcessGroup,
+        (group, sequence): (ProcessGroup, bool),
         layout: &Layout,
         chunks: &[Chunk],
     ) -> Result<Self> {
@@ -148,6 +150,7 @@ impl TensorPart {
             plan,
             owned,
             counted,
+            sequence,
         })
     }
 
@@ -195,7 +198,8 @@ fn sum_exactly(group: &ProcessGroup, mine: f64) -> Result<f64> {
 /// the whole model's addresses ([`Model::split_in_place`]).
 pub(super) struct Slot {
     model: Model<f32>,
-    group: Option<ProcessGroup>,
+    /// The TP group and whether it splits the rows too (sequence parallelism).
+    group: Option<(ProcessGroup, bool)>,
 }
 
 /// What a slot's units read: the worker threads and the stage's parameters.
@@ -209,7 +213,7 @@ impl Slot {
     pub(super) fn new(model: Model<f32>, tensor: Option<&TensorPart>) -> Self {
         Self {
             model,
-            group: tensor.map(|t| t.group.clone()),
+            group: tensor.map(|t| (t.group.clone(), t.sequence)),
         }
     }
 
@@ -218,7 +222,10 @@ impl Slot {
         &mut self,
         f: impl FnOnce(&mut Model<f32>, &mut dyn BlockComm<f32>) -> Result<R>,
     ) -> Result<R> {
-        let mut group = self.group.as_ref().map(TpGroup::new);
+        let mut group = self.group.as_ref().map(|(g, sequence)| TpGroup {
+            sequence: *sequence,
+            ..TpGroup::new(g)
+        });
         let mut alone = Alone;
         let comm: &mut dyn BlockComm<f32> = match &mut group {
             Some(g) => g,

@@ -197,7 +197,6 @@ impl RunConfig {
             }
             // What the mesh engines build, refused here rather than in every worker.
             let not_built = [
-                (l.sp && l.pp > 1, format!("--sp with --pp {}", l.pp)),
                 (
                     l.tp > 1 && l.pp > 1 && l.zero != 0,
                     format!("--zero {} with --tp {} and --pp {}", l.zero, l.tp, l.pp),

@@ -87,7 +87,7 @@ impl Engine {
                     value: stage.number().to_string(),
                     reason: "not built with tensor parallelism".into(),
                 }),
-                None => PipelineStage::on_mesh(train, &mesh, l.schedule),
+                None => PipelineStage::on_mesh_with(train, &mesh, l.schedule, l.sp),
             }
             .map_err(|e| refused(format!("building the pipeline stage: {e}")))?;
             Engine::Pipeline(Box::new(st))
