@@ -71,49 +71,6 @@ fn validation_report() {
     }
 }
 
-#[test]
-#[ignore]
-fn print_fit() {
-    let f = fit().unwrap();
-    println!("{f:?}");
-    println!("{}", render(&validate(f).unwrap()));
-}
-
-#[test]
-#[ignore]
-fn print_breakdowns() {
-    use plan::cluster::Cluster;
-    use plan::job::Job;
-    for (name, c) in cases().unwrap() {
-        let job = Job::from_file(&c.job).unwrap();
-        let cl = Cluster::from_file(&c.cluster).unwrap();
-        let l = job.layout.clone().unwrap();
-        let e = plan::step::evaluate(&job, &cl, &l).unwrap();
-        let k = plan::kernels::layer_times(&job, &cl, &l);
-        let s = &e.step;
-        println!(
-            "{name:<26} tot {:7.3} comp {:7.3} bub {:6.3} tp {:6.3} pp {:6.3} cp {:6.3} dp {:6.3}/{:6.3} opt {:6.3} | layer f {:.2e} b {:.2e} r {:.2e} gemm {:.2e} attn {:.2e} mem {:.2e} head {:.2e} m {}",
-            s.total,
-            s.compute,
-            s.bubble,
-            s.tp_comm,
-            s.pp_comm,
-            s.cp_comm,
-            s.dp_exposed,
-            s.dp_comm,
-            s.optimizer,
-            k.forward,
-            k.backward,
-            k.recompute,
-            k.gemm,
-            k.attention,
-            k.memory_bound,
-            k.head,
-            e.microbatches
-        );
-    }
-}
-
 /// MT-NLG (Smith et al. 2022 §2.2-2.4) states why it chose its layout: tensor slicing inside
 /// the node, pipelining across nodes, degrees that fit 530B with activation checkpointing.
 /// Searched with the options its framework had (no sequence parallelism, no selective
