@@ -7,11 +7,14 @@
 //! back every tensor at its recorded size.
 
 mod common;
+#[path = "common/json_paths.rs"]
+mod json_paths;
 
 use std::path::Path;
 
 use ckpt::{Checkpoint, CommitMarker, Verify, step_dir_name};
 use common::{fixture, save};
+use json_paths::{at_path, number_paths};
 use proptest::prelude::*;
 
 /// Cases per target.
@@ -51,35 +54,6 @@ fn open_and_read(root: &Path) -> Result<(), TestCaseError> {
         }
     }
     Ok(())
-}
-
-/// Every number in `v`, as a path of keys and indices.
-fn number_paths(v: &serde_json::Value, at: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
-    match v {
-        serde_json::Value::Number(_) => out.push(at.clone()),
-        serde_json::Value::Array(a) => {
-            for (i, x) in a.iter().enumerate() {
-                at.push(i.to_string());
-                number_paths(x, at, out);
-                at.pop();
-            }
-        }
-        serde_json::Value::Object(o) => {
-            for (k, x) in o {
-                at.push(k.clone());
-                number_paths(x, at, out);
-                at.pop();
-            }
-        }
-        _ => {}
-    }
-}
-
-fn at_path<'a>(v: &'a mut serde_json::Value, path: &[String]) -> &'a mut serde_json::Value {
-    path.iter().fold(v, |v, k| match v {
-        serde_json::Value::Array(a) => &mut a[k.parse::<usize>().unwrap()],
-        other => &mut other[k.as_str()],
-    })
 }
 
 /// Values a hostile tool would put in place of a number.

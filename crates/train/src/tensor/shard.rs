@@ -74,25 +74,10 @@ fn tp_error(value: usize, reason: String) -> TrainError {
 /// rank): `tp ≥ 1` and it divides `heads`, `kv_heads` and `ffn`. The error
 /// names the field and states the equation with its values.
 pub fn check_tp(cfg: &ModelConfig, tp: usize) -> Result<()> {
-    if tp == 0 {
-        return Err(tp_error(tp, "must be at least 1".into()));
-    }
-    for (field, v) in [
-        ("heads", cfg.heads),
-        ("kv_heads", cfg.kv_heads),
-        ("ffn", cfg.ffn),
-    ] {
-        if v % tp != 0 {
-            return Err(tp_error(
-                tp,
-                format!(
-                    "{field} ({v}) % tp ({tp}) = {} != 0: tensor parallelism splits {field} evenly",
-                    v % tp
-                ),
-            ));
-        }
-    }
-    Ok(())
+    cfg.check_split(tp).map_err(|e| match e {
+        model::ModelError::Config { reason, .. } => tp_error(tp, reason),
+        other => other.into(),
+    })
 }
 
 impl TpShard {
@@ -177,15 +162,7 @@ impl TpShard {
         }
         let (hl, kl, fl) = (wd.h / tp, wd.k / tp, wd.f / tp);
         let swiglu = cfg.activation == Activation::SwiGlu;
-        let fin_l = if swiglu { 2 * fl } else { fl };
-        let dims = Dims {
-            h: hl,
-            k: kl,
-            qkv: (hl + 2 * kl) * d,
-            f: fl,
-            fin: fin_l,
-            ..wd.clone()
-        };
+        let dims = wd.split(tp);
         // Rows (of width `w`) that this rank keeps of the column-parallel
         // tensors, as ranges of whole rows in shard order.
         let qkv_rows = [
