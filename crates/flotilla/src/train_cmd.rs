@@ -285,9 +285,14 @@ pub fn run(a: Args) -> Result<()> {
                 generation: w.rdv.generation,
                 term,
             };
-            let group =
-                ProcessGroup::new(&w.rdv, "world", w.rank, w.world, GroupConfig::from_env()?)
-                    .with_context(|| format!("joining the training group as rank {}", w.rank))?;
+            let group = ProcessGroup::new(
+                &w.rdv,
+                "world",
+                w.rank,
+                w.world,
+                GroupConfig::for_training()?,
+            )
+            .with_context(|| format!("joining the training group as rank {}", w.rank))?;
             let ended = train::run::run(&cfg, Some(group), &mut Printer::new(&a, sup)?)?;
             Supervision::ended(term, ended, grace)
         }

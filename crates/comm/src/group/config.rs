@@ -69,6 +69,24 @@ pub struct GroupConfig {
     /// Allow single-copy reads of local peers' memory (cross-memory attach) where the OS
     /// permits it. Env `FLOTILLA_DIRECT_READ=0|1`.
     pub direct_read: bool,
+    /// How an op that no one forced picks its algorithm. Env `FLOTILLA_CHOOSE=measured|layout`.
+    pub choose: Choice,
+}
+
+/// How a group picks each op's algorithm (when neither the call nor [`GroupConfig::algo`]
+/// forces one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Choice {
+    /// The least predicted time under the group's calibration (what benchmarks want): the
+    /// calibration is measured anew by every group, so two runs of one job may pick different
+    /// algorithms, and with three or more ranks sum in different orders.
+    Measured,
+    /// The least predicted time under the group's layout alone: its size, hosts, link kinds and
+    /// cores with the default link parameters, none of the calibration's timings. One layout
+    /// always runs one algorithm per op and size, so a training run's sums, and with them its
+    /// bits, repeat from run to run and across restarts (issue 27: "each gradient reduction's
+    /// algorithm fixed by the layout").
+    Layout,
 }
 
 impl GroupConfig {
@@ -93,7 +111,21 @@ impl Default for GroupConfig {
             flight_capacity: crate::flight::DEFAULT_CAPACITY,
             direct_read: true,
             spin: None,
+            choose: Choice::Measured,
         }
+    }
+}
+
+impl GroupConfig {
+    /// What a training job's groups get: the defaults choosing by [`Choice::Layout`], then
+    /// the `FLOTILLA_*` environment variables.
+    pub fn for_training() -> Result<GroupConfig> {
+        let mut c = GroupConfig {
+            choose: Choice::Layout,
+            ..GroupConfig::default()
+        };
+        c.apply_env(|k| std::env::var(k).ok())?;
+        Ok(c)
     }
 }
 
@@ -157,6 +189,17 @@ impl GroupConfig {
         }
         if let Some(v) = get("FLOTILLA_DIRECT_READ") {
             self.direct_read = !is_off(&v);
+        }
+        if let Some(v) = get("FLOTILLA_CHOOSE") {
+            self.choose = match v.as_str() {
+                "measured" => Choice::Measured,
+                "layout" => Choice::Layout,
+                _ => {
+                    return Err(CommError::Config(format!(
+                        "FLOTILLA_CHOOSE='{v}' (expected measured or layout)"
+                    )));
+                }
+            };
         }
         Ok(())
     }

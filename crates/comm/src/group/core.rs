@@ -1,6 +1,6 @@
 //! The process group: identity, links, op ordering, failure handling and algorithm selection.
 
-use super::config::GroupConfig;
+use super::config::{Choice, GroupConfig};
 use super::connect::{WireSpec, wire};
 use super::gate::{Gate, TurnError};
 use crate::algo::{Algo, Ctx};
@@ -108,6 +108,8 @@ pub(crate) struct Inner {
     /// Process id of every rank.
     pub pids: Vec<i32>,
     pub topo: Topology,
+    /// The group's layout with default link parameters: what [`Choice::Layout`] chooses from.
+    pub layout_topo: Topology,
     /// Nanoseconds an op spins before it sleeps: the configured spin, or until calibration
     /// measures the group round, [`super::config::DEFAULT_SPIN`] (see `GroupConfig::spin`).
     pub spin_ns: AtomicU64,
@@ -126,6 +128,18 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// The algorithm forced on a `kind` op of `bytes`: the call's, else the config's, else under
+    /// [`Choice::Layout`] the layout's choice; None leaves it to the calibrated model.
+    pub fn forced(&self, kind: OpKind, bytes: usize, call: Option<Algo>) -> Option<Algo> {
+        call.or_else(|| self.cfg.algo.get(&kind).copied())
+            .or_else(|| {
+                // Ops with no algorithms to choose from (point-to-point) are left alone.
+                (self.cfg.choose == Choice::Layout)
+                    .then(|| choose(kind, bytes, &self.layout_topo, None))
+                    .filter(|a| a.serves(kind))
+            })
+    }
+
     /// How long an op spins before it sleeps (see [`Inner::spin_ns`]).
     pub fn spin(&self) -> Duration {
         Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed))
@@ -214,6 +228,7 @@ impl ProcessGroup {
             host_of: w.host_of,
             host_names: w.host_names,
             pids: w.pids,
+            layout_topo: topo.clone(),
             topo,
             spin_ns: AtomicU64::new(cfg.spin_now().as_nanos() as u64),
             core: Mutex::new(Core {
@@ -235,7 +250,13 @@ impl ProcessGroup {
         };
         if g.inner.cfg.calibrate && size > 1 {
             let topo = super::calibrate::calibrate(&g)?;
-            Arc::get_mut(&mut g.inner).expect("not shared yet").topo = topo;
+            let inner = Arc::get_mut(&mut g.inner).expect("not shared yet");
+            // Rank 0's host facts (what every rank selects from), none of its timings.
+            inner.layout_topo.cores = topo.cores;
+            if topo.direct_read.is_none() {
+                inner.layout_topo.direct_read = None;
+            }
+            inner.topo = topo;
         }
         tracing::debug!(group = name, rank, size, topology = ?g.inner.topo, "group ready");
         Ok(g)
@@ -289,7 +310,7 @@ impl ProcessGroup {
             op,
             bytes,
             &self.inner.topo,
-            self.inner.cfg.algo.get(&op).copied(),
+            self.inner.forced(op, bytes, None),
         )
     }
 
@@ -379,7 +400,7 @@ impl ProcessGroup {
         let Turn { ticket, seq } = turn;
         let inner = &self.inner;
         let timeout = opts.timeout.unwrap_or(inner.cfg.timeout);
-        let forced = opts.algo.or_else(|| inner.cfg.algo.get(&kind).copied());
+        let forced = inner.forced(kind, bytes, opts.algo);
         let algo = choose(kind, bytes, &inner.topo, forced);
         let desc = OpDesc {
             group: inner.name.clone(),

@@ -25,6 +25,6 @@ mod ops;
 mod work;
 
 pub use self::core::{OpOptions, ProcessGroup, Rendezvous, Scratch, group_id};
-pub use config::{GroupConfig, TransportPolicy};
+pub use config::{Choice, GroupConfig, TransportPolicy};
 pub use connect::default_host_id;
 pub use work::Work;

@@ -65,16 +65,27 @@ fn tensor_sums(trainer: &Trainer) -> (f64, f64) {
         return (0.0, 0.0);
     };
     let d = trainer.model().dims();
-    let bytes = 4 * d.n * d.c;
-    let cost = |kind| t.group.explain(kind, bytes).predicted_s.unwrap_or(0.0);
-    let (fwd, bwd) = if t.sequence {
+    block_sums(&t.group, t.sequence, d.n * d.c, trainer.config().recompute)
+}
+
+/// The seconds one block's tensor-parallel sums over `group` take in its forward and in its
+/// backward, for a residual stream of `nc` elements (see [`tensor_sums`]).
+pub(crate) fn block_sums(
+    group: &comm::group::ProcessGroup,
+    sequence: bool,
+    nc: usize,
+    recompute: bool,
+) -> (f64, f64) {
+    let bytes = 4 * nc;
+    let cost = |kind| group.explain(kind, bytes).predicted_s.unwrap_or(0.0);
+    let (fwd, bwd) = if sequence {
         let pair = cost(OpKind::AllGather) + cost(OpKind::ReduceScatter);
         (2.0 * pair, 2.0 * (pair + cost(OpKind::AllGather)))
     } else {
         let sum = cost(OpKind::AllReduce);
         (2.0 * sum, 2.0 * sum)
     };
-    match trainer.config().recompute {
+    match recompute {
         true => (fwd, bwd + fwd),
         false => (fwd, bwd),
     }
@@ -328,6 +339,6 @@ fn gather(
     }
 }
 
-fn ms(s: f64) -> String {
+pub(crate) fn ms(s: f64) -> String {
     format!("{:.1} ms", s * 1e3)
 }

@@ -41,8 +41,8 @@ pub struct UnitTimes {
     pub fault_per_byte: f64,
 }
 
-/// Index of `unit`'s kind in [`UnitTimes`]' arrays.
-fn kind(unit: Unit) -> usize {
+/// Index of `unit`'s kind in [`UnitTimes`]' arrays (embeddings 0, block 1, head 2).
+pub fn kind(unit: Unit) -> usize {
     match unit {
         Unit::Embed => 0,
         Unit::Block(_) => 1,
@@ -112,6 +112,20 @@ pub const PROBE_BLOCKS: usize = 2;
 
 /// Probes the units of `cfg`'s model with `th`: one untimed pass, then `reps` timed ones.
 pub fn measure(cfg: &TrainConfig, th: &Threads, reps: usize, tp: usize) -> Result<UnitTimes> {
+    measure_kinds(cfg, th, reps, tp, [true; 3])
+}
+
+/// [`measure`] of the unit kinds set in `kinds` (embeddings, block, head) only: a pipeline
+/// stage probes what it runs, so that the cores are shared as in its training (a light stage
+/// idles while a heavy one computes). The other kinds read 0; the kernels' cost does not
+/// depend on the values a skipped unit would have left.
+pub fn measure_kinds(
+    cfg: &TrainConfig,
+    th: &Threads,
+    reps: usize,
+    tp: usize,
+    kinds: [bool; 3],
+) -> Result<UnitTimes> {
     let mut one = cfg.model.clone();
     one.layers = cfg.model.layers.min(PROBE_BLOCKS);
     // A tensor-parallel rank's compute: its blocks' shards (its sums are priced apart).
@@ -133,10 +147,26 @@ pub fn measure(cfg: &TrainConfig, th: &Threads, reps: usize, tp: usize) -> Resul
     };
     let tokens: Vec<u32> = (0..n).map(|_| tok()).collect();
     let targets: Vec<u32> = (0..n).map(|_| tok()).collect();
-    let units = m.layout().units();
+    let units: Vec<Unit> = m
+        .layout()
+        .units()
+        .into_iter()
+        .filter(|&u| kinds[kind(u)])
+        .collect();
+    let (first, last) = match (units.first(), units.last()) {
+        (Some(&f), Some(&l)) => (f, l),
+        _ => return Ok(UnitTimes::default()),
+    };
+    // A part of the model (a pipeline stage's units) starts from a residual and ends with
+    // its gradient, as the stage's chunks do.
+    let residual = vec![0f32; n * one.d_model];
+    let targets = (last == Unit::Head).then_some(&targets[..]);
     let (mut fwd, mut bwd): ([Vec<f64>; 3], [Vec<f64>; 3]) = Default::default();
     for rep in 0..=reps.max(1) {
-        m.begin(&tokens, Some(&targets))?;
+        match first {
+            Unit::Embed => m.begin_at(first, None, Some(&tokens), targets)?,
+            _ => m.begin_at(first, Some(&residual), None, targets)?,
+        }
         for &u in &units {
             let t = Instant::now();
             m.forward_unit(th, &params, u)?;
@@ -144,6 +174,7 @@ pub fn measure(cfg: &TrainConfig, th: &Threads, reps: usize, tp: usize) -> Resul
                 fwd[kind(u)].push(t.elapsed().as_secs_f64());
             }
         }
+        m.begin_backward_at(last, (last != Unit::Head).then_some(&residual[..]))?;
         for &u in units.iter().rev() {
             let t = Instant::now();
             m.backward_unit(th, &params, &mut grads, u)?;

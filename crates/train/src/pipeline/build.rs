@@ -28,7 +28,7 @@ pub(super) struct Chunk {
 }
 
 /// The model chunks' units for `layers` blocks cut into `k` chunks of equal block counts.
-fn chunk_units(layers: usize, k: usize, index: usize) -> Vec<Unit> {
+pub(super) fn chunk_units(layers: usize, k: usize, index: usize) -> Vec<Unit> {
     let (a, b) = (index * layers / k, (index + 1) * layers / k);
     let mut units = Vec::with_capacity(b - a + 2);
     if index == 0 {

@@ -28,6 +28,7 @@ mod build;
 mod check;
 mod checkpoint;
 pub mod engine;
+mod forecast;
 mod generate;
 pub mod schedule;
 pub mod simulate;

@@ -254,11 +254,21 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
     if let Engine::Expert(e) = &engine {
         lines.push(e.summary());
     }
-    if let Engine::Data(t) | Engine::Tensor(t) = &engine
-        && cfg.forecast
-        && measured.steps > 0
-    {
-        lines.push(report::forecast_report(t, &measured)?);
+    if cfg.forecast && measured.steps > 0 {
+        let world = world_group.as_ref();
+        // A forecast that cannot be made is said, not fatal: the run itself is done.
+        let made = match &engine {
+            Engine::Data(t) | Engine::Tensor(t) => {
+                Some(report::forecast_report(t, world, &measured))
+            }
+            Engine::Pipeline(p) => Some(report::pipeline_forecast_report(p, world, &measured)),
+            Engine::Expert(_) => None,
+        };
+        match made {
+            Some(Ok(line)) => lines.push(line),
+            Some(Err(e)) => lines.push(format!("# forecast not made: {e}")),
+            None => {}
+        }
     }
     if let Some(log) = metrics.take() {
         let path = log.path().display().to_string();

@@ -1,9 +1,12 @@
 //! The lines a run reports to the person running it (the command line prints them): the
 //! model and the layout, each step, each save, the end of the run with the state each rank
 //! holds, and the planner's forecast beside the measurement.
+use comm::group::ProcessGroup;
+
 use crate::checkpoint::SaveSummary;
 use crate::error::{Context, Result};
 use crate::forecast::{self, Measured, UnitTimes, beside, render};
+use crate::pipeline::PipelineStage;
 use crate::trainer::{StateMemory, StepStats, Trainer};
 
 /// Forecast probe repetitions (the median and the spread are kept).
@@ -162,17 +165,85 @@ pub fn split_note(split: Option<crate::peer_wait::WaitSplit>, step_s: f64) -> St
 
 /// The planner beside the run (issue 7): after the last step every rank probes the model's
 /// units at once (so the cores are shared as in training), the ranks' mean is taken, and the
-/// forecast of one step is set beside what the run measured. Collective; every rank gets the
-/// report.
-pub fn forecast_report(trainer: &Trainer, measured: &Measured) -> Result<String> {
-    if let Some(g) = trainer.group() {
+/// forecast of one step is set beside what the run measured. Collective over `world`; every
+/// rank gets the report.
+pub fn forecast_report(
+    trainer: &Trainer,
+    world: Option<&ProcessGroup>,
+    measured: &Measured,
+) -> Result<String> {
+    let probe = probe_all(world, trainer.config(), trainer.threads(), trainer.tp())?;
+    Ok(beside_report(
+        &forecast::forecast(trainer, &probe),
+        measured,
+    ))
+}
+
+/// [`forecast_report`] for a pipeline stage ([`PipelineStage::forecast`]): this stage's
+/// view of the step, the lead rank's being stage 0's.
+pub fn pipeline_forecast_report(
+    stage: &PipelineStage,
+    world: Option<&ProcessGroup>,
+    measured: &Measured,
+) -> Result<String> {
+    let th = model::Threads::new(stage.config().threads)?;
+    let mut kinds = [false; 3];
+    for u in stage.chunk_units().iter().flatten() {
+        kinds[forecast::probe::kind(*u)] = true;
+    }
+    if let Some(g) = world {
         g.barrier()
             .ctx(|| "barrier before the forecast probe".into())?;
     }
-    let tp = trainer.tp();
-    let mut probe = forecast::probe::measure(trainer.config(), trainer.threads(), PROBE_REPS, tp)
+    let probe = forecast::probe::measure_kinds(
+        stage.config(),
+        &th,
+        PROBE_REPS,
+        stage.tensor_parallel(),
+        kinds,
+    )
+    .ctx(|| "probing the stage's units for the forecast".into())?;
+    // Each unit kind's mean over the ranks that run it; the update's over every rank.
+    let mut v = probe.to_vec();
+    let mut counts = kinds.map(|k| if k { 1.0 } else { 0.0 }).to_vec();
+    v.append(&mut counts);
+    if let Some(g) = world {
+        g.all_reduce(&mut v, comm::ReduceOp::Sum)
+            .ctx(|| "gathering the forecast probe".into())?;
+    }
+    let ranks = world.map_or(1, |g| g.size()) as f64;
+    let counts: Vec<f64> = v.split_off(forecast::probe::VALUES);
+    // Layout of `to_vec`: fwd, bwd, fwd_sd, bwd_sd (3 kinds each), then the per-param and
+    // per-byte costs.
+    for (i, x) in v.iter_mut().enumerate() {
+        *x /= match i {
+            0..12 => counts[i % 3].max(1.0),
+            _ => ranks,
+        };
+    }
+    let probe = UnitTimes::from_slice(&v).ok_or_else(|| crate::TrainError::Config {
+        field: "forecast probe",
+        value: format!("{} values", v.len()),
+        reason: "not the probe's length".into(),
+    })?;
+    Ok(beside_report(&stage.forecast(&probe)?, measured))
+}
+
+/// The probe of `cfg`'s units on TP shards of `tp`, taken by every rank of `world` at once and
+/// averaged over them.
+fn probe_all(
+    world: Option<&ProcessGroup>,
+    cfg: &crate::TrainConfig,
+    th: &model::Threads,
+    tp: usize,
+) -> Result<UnitTimes> {
+    if let Some(g) = world {
+        g.barrier()
+            .ctx(|| "barrier before the forecast probe".into())?;
+    }
+    let mut probe = forecast::probe::measure(cfg, th, PROBE_REPS, tp)
         .ctx(|| "probing the model's units for the forecast".into())?;
-    if let Some(g) = trainer.group() {
+    if let Some(g) = world {
         // The ranks' mean: their noise is what the forecast's straggler term is made of.
         let mut v = probe.to_vec();
         g.all_reduce(&mut v, comm::ReduceOp::Sum)
@@ -184,8 +255,12 @@ pub fn forecast_report(trainer: &Trainer, measured: &Measured) -> Result<String>
             reason: "not the probe's length".into(),
         })?;
     }
-    let f = forecast::forecast(trainer, &probe);
-    let rows = beside(&f, measured);
+    Ok(probe)
+}
+
+/// The forecast `f` beside `measured`: the sums behind it, a row per component, the verdict.
+fn beside_report(f: &forecast::Forecast, measured: &Measured) -> String {
+    let rows = beside(f, measured);
     let mut out = format!(
         "# plan beside measured, per step over {} timed steps (units probed on this machine, all ranks at once):\n",
         measured.steps
@@ -205,5 +280,5 @@ pub fn forecast_report(trainer: &Trainer, measured: &Measured) -> Result<String>
             }
         ));
     }
-    Ok(out)
+    out
 }
