@@ -237,6 +237,11 @@ impl ExpertEngine {
         self.trainer.steps_done()
     }
 
+    /// The planner's forecast of one step ([`MoeTrainer::forecast`]; a collective).
+    pub fn forecast(&self) -> Result<crate::forecast::Forecast> {
+        self.trainer.forecast()
+    }
+
     /// The resident bytes of this rank's parameters, gradients and AdamW moments.
     pub fn state_memory(&self) -> StateMemory {
         self.trainer.state_memory()

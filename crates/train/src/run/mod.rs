@@ -262,7 +262,7 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
                 Some(report::forecast_report(t, world, &measured))
             }
             Engine::Pipeline(p) => Some(report::pipeline_forecast_report(p, world, &measured)),
-            Engine::Expert(_) => None,
+            Engine::Expert(e) => Some(report::expert_forecast_report(e, &measured)),
         };
         match made {
             Some(Ok(line)) => lines.push(line),

@@ -131,6 +131,10 @@ impl MoeTrainer {
         let mut c = self.config().clone();
         c.batch *= self.group().size();
         c.threads = 0;
+        // The loader's batch is derived from the rank's rows: the global one, as above.
+        if let crate::config::DataSpec::Dataset { loader, .. } = &mut c.data {
+            loader.global_batch = c.batch as u64;
+        }
         let (schedule, decay_all) = self.schedule();
         ckpt::checksum_hex(format!("moe {c:?} {schedule:?} decay_all {decay_all}").as_bytes())
     }

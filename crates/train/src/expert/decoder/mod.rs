@@ -25,6 +25,7 @@
 //!   the ep = 1 gradient, and the dense gradients become it when summed over the group
 //!   (= the average of the ranks' own-rows mean gradients, the shares being equal).
 pub mod checkpoint;
+mod forecast;
 pub mod layout;
 pub mod train;
 

@@ -96,23 +96,23 @@ impl MoeStepStats {
 
 /// One EP rank's trainer: model, flat parameters and gradients, AdamW state, data.
 pub struct MoeTrainer {
-    cfg: MoeTrainConfig,
-    group: ProcessGroup,
-    th: Threads,
-    model: MoeModel,
-    params: Vec<f32>,
-    grads: Vec<f32>,
-    opt: AdamW,
-    decay: Vec<std::ops::Range<usize>>,
-    schedule: Schedule,
-    decay_all: bool,
-    source: Source,
-    inputs: Vec<u32>,
-    targets: Vec<u32>,
-    step: u64,
+    pub(super) cfg: MoeTrainConfig,
+    pub(super) group: ProcessGroup,
+    pub(super) th: Threads,
+    pub(super) model: MoeModel,
+    pub(super) params: Vec<f32>,
+    pub(super) grads: Vec<f32>,
+    pub(super) opt: AdamW,
+    pub(super) decay: Vec<std::ops::Range<usize>>,
+    pub(super) schedule: Schedule,
+    pub(super) decay_all: bool,
+    pub(super) source: Source,
+    pub(super) inputs: Vec<u32>,
+    pub(super) targets: Vec<u32>,
+    pub(super) step: u64,
     /// Batches drawn since the source was (re)built, and the global row cursor then.
-    drawn: u64,
-    rows_base: u64,
+    pub(super) drawn: u64,
+    pub(super) rows_base: u64,
 }
 
 impl MoeTrainer {
