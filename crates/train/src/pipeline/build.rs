@@ -234,6 +234,26 @@ impl PipelineStage {
         kind: ScheduleKind,
         sequence: bool,
     ) -> Result<Self> {
+        Self::on_mesh_zero(cfg, mesh, kind, sequence, None)
+    }
+
+    /// [`PipelineStage::on_mesh_with`] with ZeRO `zero` over each stage's data-parallel
+    /// replicas (as [`PipelineStage::with_zero`]: stage 1 is built), TP stages included: each
+    /// replica of a TP rank keeps AdamW moments for `1/d` of that rank's ranges.
+    pub fn on_mesh_zero(
+        cfg: TrainConfig,
+        mesh: &DeviceMesh,
+        kind: ScheduleKind,
+        sequence: bool,
+        zero: Option<Stage>,
+    ) -> Result<Self> {
+        if let Some(stage) = zero.filter(|s| *s != Stage::One) {
+            return Err(config_err(
+                "zero_stage",
+                stage.number(),
+                "pipelines shard only the optimizer state (ZeRO-1) so far".into(),
+            ));
+        }
         let shape = mesh.shape();
         if shape.ep > 1 {
             return Err(config_err(
@@ -245,7 +265,7 @@ impl PipelineStage {
         let (pp, dp, tp) = (mesh.pp().clone(), mesh.dp().clone(), mesh.tp().clone());
         let stages = pp.size();
         let tp = (tp, sequence);
-        Self::build(cfg, pp, stages, (Some(dp), Some(tp)), kind, false)
+        Self::build(cfg, pp, stages, (Some(dp), Some(tp)), kind, zero.is_some())
     }
 
     /// The stage of `group` with the optional data-parallel and tensor-parallel groups

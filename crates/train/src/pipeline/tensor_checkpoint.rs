@@ -9,10 +9,14 @@
 //!   writes part `j t + r` of `d t` (as row-major boxes, like every pipeline writer), so the
 //!   `d t` ranks of a stage split its entries. Writer index `r + t (j + d s)`, the mesh's rank
 //!   order (`rank = tp + T (dp + D slab)`).
+//!   Under ZeRO-1 the replicas first sum their zero-padded moment shards, so the TP group
+//!   assembles whole moments. (Both assemblies gather: this writer does not yet write only
+//!   what a rank owns, as the data-parallel and DP x TP writers do.)
 //! - Restore. Each rank reads the whole tensors of its units (and a tied last stage's `wte`),
 //!   keeps the embeddings and the head whole and shards every block with its plan
 //!   ([`crate::tensor::TpShard::shard`]); AdamW is elementwise, so a moment's shard is the
 //!   shard of the moment, as for the parameters.
+use comm::ReduceOp;
 use model::optim::AdamW;
 
 use super::engine::PipelineStage;
@@ -30,6 +34,16 @@ impl PipelineStage {
             let (um, uv) = u.opt.moments();
             m[u.part.shard.clone()].copy_from_slice(um);
             v[u.part.shard.clone()].copy_from_slice(uv);
+        }
+        // Under ZeRO-1 each replica holds its shard of the moments: the replicas' zero-padded
+        // shards summed are the whole moments, exactly (each element from one replica).
+        if let Some(dp) = self.dp.as_ref().filter(|d| self.zero && d.size() > 1) {
+            let opts = self.sum_options();
+            for u in &self.updates {
+                for buf in [&mut m, &mut v] {
+                    dp.all_reduce_with(&mut buf[u.part.range.clone()], ReduceOp::Sum, &opts)?;
+                }
+            }
         }
         Ok([
             self.stage_view(t, &self.params)?,

@@ -198,10 +198,6 @@ impl RunConfig {
             // What the mesh engines build, refused here rather than in every worker.
             let not_built = [
                 (
-                    l.tp > 1 && l.pp > 1 && l.zero != 0,
-                    format!("--zero {} with --tp {} and --pp {}", l.zero, l.tp, l.pp),
-                ),
-                (
                     l.pp > 1 && l.zero > 1,
                     format!("--zero {} with --pp {} (ZeRO-1 is built)", l.zero, l.pp),
                 ),

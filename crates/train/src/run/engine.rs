@@ -76,20 +76,10 @@ impl Engine {
             refused(format!("{e}{hint}"))
         })?;
         let engine = if shape.pp > 1 {
-            let st = match Stage::from_number(l.zero)? {
-                // ZeRO-1 inside the stages, over each stage's data-parallel replicas.
-                Some(stage) if shape.tp == 1 => {
-                    let (pp, dp) = (mesh.pp().clone(), mesh.dp().clone());
-                    PipelineStage::with_zero(train, pp, dp, l.schedule, stage)
-                }
-                Some(stage) => Err(crate::TrainError::Config {
-                    field: "zero_stage",
-                    value: stage.number().to_string(),
-                    reason: "not built with tensor parallelism".into(),
-                }),
-                None => PipelineStage::on_mesh_with(train, &mesh, l.schedule, l.sp),
-            }
-            .map_err(|e| refused(format!("building the pipeline stage: {e}")))?;
+            // ZeRO-1 inside the stages, over each stage's data-parallel replicas.
+            let zero = Stage::from_number(l.zero)?;
+            let st = PipelineStage::on_mesh_zero(train, &mesh, l.schedule, l.sp, zero)
+                .map_err(|e| refused(format!("building the pipeline stage: {e}")))?;
             Engine::Pipeline(Box::new(st))
         } else {
             let stage = Stage::from_number(l.zero)?;
