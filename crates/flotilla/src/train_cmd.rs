@@ -190,6 +190,14 @@ pub struct MeshArgs {
     /// slow link); the refusal becomes a warning.
     #[arg(long)]
     force_placement: bool,
+    /// Hybrid sharding (HSDP) with --zero: the --zero state sharded inside groups of S
+    /// data-parallel ranks (consecutive ranks: one host's), replicated across the groups.
+    #[arg(long, value_name = "S", value_parser = usize_in(1, MAX_DEGREE))]
+    dp_shard: Option<usize>,
+    /// Hybrid sharding: R replica groups (data-parallel ranks = S x R; either flag implies the
+    /// other from the world).
+    #[arg(long, value_name = "R", value_parser = usize_in(1, MAX_DEGREE))]
+    dp_replicate: Option<usize>,
 }
 
 impl Args {
@@ -206,6 +214,7 @@ impl Args {
             zero: self.zero,
             bucket_bytes: (self.bucket_mb * (1 << 20) as f64) as usize,
             force_placement: self.mesh.force_placement,
+            hybrid: (self.mesh.dp_shard, self.mesh.dp_replicate),
         };
         let mut cfg = RunConfig::new(train, layout);
         // The embedded default job's launcher hands its workers the checkpoint flags.

@@ -167,7 +167,17 @@ impl Trainer {
             None => whole(e, r),
         };
         if let Some(z) = self.zero_engine() {
-            return z.state_pieces(layout, (self.params(), m, v), &sharded);
+            let mine = z.state_pieces(layout, (self.params(), m, v), &sharded);
+            // Hybrid sharding: the replica groups hold the same parts and share the writing.
+            return match z.replicas() {
+                Some(r) => mine
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(k, _)| k % r.size() == r.rank())
+                    .map(|(_, p)| p)
+                    .collect(),
+                None => mine,
+            };
         }
         if self.tensor.is_none() {
             return rows_pieces(&self.checkpoint_tensors(), rank, world);

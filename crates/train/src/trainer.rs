@@ -127,6 +127,26 @@ impl Trainer {
         Self::build(cfg, Some((group, bucket_bytes)), Some(stage), None)
     }
 
+    /// One rank of hybrid-sharded data parallelism (HSDP): ZeRO `stage` over `shard` (one
+    /// replica group), the state replicated across the replica groups, `replicas` holding
+    /// this rank's counterpart in each ([`Zero::with_replicas`]). The data-parallel ranks are
+    /// all `shard x replicas` of them, replica group major: each draws its rows of every
+    /// global batch as rank `replica x shard + shard rank` of a plain data-parallel run.
+    pub fn hybrid(
+        cfg: TrainConfig,
+        (shard, replicas): (ProcessGroup, ProcessGroup),
+        stage: Stage,
+        bucket_bytes: usize,
+    ) -> Result<Self> {
+        let mut t = Self::zero(cfg, shard, stage, bucket_bytes)?;
+        if let Some(z) = t.zero.take() {
+            t.zero = Some(Box::new(z.with_replicas(replicas)));
+        }
+        // The data share of this rank among every replica group's ranks.
+        t.reset_source(None, 0)?;
+        Ok(t)
+    }
+
     /// The trainer of every layout without pipeline stages: one process, data parallel over
     /// `dp` (buckets of `bucket_bytes` overlapping the backward), ZeRO `stage` over it, and the
     /// model split over the tensor-parallel group `tp` when given ([`crate::tensor`]), with
@@ -247,14 +267,21 @@ impl Trainer {
             .or(self.zero.as_ref().map(|z| z.group()))
     }
 
-    /// Data-parallel ranks (1 for one process).
+    /// Data-parallel ranks (1 for one process; under hybrid sharding every replica group's).
     pub fn world(&self) -> usize {
-        self.group().map_or(1, |g| g.size())
+        match self.zero.as_ref().filter(|z| z.replicas().is_some()) {
+            Some(z) => z.dp_world(),
+            None => self.group().map_or(1, |g| g.size()),
+        }
     }
 
-    /// This process's data-parallel rank (0 for one process).
+    /// This process's data-parallel rank (0 for one process; replica group major under
+    /// hybrid sharding).
     pub fn rank(&self) -> usize {
-        self.group().map_or(0, |g| g.rank())
+        match self.zero.as_ref().filter(|z| z.replicas().is_some()) {
+            Some(z) => z.dp_rank(),
+            None => self.group().map_or(0, |g| g.rank()),
+        }
     }
 
     /// The ZeRO engine, when the state is sharded.
@@ -362,7 +389,14 @@ impl Trainer {
         rows: u64,
     ) -> Result<()> {
         let c = &self.cfg;
-        let share = share(c, self.group());
+        let share = match self.world() {
+            1 => Share::whole(c.batch),
+            world => Share {
+                batch: c.batch,
+                world,
+                rank: self.rank(),
+            },
+        };
         (self.source, self.drawn, self.rows_base) = Source::resumed_at(
             &c.data,
             c.model.vocab,

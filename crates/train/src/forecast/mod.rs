@@ -96,7 +96,10 @@ pub fn forecast(trainer: &Trainer, probe: &UnitTimes) -> Forecast {
     let cfg = trainer.config();
     let layout = trainer.model().layout();
     let units = layout.units();
-    let world = trainer.world();
+    // The ranks the state is sharded (or the gradients all-reduced) over: one replica group
+    // under hybrid sharding, whose parts are then summed across the groups.
+    let world = trainer.group().map_or(1, |g| g.size());
+    let replicas = trainer.zero_engine().and_then(|z| z.replicas());
     let stage = trainer.zero_stage();
     let segments = trainer.comm_segments();
     let cost = |op: Op| match trainer.group() {
@@ -196,7 +199,12 @@ pub fn forecast(trainer: &Trainer, probe: &UnitTimes) -> Forecast {
                             kind: OpKind::ReduceScatter,
                             bytes,
                         };
-                        cost(rs) + fresh(bytes / world) - copy(bytes / world)
+                        let across = replicas.map_or(0.0, |r| {
+                            r.explain(OpKind::AllReduce, bytes / world)
+                                .predicted_s
+                                .unwrap_or(0.0)
+                        });
+                        cost(rs) + across + fresh(bytes / world) - copy(bytes / world)
                     }
                 };
                 launched.push((t.issue(op), bytes));

@@ -33,6 +33,9 @@ pub struct LayoutConfig {
     pub bucket_bytes: usize,
     /// Run even when a TP group spans hosts (the refusal becomes a warning).
     pub force_placement: bool,
+    /// Hybrid sharding (HSDP): ZeRO inside groups of `.0` data-parallel ranks, replicated
+    /// across `.1` groups (either may be implied by the world); `(None, None)`: off.
+    pub hybrid: (Option<usize>, Option<usize>),
 }
 
 impl Default for LayoutConfig {
@@ -45,11 +48,45 @@ impl Default for LayoutConfig {
             zero: 0,
             bucket_bytes: DEFAULT_BUCKET_BYTES,
             force_placement: false,
+            hybrid: (None, None),
         }
     }
 }
 
 impl LayoutConfig {
+    /// Hybrid sharding's (shard group size, replica groups) over `world` data-parallel
+    /// ranks, validated with the equation; None when it is off.
+    pub fn hybrid_groups(&self, world: usize) -> Result<Option<(usize, usize)>> {
+        let (shard, replicate) = match self.hybrid {
+            (None, None) => return Ok(None),
+            (Some(s), None) => (s, world / s.max(1)),
+            (None, Some(r)) => (world / r.max(1), r),
+            (Some(s), Some(r)) => (s, r),
+        };
+        if self.zero == 0 {
+            return Err(refused(
+                "--dp-shard / --dp-replicate: hybrid sharding shards the ZeRO state inside \
+                 groups; add --zero 1, 2 or 3"
+                    .into(),
+            ));
+        }
+        if self.splits_model() {
+            return Err(refused(format!(
+                "--dp-shard / --dp-replicate with --tp {} --pp {}: hybrid sharding is built for \
+                 data parallelism alone so far",
+                self.tp, self.pp
+            )));
+        }
+        if shard == 0 || replicate == 0 || shard * replicate != world {
+            return Err(refused(format!(
+                "--dp-shard {shard} x --dp-replicate {replicate} = {} must equal the \
+                 data-parallel world of {world} workers (nproc x nnodes)",
+                shard * replicate
+            )));
+        }
+        Ok(Some((shard, replicate)))
+    }
+
     /// Whether the run splits the model (TP or PP), which takes the mesh engines.
     pub fn splits_model(&self) -> bool {
         self.tp > 1 || self.pp > 1
@@ -127,6 +164,13 @@ impl RunConfig {
     /// refused with the reason (for MoE runs, [`check_moe`]).
     pub fn check(&self, world: usize) -> Result<()> {
         self.train.validate()?;
+        if self.moe.is_some() && self.layout.hybrid != (None, None) {
+            return Err(refused(
+                "--dp-shard / --dp-replicate with --experts: hybrid sharding is built for the \
+                 dense model's ZeRO; the MoE engine has no ZeRO yet"
+                    .into(),
+            ));
+        }
         if let Some(s) = &self.moe {
             return check_moe(self, s, world);
         }
@@ -143,6 +187,7 @@ impl RunConfig {
             )));
         }
         let l = &self.layout;
+        l.hybrid_groups(world)?;
         if l.sp && l.tp < 2 {
             return Err(refused(format!(
                 "--sp with --tp {}: sequence parallelism splits the rows over a TP group; \

@@ -59,9 +59,14 @@ impl Engine {
             return Ok((Engine::Data(Box::new(Trainer::new(train)?)), None));
         };
         if !l.splits_model() {
-            let t = match Stage::from_number(l.zero)? {
-                Some(stage) => Trainer::zero(train, group, stage, l.bucket_bytes)?,
-                None => Trainer::data_parallel(train, group, l.bucket_bytes)?,
+            let hybrid = l.hybrid_groups(group.size())?;
+            let t = match (Stage::from_number(l.zero)?, hybrid) {
+                (Some(stage), Some(sizes)) => {
+                    let groups = hybrid_groups(&group, sizes)?;
+                    Trainer::hybrid(train, groups, stage, l.bucket_bytes)?
+                }
+                (Some(stage), None) => Trainer::zero(train, group, stage, l.bucket_bytes)?,
+                (None, _) => Trainer::data_parallel(train, group, l.bucket_bytes)?,
             };
             return Ok((Engine::Data(Box::new(t)), None));
         }
@@ -224,5 +229,32 @@ fn not_sync() -> crate::TrainError {
         field: "checkpoint",
         value: "mesh".into(),
         reason: "the data-parallel engine saves and resumes through the Checkpointer".into(),
+    }
+}
+
+/// This rank's (shard group, replica groups' group) of a hybrid-sharded run over `world`:
+/// shard groups of `shard` consecutive ranks (one host's, where hosts hold whole groups), the
+/// rank with the same index in each of the `replicate` groups. Collective over `world`.
+fn hybrid_groups(
+    world: &ProcessGroup,
+    (shard, replicate): (usize, usize),
+) -> Result<(ProcessGroup, ProcessGroup)> {
+    let missing = || refused("hybrid sharding: this rank is in no group".into());
+    let mut mine = (None, None);
+    for r in 0..replicate {
+        let ranks: Vec<usize> = (r * shard..(r + 1) * shard).collect();
+        if let Some(g) = world.subgroup(&format!("shard{r}"), &ranks)? {
+            mine.0 = Some(g);
+        }
+    }
+    for j in 0..shard {
+        let ranks: Vec<usize> = (0..replicate).map(|r| r * shard + j).collect();
+        if let Some(g) = world.subgroup(&format!("replicate{j}"), &ranks)? {
+            mine.1 = Some(g);
+        }
+    }
+    match mine {
+        (Some(s), Some(r)) => Ok((s, r)),
+        _ => Err(missing()),
     }
 }

@@ -53,15 +53,24 @@ pub fn step_line(s: &StepStats, steps: u64, fpt: f64, peak_all: f64, world: usiz
 pub fn state_line(trainer: &Trainer) -> String {
     let m = trainer.state_memory();
     let stage = trainer.zero_stage();
-    let (p, g, o) = crate::zero::expected_bytes(stage, trainer.world());
+    // Sharded over one replica group under hybrid sharding.
+    let shards = trainer
+        .zero_engine()
+        .map_or(trainer.world(), |z| z.plan().world());
+    let (p, g, o) = crate::zero::expected_bytes(stage, shards);
     let n = trainer.model().n_params() as f64;
     format!(
         "# state per rank ({}): parameters {:.1} MB, gradients {:.1} MB, optimizer {:.1} MB \
          (formula {p:.2} + {g:.2} + {o:.2} bytes/param: {:.1} + {:.1} + {:.1} MB){}",
-        stage.map_or("data parallel".to_string(), |s| format!(
-            "ZeRO-{}",
-            s.number()
-        )),
+        match (stage, trainer.zero_engine().and_then(|z| z.replicas())) {
+            (None, _) => "data parallel".to_string(),
+            (Some(s), None) => format!("ZeRO-{}", s.number()),
+            (Some(s), Some(r)) => format!(
+                "ZeRO-{} hybrid: sharded over {shards}, replicated over {}",
+                s.number(),
+                r.size()
+            ),
+        },
         m.params as f64 / 1e6,
         m.grads as f64 / 1e6,
         m.optimizer as f64 / 1e6,

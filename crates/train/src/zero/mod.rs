@@ -136,9 +136,38 @@ pub struct Zero {
     exposed: Duration,
     /// The options of its summing collectives (the group's choice unless pinned).
     options: OpOptions,
+    /// Hybrid sharding (HSDP): the same shard of the other replica groups, over which each
+    /// reduced part is summed once more (the state is sharded inside `group` and replicated
+    /// across these).
+    replicas: Option<ProcessGroup>,
 }
 
 impl Zero {
+    /// Hybrid sharding (torchtitan's HSDP, FSDP's `HYBRID_SHARD`): this engine shards over its
+    /// group (one replica group) and `replicas` holds the rank with the same shard in every
+    /// replica group. Each reduced gradient part is then all-reduced over `replicas`, so the
+    /// update is the mean over every rank of both; parameters are gathered inside the replica
+    /// group only. The cross-group traffic is one all-reduce of a `1/shard` part per segment.
+    pub fn with_replicas(mut self, replicas: ProcessGroup) -> Self {
+        self.replicas = (replicas.size() > 1).then_some(replicas);
+        self
+    }
+
+    /// The replica groups' group (hybrid sharding), if any.
+    pub fn replicas(&self) -> Option<&ProcessGroup> {
+        self.replicas.as_ref()
+    }
+
+    /// Every data-parallel rank: the replica group's times the replica groups.
+    pub fn dp_world(&self) -> usize {
+        self.plan.world() * self.replicas.as_ref().map_or(1, ProcessGroup::size)
+    }
+
+    /// This rank among [`Zero::dp_world`]: replica group major.
+    pub fn dp_rank(&self) -> usize {
+        let r = self.replicas.as_ref().map_or(0, ProcessGroup::rank);
+        r * self.plan.world() + self.group.rank()
+    }
     /// The summing collectives with `options` (a pinned algorithm: tensor-parallel ranks'
     /// groups must sum their replicated tensors in the same order).
     pub fn with_options(mut self, options: OpOptions) -> Self {
@@ -188,6 +217,7 @@ impl Zero {
             failed: None,
             exposed: Duration::ZERO,
             options: OpOptions::default(),
+            replicas: None,
         }
     }
 
@@ -423,10 +453,20 @@ impl Zero {
     fn finish(&mut self, grads: &mut [f32], scale: f32) -> Result<()> {
         let t = Instant::now();
         self.ready(0..0, grads);
-        let scale = scale / self.plan.world() as f32;
+        let scale = scale / self.dp_world() as f32;
         let mut first_err = self.failed.take();
         for (s, work) in std::mem::take(&mut self.inflight) {
-            match work.wait() {
+            let summed = work
+                .wait()
+                .map_err(TrainError::from)
+                .and_then(|(input, mut out)| {
+                    if let Some(r) = &self.replicas {
+                        let part = self.plan.part_len(s).min(out.len());
+                        r.all_reduce_with(&mut out[..part], ReduceOp::Sum, &self.options)?;
+                    }
+                    Ok((input, out))
+                });
+            match summed {
                 Ok((input, out)) => {
                     let dst = match self.stage {
                         Stage::One => &mut grads[self.plan.owned(s)],
@@ -443,7 +483,7 @@ impl Zero {
                     self.spares.put_pair((input, out));
                 }
                 Err(e) => {
-                    first_err.get_or_insert(e.into());
+                    first_err.get_or_insert(e);
                 }
             }
         }
@@ -452,11 +492,14 @@ impl Zero {
         first_err.map_or(Ok(()), Err)
     }
 
-    /// The mean of `value` over the ranks.
+    /// The mean of `value` over the ranks (every replica group's, under hybrid sharding).
     pub fn mean(&self, value: f64) -> Result<f64> {
         let mut v = [value];
         self.group.all_reduce(&mut v, ReduceOp::Sum)?;
-        Ok(v[0] / self.plan.world() as f64)
+        if let Some(r) = &self.replicas {
+            r.all_reduce(&mut v, ReduceOp::Sum)?;
+        }
+        Ok(v[0] / self.dp_world() as f64)
     }
 
     /// The optimizer half of step `step`: the global gradient norm (summed over the ranks'
