@@ -136,17 +136,7 @@ pub fn measure_kinds(
     init_params(&one, m.layout(), cfg.seed, &mut params);
     let mut grads = vec![0f32; total];
     let n = cfg.batch * cfg.seq_len;
-    let vocab = one.vocab as u64;
-    // A fixed pseudo-random token stream: the kernels' cost does not depend on the values.
-    let mut x = cfg.seed | 1;
-    let mut tok = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x % vocab) as u32
-    };
-    let tokens: Vec<u32> = (0..n).map(|_| tok()).collect();
-    let targets: Vec<u32> = (0..n).map(|_| tok()).collect();
+    let (tokens, targets) = probe_tokens(cfg.seed, one.vocab, n);
     let units: Vec<Unit> = m
         .layout()
         .units()
@@ -224,6 +214,22 @@ pub fn measure_kinds(
         (t.bwd[k], t.bwd_sd[k]) = (median(&mut bwd[k]), sd(&bwd[k]));
     }
     Ok(t)
+}
+
+/// A fixed pseudo-random stream of `n` tokens and `n` targets below `vocab` (xorshift from
+/// `seed`): a probe's input, since the kernels' cost does not depend on the values.
+pub fn probe_tokens(seed: u64, vocab: usize, n: usize) -> (Vec<u32>, Vec<u32>) {
+    let vocab = vocab.max(1) as u64;
+    let mut x = seed | 1;
+    let mut tok = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % vocab) as u32
+    };
+    let tokens: Vec<u32> = (0..n).map(|_| tok()).collect();
+    let targets: Vec<u32> = (0..n).map(|_| tok()).collect();
+    (tokens, targets)
 }
 
 /// Sample standard deviation (0 for fewer than two values).

@@ -19,6 +19,7 @@ use model::optim::AdamW;
 
 use super::{MoeModel, MoeModelLayout, MoeTrainer};
 use crate::error::Result;
+use crate::forecast::probe::probe_tokens;
 use crate::forecast::{Forecast, ms};
 
 /// Timed repetitions of the probe (after one untimed), the median kept.
@@ -41,16 +42,7 @@ impl MoeTrainer {
         let p = MoeModelLayout::init_whole(c.model, c.seed)?;
         let mut g = vec![0f32; p.len()];
         let n = c.batch * c.seq_len;
-        let vocab = c.model.vocab as u64;
-        let mut x = c.seed | 1;
-        let mut tok = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab) as u32
-        };
-        let tokens: Vec<u32> = (0..n).map(|_| tok()).collect();
-        let targets: Vec<u32> = (0..n).map(|_| tok()).collect();
+        let (tokens, targets) = probe_tokens(c.seed, c.model.vocab, n);
         let mut times = Vec::with_capacity(REPS);
         for rep in 0..=REPS {
             let t = Instant::now();
