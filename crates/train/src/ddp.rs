@@ -95,6 +95,25 @@ impl GradBuckets {
         }
     }
 
+    /// Buckets over explicit `buckets` (each one contiguous range, in the order the backward
+    /// finishes them: descending starts) of a gradient buffer of `total` elements, for a
+    /// backward that reports its final ranges from the top down (a pipeline stage's units).
+    pub fn over(group: ProcessGroup, buckets: Vec<Range<usize>>, total: usize) -> Self {
+        let spare = buckets
+            .iter()
+            .map(|b| Vec::with_capacity(b.len()))
+            .collect();
+        GradBuckets {
+            group,
+            buckets,
+            inflight: Vec::new(),
+            spare,
+            ready_from: total,
+            failed: None,
+            options: OpOptions::default(),
+        }
+    }
+
     /// The planned bucket ranges, in launch order.
     pub fn buckets(&self) -> &[Range<usize>] {
         &self.buckets

@@ -8,14 +8,15 @@ use comm::group::ProcessGroup;
 use comm::mesh::DeviceMesh;
 use model::Threads;
 use model::init::init_params;
-use model::layout::Unit;
+use model::layout::{Layout, Unit};
 use model::model::Model;
 
 use super::engine::PipelineStage;
-use super::tensor_stage::{Slot, TensorPart, check_tensor_parallel};
+use super::tensor_stage::{Slot, TensorPart, check_tensor_parallel, unit_range};
 use super::update::Update;
 use super::{Action, Schedule, ScheduleKind};
 use crate::config::TrainConfig;
+use crate::ddp::GradBuckets;
 use crate::error::{Result, TrainError};
 use crate::source::{Share, Source};
 use crate::zero::{Stage, Window};
@@ -387,6 +388,7 @@ impl PipelineStage {
         for r in update_ranges {
             updates.push(Update::new(cfg.adamw, r, &decay_all, d, j)?);
         }
+        let buckets = unit_buckets(&layout, (&chunks, v), tensor.as_ref(), &tied, &updates, &dp);
         let slots = models
             .into_iter()
             .map(|m| Ok(Slot::new(m, tensor.as_ref())))
@@ -405,6 +407,7 @@ impl PipelineStage {
             tied,
             slots,
             tensor,
+            buckets,
             source,
             inputs: vec![vec![0; n]; m],
             targets: vec![vec![0; n]; m],
@@ -418,4 +421,59 @@ impl PipelineStage {
             cfg,
         })
     }
+}
+
+/// `r` without the parts covered by `cuts`, in ascending order.
+fn minus(r: &Range<usize>, cuts: &[Range<usize>]) -> Vec<Range<usize>> {
+    let mut sorted: Vec<&Range<usize>> = cuts.iter().filter(|c| !c.is_empty()).collect();
+    sorted.sort_by_key(|c| c.start);
+    let (mut out, mut at) = (Vec::new(), r.start);
+    for c in sorted {
+        if c.end <= at || c.start >= r.end {
+            continue;
+        }
+        if c.start > at {
+            out.push(at..c.start);
+        }
+        at = at.max(c.end);
+    }
+    if at < r.end {
+        out.push(at..r.end);
+    }
+    out
+}
+
+/// The data-parallel reduction of a one-chunk stage with replicas, bucketed by unit in the
+/// backward's order (the head first), and the ranges left to the update: a tied `wte`,
+/// summed over the pipeline before the replicas. None for interleaved schedules (their chunks
+/// finish out of address order) and without replicas.
+fn unit_buckets(
+    layout: &Layout,
+    (chunks, v): (&[Chunk], usize),
+    tensor: Option<&TensorPart>,
+    tied: &Option<Range<usize>>,
+    updates: &[Update],
+    dp: &Option<ProcessGroup>,
+) -> Option<(GradBuckets, Vec<Range<usize>>)> {
+    let g = dp.as_ref().filter(|g| g.size() > 1)?;
+    let chunk = chunks.first().filter(|_| v <= 1)?;
+    let tied: Vec<Range<usize>> = tied.iter().cloned().collect();
+    let mut ranges = Vec::new();
+    for &u in chunk.units.iter().rev() {
+        let r = match tensor {
+            Some(t) => unit_range(layout, &t.plan, u),
+            None => layout.unit_range(u),
+        };
+        ranges.extend(minus(&r, &tied).into_iter().rev());
+    }
+    let late = updates
+        .iter()
+        .flat_map(|u| minus(&u.part.range, &ranges))
+        .collect();
+    let options = match tensor {
+        Some(_) => crate::tensor::PINNED,
+        None => comm::group::OpOptions::default(),
+    };
+    let buckets = GradBuckets::over(g.clone(), ranges, layout.total).with_options(options);
+    Some((buckets, late))
 }

@@ -48,7 +48,7 @@ use model::layout::{Layout, Unit};
 use model::optim::check_finite;
 
 use super::build::{Chunk, config_err};
-use super::tensor_stage::{Run, Slot, TensorPart};
+use super::tensor_stage::{Run, Slot, TensorPart, unit_range};
 use super::update::Update;
 use super::{Action, Schedule};
 use crate::config::TrainConfig;
@@ -121,6 +121,11 @@ pub struct PipelineStage {
     /// The stage's tensor-parallel group and shard plan, when its blocks are split
     /// (`pipeline::tensor_stage`; 000 "混合并行").
     pub(super) tensor: Option<TensorPart>,
+    /// The data-parallel reduction bucketed by unit and launched as the last micro-batch's
+    /// backward finishes each unit, overlapping the rest of the backward (one-chunk schedules
+    /// with replicas; [`crate::ddp::GradBuckets::over`]), and the ranges it leaves to the
+    /// update (a tied `wte`, summed over the pipeline first).
+    pub(super) buckets: Option<(crate::ddp::GradBuckets, Vec<Range<usize>>)>,
     /// This replica's share of the data stream (the same batches on every stage).
     pub(super) source: Source,
     /// Per micro-batch inputs and targets (m, N).
@@ -389,7 +394,19 @@ impl PipelineStage {
                         params: &self.params,
                     };
                     let model = &mut self.slots[slot];
-                    model.backward(&run, &mut self.grads, units, dout.as_deref())?;
+                    // The last micro-batch's backward finishes each unit's gradients.
+                    let last_mb = mb + 1 == m;
+                    let (layout, tensor) = (&self.layout, self.tensor.as_ref());
+                    let mut ready = |u: Unit, grads: &[f32]| {
+                        if let Some((b, _)) = self.buckets.as_mut().filter(|_| last_mb) {
+                            let r = match tensor {
+                                Some(t) => unit_range(layout, &t.plan, u),
+                                None => layout.unit_range(u),
+                            };
+                            b.ready(r, grads);
+                        }
+                    };
+                    model.backward(&run, &mut self.grads, units, dout.as_deref(), &mut ready)?;
                     if first != Unit::Embed {
                         let mut out = pool.pop().unwrap_or_else(|| vec![0f32; nc]);
                         out.copy_from_slice(model.input_grad());

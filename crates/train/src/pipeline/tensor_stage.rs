@@ -270,12 +270,14 @@ impl Slot {
 
     /// Backward of a local chunk (`units`) from `dout`, the gradient received for its output
     /// (none when it ends at the head); gradients accumulate into `grads`.
+    /// `ready` is told each unit once its backward is done, with the gradients.
     pub(super) fn backward(
         &mut self,
         run: &Run,
         grads: &mut [f32],
         units: &[Unit],
         dout: Option<&[f32]>,
+        ready: &mut dyn FnMut(Unit, &[f32]),
     ) -> Result<()> {
         let (th, p) = (run.th, run.params);
         let last = units[units.len() - 1];
@@ -283,6 +285,7 @@ impl Slot {
             model.begin_backward_at(last, dout)?;
             for &u in units.iter().rev() {
                 model.backward_unit_with(th, p, grads, u, comm)?;
+                ready(u, grads);
             }
             Ok(())
         })

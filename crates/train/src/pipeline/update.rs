@@ -3,8 +3,10 @@
 //! the mean, the global norm over the stages, clipping and AdamW on this stage's ranges.
 //!
 //! With `d` data-parallel replicas of the pipeline (000 §2.20 hybrid parallelism; "3D 训练循环",
-//! L2623: DP all-reduces gradients once per step, after the pipeline has drained), each stage
-//! sums its ranges' gradients with the same stage of the other replicas and scales the sum by
+//! L2623: DP all-reduces gradients once per step), each stage sums its ranges' gradients with
+//! the same stage of the other replicas (one-chunk schedules bucket the sum by unit and launch
+//! each bucket as the last micro-batch's backward finishes it, so it overlaps the rest of the
+//! backward; interleaved ones after the pipeline has drained) and scales the sum by
 //! `(1/m) / d` in one multiplication, as [`crate::ddp::GradBuckets::finish`] does for a
 //! data-parallel [`crate::Trainer`]; every replica then holds the same gradients, so the norm,
 //! the clipping and the update are the same on all of them. Under ZeRO-1
@@ -124,14 +126,27 @@ impl PipelineStage {
         let opts = self.sum_options();
         let d = match &self.dp {
             Some(dp) if dp.size() > 1 => {
-                for u in &self.updates {
-                    dp.all_reduce_with(
-                        &mut self.grads[u.part.range.clone()],
-                        ReduceOp::Sum,
-                        &opts,
-                    )?;
+                let d = dp.size();
+                match &mut self.buckets {
+                    // Launched during the backward: wait, sums written back unscaled
+                    // (d / d = 1 exactly); then what the buckets left.
+                    Some((b, late)) => {
+                        b.finish(&mut self.grads, d as f32)?;
+                        for r in late.iter() {
+                            dp.all_reduce_with(&mut self.grads[r.clone()], ReduceOp::Sum, &opts)?;
+                        }
+                    }
+                    None => {
+                        for u in &self.updates {
+                            dp.all_reduce_with(
+                                &mut self.grads[u.part.range.clone()],
+                                ReduceOp::Sum,
+                                &opts,
+                            )?;
+                        }
+                    }
                 }
-                dp.size()
+                d
             }
             _ => 1,
         };
