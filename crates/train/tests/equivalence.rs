@@ -455,6 +455,24 @@ fn layouts() -> Vec<Layout> {
             Box::new(move || pipeline_sp_run(gpt2(4, 2), (1, 2, 2), one, (false, true))),
             Some("gpt2 b4 a2"),
         ),
+        (
+            "pp2 dp2 bf16",
+            Box::new(move || {
+                let mut c = gpt2(2, 2);
+                c.bf16 = true;
+                pipeline_run(c, (2, 2, 1), one, false)
+            }),
+            Some("gpt2 b4 a2 bf16"),
+        ),
+        (
+            "pp2 tp2 bf16",
+            Box::new(move || {
+                let mut c = gpt2(4, 2);
+                c.bf16 = true;
+                pipeline_run(c, (1, 2, 2), one, false)
+            }),
+            Some("gpt2 b4 a2 bf16"),
+        ),
         // Mixture of experts.
         ("moe ep1", Box::new(|| moe_run(1)), None),
         ("moe ep2", Box::new(|| moe_run(2)), Some("moe ep1")),

@@ -10,6 +10,7 @@ use model::Threads;
 use model::init::init_params;
 use model::layout::{Layout, Unit};
 use model::model::Model;
+use model::optim::Bf16Store;
 
 use super::engine::PipelineStage;
 use super::tensor_stage::{Slot, TensorPart, check_tensor_parallel, unit_range};
@@ -298,11 +299,11 @@ impl PipelineStage {
                 ),
             ));
         }
-        if cfg.bf16 {
+        if cfg.bf16 && zero {
             return Err(config_err(
                 "bf16",
                 "true",
-                "pipeline stages keep f32 state; bf16 with pipelines is not built yet".into(),
+                "ZeRO-1 shards f32 state; bf16 with ZeRO is not built yet".into(),
             ));
         }
         let v = kind.virtual_stages();
@@ -386,7 +387,14 @@ impl PipelineStage {
         release_unowned(&mut params, &update_ranges);
         let mut updates = Vec::with_capacity(update_ranges.len());
         for r in update_ranges {
-            updates.push(Update::new(cfg.adamw, r, &decay_all, d, j)?);
+            let mut u = Update::new(cfg.adamw, r, &decay_all, d, j)?;
+            if cfg.bf16 {
+                // The f32 master weights kept, their bf16 values computed with.
+                let store = Bf16Store::new(params[u.part.range.clone()].to_vec());
+                store.decode_params(&mut params[u.part.range.clone()])?;
+                u.bf16 = Some(store);
+            }
+            updates.push(u);
         }
         let buckets = unit_buckets(&layout, (&chunks, v), tensor.as_ref(), &tied, &updates, &dp);
         let slots = models

@@ -126,7 +126,7 @@ impl PipelineStage {
                 // Where element `x` of the flat buffer lies in each source: the parameters are
                 // whole-model, the moments cover `u.part.shard` (which holds `part`, sharded or not).
                 let sources = [
-                    (&self.params[..], 0),
+                    (u.master(&self.params), u.part.range.start),
                     (m, u.part.shard.start),
                     (v, u.part.shard.start),
                 ];
@@ -259,7 +259,7 @@ impl PipelineStage {
             });
         }
         for ((u, params), opt) in self.updates.iter_mut().zip(loaded.params).zip(loaded.opts) {
-            self.params[u.part.range.clone()].copy_from_slice(&params);
+            u.set_master(params, &mut self.params)?;
             u.opt = opt;
         }
         self.step = loaded.step;

@@ -237,8 +237,15 @@ impl PipelineStage {
     /// Activations (one [`Model`](model::model::Model) arena per micro-batch in flight) are
     /// not state and not counted.
     pub fn state_memory(&self) -> StateMemory {
+        // Under bf16 each range's master weights and bf16 parameters and gradients too.
+        let bf16: usize = self
+            .updates
+            .iter()
+            .filter_map(|u| u.bf16.as_ref())
+            .map(|b| b.param_bytes() + b.grad_bytes() + b.master_bytes())
+            .sum();
         StateMemory {
-            params: self.params.resident_bytes(),
+            params: self.params.resident_bytes() + bf16,
             grads: self.grads.resident_bytes(),
             optimizer: 2 * 4 * self.optimizer_len(),
             comm_buffers: 0,

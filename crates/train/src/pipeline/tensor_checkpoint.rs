@@ -45,8 +45,13 @@ impl PipelineStage {
                 }
             }
         }
+        // The f32 weights the optimizer updates (bf16: the master weights).
+        let mut master = self.params.to_vec();
+        for u in &self.updates {
+            master[u.part.range.clone()].copy_from_slice(u.master(&self.params));
+        }
         Ok([
-            self.stage_view(t, &self.params)?,
+            self.stage_view(t, &master)?,
             self.stage_view(t, &m)?,
             self.stage_view(t, &v)?,
         ])

@@ -16,7 +16,9 @@ use std::ops::Range;
 
 use comm::ReduceOp;
 use model::optim::clip::NORM_BLOCK;
-use model::optim::{AdamW, AdamWConfig, check_finite, clip_coef, grad_sum_sq, scale_grads};
+use model::optim::{
+    AdamW, AdamWConfig, Bf16Store, check_finite, clip_coef, grad_sum_sq, scale_grads,
+};
 
 use super::engine::PipelineStage;
 use crate::error::Result;
@@ -32,9 +34,36 @@ pub(super) struct Update {
     pub(super) opt: AdamW,
     /// Decayed ranges, relative to `part.shard.start`.
     pub(super) decay: Vec<Range<usize>>,
+    /// Under bf16 (not with ZeRO-1): the range's f32 master weights with their bf16
+    /// parameters and gradients ([`Bf16Store`]); the stage's buffer holds the bf16 values
+    /// widened, which the units compute with.
+    pub(super) bf16: Option<Bf16Store>,
 }
 
 impl Update {
+    /// The range's f32 weights the optimizer updates (what a checkpoint saves): the bf16
+    /// master weights, else `params`' range.
+    pub(super) fn master<'a>(&'a self, params: &'a [f32]) -> &'a [f32] {
+        match &self.bf16 {
+            Some(store) => store.master(),
+            None => &params[self.part.range.clone()],
+        }
+    }
+
+    /// Sets the range's weights to `master` (f32): the bf16 store rebuilt from it and its
+    /// bf16 values widened into `params`, or copied as they are.
+    pub(super) fn set_master(&mut self, master: Vec<f32>, params: &mut [f32]) -> Result<()> {
+        let range = self.part.range.clone();
+        match &mut self.bf16 {
+            Some(store) => {
+                *store = Bf16Store::new(master);
+                store.decode_params(&mut params[range])?;
+            }
+            None => params[range].copy_from_slice(&master),
+        }
+        Ok(())
+    }
+
     /// `range` cut into `d` contiguous shards ([`crate::zero::replica::replica_part`]), of which replica `j` steps
     /// its own; `decay_all` are the model's decayed ranges.
     pub(super) fn new(
@@ -50,6 +79,7 @@ impl Update {
             opt: AdamW::new(cfg, part.shard.len())?,
             part,
             decay,
+            bf16: None,
         })
     }
 }
@@ -171,13 +201,22 @@ impl PipelineStage {
         let lr = self.cfg.schedule.lr_at(self.cfg.lr, self.step);
         for u in &mut self.updates {
             let shard = u.part.shard.clone();
-            u.opt.step(
-                &self.th,
-                &mut self.params[shard.clone()],
-                &self.grads[shard],
-                lr,
-                &u.decay[..],
-            )?;
+            match &mut u.bf16 {
+                // The gradients rounded to bf16, AdamW on the f32 master, the bf16 parameters
+                // widened back into the buffer (as the data-parallel trainer's bf16 step).
+                Some(store) => {
+                    store.store_grads(&self.grads[shard.clone()])?;
+                    store.step(&self.th, &mut u.opt, lr, &u.decay[..])?;
+                    store.decode_params(&mut self.params[shard])?;
+                }
+                None => u.opt.step(
+                    &self.th,
+                    &mut self.params[shard.clone()],
+                    &self.grads[shard],
+                    lr,
+                    &u.decay[..],
+                )?,
+            }
         }
         // ZeRO-1: every replica stepped its shard; all-gather the ranges back (exact copies).
         if let Some(dp) = self.dp.as_ref().filter(|d| self.zero && d.size() > 1) {
