@@ -2,7 +2,8 @@
 //! (issue 27): the ZeRO state sharded inside groups of S ranks and replicated across the R
 //! groups trains the losses of plain ZeRO over every rank, each rank holding 1/S of what it
 //! shards; a hybrid checkpoint (the replica groups sharing the writing) resumes under plain
-//! ZeRO and under hybrid sharding; bad degrees are refused before spawning with the equation.
+//! ZeRO and under hybrid sharding; bad degrees are refused before spawning with the equation;
+//! bf16 under ZeRO keeps sharded f32 master weights and resumes.
 
 #[path = "support/cli.rs"]
 mod cli;
@@ -113,5 +114,46 @@ fn bad_hybrid_degrees_are_refused_before_spawning() {
         let (ok, out, err) = train(&args);
         assert!(!ok && err.contains(want), "{extra:?}:\n{out}\n{err}");
         assert!(!out.contains("step "), "{extra:?} trained:\n{out}");
+    }
+}
+
+/// `--bf16` under ZeRO (also hybrid): each rank keeps the f32 master weights of its parts
+/// only; the runs print plain data parallel bf16's losses (within bf16's rounding of
+/// differently ordered sums), and a ZeRO-3 bf16 save (the master weights) resumes to the
+/// straight run's step lines.
+#[test]
+fn zero_trains_in_bf16_and_resumes() {
+    let _one = serial();
+    let loss = |out: &str| -> Vec<f64> {
+        lines(out)
+            .iter()
+            .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
+            .collect()
+    };
+    let want = loss(&train_ok(&["--steps", "3", "--bf16"]));
+    for zero in [
+        &["--zero", "1"][..],
+        &["--zero", "3", "--dp-shard", "2"][..],
+    ] {
+        let mut args = zero.to_vec();
+        args.extend_from_slice(&["--bf16", "--steps", "3"]);
+        let straight = train_ok(&args);
+        for (g, w) in loss(&straight).iter().zip(&want) {
+            assert!((g - w).abs() <= 2e-3, "{zero:?}:\n{straight}");
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = tmp.path().join("ck");
+        let ck = ck.to_str().unwrap();
+        let mut first = zero.to_vec();
+        first.extend_from_slice(&["--bf16", "--steps", "2", "--ckpt-dir", ck]);
+        train_ok(&first);
+        let mut second = zero.to_vec();
+        second.extend_from_slice(&["--bf16", "--steps", "3", "--ckpt-dir", ck]);
+        let out = train_ok(&second);
+        assert!(
+            out.contains(&format!("# resumed from {ck} step 2")),
+            "{out}"
+        );
+        assert_eq!(lines(&out), lines(&straight)[2..], "{zero:?}:\n{out}");
     }
 }

@@ -481,8 +481,8 @@ fn what_a_mesh_engine_does_not_build_is_refused_before_spawning() {
             "--zero 2 with --pp 2",
         ),
         (
-            &["--nproc", "2", "--zero", "1", "--bf16"][..],
-            "--zero 1 with --bf16",
+            &["--nproc", "4", "--pp", "2", "--zero", "1", "--bf16"][..],
+            "--zero 1 with --bf16 and --pp 2",
         ),
     ] {
         let mut args = vec!["train"];

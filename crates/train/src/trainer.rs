@@ -107,23 +107,13 @@ impl Trainer {
     /// One rank of ZeRO data-parallel training at `stage` ([`crate::zero`]): the same update
     /// as [`Trainer::data_parallel`], with the optimizer state (stage 1), the gradients (2) and
     /// the parameters (3) sharded over `group`. ZeRO-1/2 reduce in buckets of `bucket_bytes`.
-    /// Not with `bf16` (refused).
+    /// With `bf16` the f32 master weights are sharded too ([`Zero::with_bf16`]).
     pub fn zero(
         cfg: TrainConfig,
         group: ProcessGroup,
         stage: Stage,
         bucket_bytes: usize,
     ) -> Result<Self> {
-        if cfg.bf16 {
-            return Err(TrainError::Config {
-                field: "bf16",
-                value: "true".into(),
-                reason: format!(
-                    "ZeRO-{} shards f32 state; bf16 with ZeRO is not built yet",
-                    stage.number()
-                ),
-            });
-        }
         Self::build(cfg, Some((group, bucket_bytes)), Some(stage), None)
     }
 
@@ -182,7 +172,8 @@ impl Trainer {
                 t.layout.shard_params(&whole, &mut params)?;
             }
         }
-        let bf16 = match cfg.bf16 {
+        // Under ZeRO the master weights are sharded with the moments (`Zero::with_bf16`).
+        let bf16 = match cfg.bf16 && stage.is_none() {
             true => {
                 let store = Bf16Store::new(params.to_vec());
                 store.decode_params(&mut params)?;
@@ -197,6 +188,9 @@ impl Trainer {
                 let mut z = Zero::new(group, stage, model.layout(), bytes, &params, &decay);
                 if tensor.is_some() {
                     z = z.with_options(crate::tensor::PINNED);
+                }
+                if cfg.bf16 {
+                    z = z.with_bf16(&mut params);
                 }
                 z.release_params(&mut params);
                 zero = Some(Box::new(z));

@@ -403,6 +403,33 @@ fn layouts() -> Vec<Layout> {
             Some("llama b4 a2"),
         ),
         (
+            "dp2 zero1 bf16",
+            Box::new(|| {
+                let mut c = gpt2(2, 2);
+                c.bf16 = true;
+                trainer_run(c, 2, 1)
+            }),
+            Some("gpt2 b4 a2 bf16"),
+        ),
+        (
+            "dp2 zero3 bf16",
+            Box::new(|| {
+                let mut c = gpt2(2, 2);
+                c.bf16 = true;
+                trainer_run(c, 2, 3)
+            }),
+            Some("gpt2 b4 a2 bf16"),
+        ),
+        (
+            "dp2 tp2 zero2 bf16",
+            Box::new(|| {
+                let mut c = gpt2(2, 2);
+                c.bf16 = true;
+                tensor_run(c, 2, 2, 2)
+            }),
+            Some("gpt2 b4 a2 bf16"),
+        ),
+        (
             "dp2 tp2 bf16",
             Box::new(|| {
                 let mut c = gpt2(2, 2);

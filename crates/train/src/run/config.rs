@@ -216,10 +216,11 @@ impl RunConfig {
                 l.zero
             )));
         }
-        if l.zero != 0 && t.bf16 {
+        if l.zero != 0 && t.bf16 && l.pp > 1 {
             return Err(refused(format!(
-                "--zero {} with --bf16: ZeRO shards f32 state; bf16 with ZeRO is not built yet",
-                l.zero
+                "--zero {} with --bf16 and --pp {}: pipeline stages shard f32 moments only; bf16 \
+                 with ZeRO in pipelines is not built yet",
+                l.zero, l.pp
             )));
         }
         if l.splits_model() {

@@ -81,13 +81,6 @@ impl Trainer {
         bucket_bytes: usize,
     ) -> Result<Self> {
         agree_across_replicas(&cfg, &tp, &dp)?;
-        if stage.is_some() && cfg.bf16 {
-            return Err(refuse(
-                "bf16",
-                "true",
-                "ZeRO shards f32 state; bf16 with ZeRO is not built yet",
-            ));
-        }
         let dp = (dp.size() > 1).then_some((dp, bucket_bytes));
         let stage = stage.filter(|_| dp.is_some());
         Self::build(cfg, dp, stage, Some((tp, sequence)))

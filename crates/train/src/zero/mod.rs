@@ -140,9 +140,43 @@ pub struct Zero {
     /// reduced part is summed once more (the state is sharded inside `group` and replicated
     /// across these).
     replicas: Option<ProcessGroup>,
+    /// Under bf16: the f32 master weights of this rank's parts (local coordinates, as the
+    /// moments); the parameters (whole or the stage-3 shard) hold their bf16 values widened.
+    master: Option<Vec<f32>>,
+}
+
+/// `x` rounded to bf16 and widened back: the value a bf16 tensor holds.
+pub(crate) fn bf16_value(x: f32) -> f32 {
+    model::optim::bf16::to_bf16(x).to_f32()
 }
 
 impl Zero {
+    /// Mixed precision (`--bf16`): this rank keeps the f32 master weights of its parts only
+    /// (sharded like the moments: 000's ZeRO with 2 + 2 + 12/N bytes per parameter), the
+    /// parameters every rank computes with (`params`, whole; the shard under stage 3) become
+    /// their bf16 values, and each update rounds the reduced gradients to bf16, steps the
+    /// master and gathers the re-rounded parameters (as the data-parallel trainer's bf16 step).
+    pub fn with_bf16(mut self, params: &mut [f32]) -> Self {
+        let mut master = vec![0f32; self.plan.len()];
+        for s in 0..self.plan.segments().len() {
+            let src = match self.stage {
+                Stage::Three => &self.shard[self.plan.local(s)],
+                _ => &params[self.plan.owned(s)],
+            };
+            master[self.plan.local(s)].copy_from_slice(src);
+        }
+        match self.stage {
+            Stage::Three => self.shard.iter_mut().for_each(|x| *x = bf16_value(*x)),
+            _ => params.iter_mut().for_each(|x| *x = bf16_value(*x)),
+        }
+        self.master = Some(master);
+        self
+    }
+
+    /// The f32 master weights of this rank's parts under bf16 (local coordinates).
+    pub fn master(&self) -> Option<&[f32]> {
+        self.master.as_deref()
+    }
     /// Hybrid sharding (torchtitan's HSDP, FSDP's `HYBRID_SHARD`): this engine shards over its
     /// group (one replica group) and `replicas` holds the rank with the same shard in every
     /// replica group. Each reduced gradient part is then all-reduced over `replicas`, so the
@@ -218,6 +252,7 @@ impl Zero {
             exposed: Duration::ZERO,
             options: OpOptions::default(),
             replicas: None,
+            master: None,
         }
     }
 
@@ -244,7 +279,11 @@ impl Zero {
     /// Bytes of sharded parameters and gradients this engine holds (beyond the whole-model
     /// windows): (parameters, gradients).
     pub fn shard_bytes(&self) -> (usize, usize) {
-        (self.shard.capacity() * 4, self.grad_shard.capacity() * 4)
+        let master = self.master.as_ref().map_or(0, Vec::capacity);
+        (
+            (self.shard.capacity() + master) * 4,
+            self.grad_shard.capacity() * 4,
+        )
     }
 
     /// Bytes of the transfer buffers kept between steps for reuse ([`Spares`]).
@@ -549,7 +588,42 @@ impl Zero {
                 _ => scale_grads(th, &mut self.grad_shard, c),
             }
         }
-        {
+        if let Some(master) = &mut self.master {
+            let _p = model::profile::scope("optimizer");
+            // bf16: the gradients rounded, AdamW on the f32 master, the parameters re-rounded.
+            for s in 0..segments {
+                let part = match self.stage {
+                    Stage::One => &mut grads[self.plan.owned(s)],
+                    _ => &mut self.grad_shard[self.plan.local(s)],
+                };
+                part.iter_mut().for_each(|g| *g = bf16_value(*g));
+            }
+            let grads_of = |s: usize| match self.stage {
+                Stage::One => &grads[self.plan.owned(s)],
+                _ => &self.grad_shard[self.plan.local(s)],
+            };
+            let local: Vec<Range<usize>> = (0..segments).map(|s| self.plan.local(s)).collect();
+            let mut parts: Vec<StatePart<'_>> = disjoint_mut(master, &local)
+                .into_iter()
+                .enumerate()
+                .map(|(s, p)| StatePart {
+                    at: self.plan.local(s).start,
+                    params: p,
+                    grads: grads_of(s),
+                })
+                .collect();
+            opt.step_parts(th, &mut parts, lr, &self.decay)?;
+            for s in 0..segments {
+                let src = &master[self.plan.local(s)];
+                let dst = match self.stage {
+                    Stage::Three => &mut self.shard[self.plan.local(s)],
+                    _ => &mut params[self.plan.owned(s)],
+                };
+                for (d, &m) in dst.iter_mut().zip(src) {
+                    *d = bf16_value(m);
+                }
+            }
+        } else {
             let _p = model::profile::scope("optimizer");
             if self.stage == Stage::Three {
                 let mut parts = [StatePart {

@@ -112,10 +112,12 @@ impl Zero {
                     // Where the owned elements a..b live: the shard (moments, stage-3
                     // parameters) or the whole parameter buffer.
                     let local = self.plan.local(s).start + (a - owned.start);
-                    let src: &[f32] = match (shard, self.stage) {
-                        (Some(buf), _) => &buf[local..local + (b - a)],
-                        (None, Stage::Three) => &self.shard[local..local + (b - a)],
-                        (None, _) => &params[a..b],
+                    let src: &[f32] = match (shard, self.stage, self.master()) {
+                        (Some(buf), _, _) => &buf[local..local + (b - a)],
+                        // bf16: the f32 master weights, not their bf16 values.
+                        (None, _, Some(master)) => &master[local..local + (b - a)],
+                        (None, Stage::Three, None) => &self.shard[local..local + (b - a)],
+                        (None, _, None) => &params[a..b],
                     };
                     for (slice, sub) in place(e, a - er.start..b - er.start) {
                         let from = sub.start - (a - er.start);
@@ -150,6 +152,19 @@ impl Zero {
         match self.stage {
             Stage::Three => self.release_params(params),
             _ => params.copy_from_slice(master),
+        }
+        if self.master.is_some() {
+            // bf16: the saved f32 weights are the master; the parameters their bf16 values.
+            let mut mine = vec![0f32; n];
+            for s in 0..self.plan.segments().len() {
+                mine[self.plan.local(s)].copy_from_slice(&master[self.plan.owned(s)]);
+            }
+            let whole: &mut [f32] = match self.stage {
+                Stage::Three => &mut self.shard,
+                _ => params,
+            };
+            whole.iter_mut().for_each(|x| *x = super::bf16_value(*x));
+            self.master = Some(mine);
         }
         (ms, vs)
     }
