@@ -67,8 +67,13 @@ pub struct Args {
     /// 29500): no agent, so no heartbeats, watchdog, restarts, chaos or elastic ranges; Slurm's
     /// requeue restarts the job (docs/LAUNCH.md).
     #[arg(long, conflicts_with_all = ["nproc", "nnodes", "node_rank", "rdzv", "master_addr", "chaos", "log_dir",
-        "max_restarts", "heartbeat_timeout_s", "watchdog_s", "startup_timeout_s", "admission_timeout_s"])]
+        "max_restarts", "heartbeat_timeout_s", "metrics_port", "watchdog_s", "startup_timeout_s", "admission_timeout_s"])]
     srun: bool,
+    /// Serve the job's live figures for Prometheus on this port (0: a free one, printed):
+    /// http://HOST:PORT/metrics in the OpenMetrics text format, names prefixed flotilla_
+    /// (docs/OBSERVE.md). Served by node 0's launcher for the whole job, across restarts.
+    #[arg(long, value_name = "PORT")]
+    metrics_port: Option<u16>,
     /// After SIGTERM (a pre-emption), the time to finish the current step and commit its
     /// checkpoint in --ckpt-dir: the agent then stops any worker still running (SIGKILL), and
     /// the job exits 75 so the scheduler requeues it (docs/LAUNCH.md).
@@ -260,7 +265,8 @@ pub fn run(a: Args) -> Result<()> {
                 launch(&a, &cfg, &plan, chaos.unwrap_or_default(), embedded)
             } else {
                 let sup = Supervision::preemptible(term);
-                let ended = train::run::run(&cfg, None, &mut Printer::new(&a, sup)?)?;
+                let (live, _endpoint) = Live::serve(a.metrics_port)?;
+                let ended = train::run::run(&cfg, None, &mut Printer::new(&a, sup, live)?)?;
                 Supervision::ended(term, ended, grace)
             }
         }
@@ -288,7 +294,11 @@ pub fn run(a: Args) -> Result<()> {
             let group =
                 ProcessGroup::new(&w.rdv, "world", w.rank, w.world, GroupConfig::from_env()?)
                     .with_context(|| format!("joining the training group as rank {}", w.rank))?;
-            let ended = train::run::run(&cfg, Some(group), &mut Printer::new(&a, sup)?)?;
+            let live = match a.metrics_port {
+                Some(_) => Live::Store(launch::metrics::Publisher::start(&w.rdv, w.rank)?),
+                None => Live::Off,
+            };
+            let ended = train::run::run(&cfg, Some(group), &mut Printer::new(&a, sup, live)?)?;
             Supervision::ended(term, ended, grace)
         }
     }
@@ -318,11 +328,39 @@ fn lock_ckpt_dir(a: &Args, plan: &NodePlan, embedded: bool) -> Result<Option<ckp
 struct Printer {
     pb: ProgressBar,
     sup: Supervision,
+    live: Live,
+}
+
+/// Where a rank's step figures go for `--metrics-port`.
+enum Live {
+    /// Nowhere (no endpoint).
+    Off,
+    /// The endpoint this process serves (one process, no agent).
+    Board(launch::metrics::Board),
+    /// The store, for the agent's endpoint.
+    Store(launch::metrics::Publisher),
+}
+
+impl Live {
+    /// The one-process run's board and endpoint on `port`, if asked.
+    fn serve(port: Option<u16>) -> Result<(Live, Option<launch::http::Endpoint>)> {
+        let Some(port) = port else {
+            return Ok((Live::Off, None));
+        };
+        let board = launch::metrics::Board::new(1);
+        let at = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+        let ep = launch::http::Endpoint::serve(at, std::sync::Arc::new(board.clone()))?;
+        println!(
+            "# metrics endpoint: http://{}/metrics (Prometheus / OpenMetrics text)",
+            ep.addr()
+        );
+        Ok((Live::Board(board), Some(ep)))
+    }
 }
 
 impl Printer {
     /// The printer of the rank `sup` supervises: the progress bar only on rank 0.
-    fn new(a: &Args, sup: Supervision) -> Result<Self> {
+    fn new(a: &Args, sup: Supervision, live: Live) -> Result<Self> {
         let pb = if a.no_progress || sup.rank != 0 {
             ProgressBar::hidden()
         } else {
@@ -334,7 +372,7 @@ impl Printer {
             )
             .context("progress template")?,
         );
-        Ok(Self { pb, sup })
+        Ok(Self { pb, sup, live })
     }
 }
 
@@ -368,6 +406,25 @@ impl train::run::Observer for Printer {
     fn finishing(&mut self) {
         self.pb.finish_and_clear();
         self.sup.finishing();
+    }
+
+    fn recorded(&mut self, r: &train::metrics_log::StepRecord) {
+        let f = launch::metrics::StepFigures {
+            step: r.step,
+            loss: r.loss,
+            val_loss: r.val_loss,
+            tokens_per_s: r.tokens_per_s,
+            mfu: r.mfu,
+            step_s: r.step_s,
+            comm_s: r.comm_s,
+            data_s: r.data_s,
+            ckpt_pause_s: r.ckpt_pause_s,
+        };
+        match &mut self.live {
+            Live::Off => {}
+            Live::Board(b) => b.add_step(self.sup.rank, f),
+            Live::Store(p) => p.add_step(f),
+        }
     }
 
     fn stop_requested(&mut self) -> bool {
@@ -461,6 +518,10 @@ fn launch(
     // restart stops workers at once instead.
     agent.kill_grace = Duration::ZERO;
     (agent.log_dir, agent.run_id) = (a.log_dir.clone(), a.rdzv_id.clone());
+    // Node 0's agent serves the whole job (it reads every rank's figures from the store).
+    agent.metrics_addr = (a.metrics_port)
+        .filter(|_| plan.node_rank == 0)
+        .map(|p| std::net::SocketAddr::from(([0, 0, 0, 0], p)));
     let report = launch::run(&agent)?;
     if report.restarts > 0 {
         println!(

@@ -32,7 +32,7 @@ use crate::checkpoint::{CheckpointConfig, Checkpointer, SaveSummary, run_id};
 use crate::error::{Context, Result};
 use crate::forecast::Measured;
 use crate::metrics::{gemm_gflops, mfu};
-use crate::metrics_log::{MetricsLog, RunInfo};
+use crate::metrics_log::{MetricsLog, RunInfo, StepRecord};
 use crate::trainer::StepStats;
 use report::{comm_note, split_note};
 
@@ -49,6 +49,9 @@ pub trait Observer {
     fn completed(&mut self, s: &StepStats) -> std::result::Result<(), crate::BoxError>;
     /// The loop is over (the final save and synchronisation follow).
     fn finishing(&mut self);
+    /// Step `r` is recorded (every rank, after its checkpoint if one was due): the figures
+    /// of a live view such as `--metrics-port`.
+    fn recorded(&mut self, _r: &StepRecord) {}
     /// Whether this rank was asked to stop (a pre-emption notice: SIGTERM). Asked after every
     /// step of a run with a checkpoint directory: the ranks agree (one asking stops them all
     /// after the same step), that step is saved, and [`run`] returns [`Ended::Stopped`].
@@ -127,17 +130,15 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
     let first = engine.steps_done();
     obs.resumed(first, steps);
     let peak_all = peak * world as f64;
+    let info = RunInfo {
+        rank,
+        world,
+        generation: cfg.generation,
+        peak_gflops: peak_all,
+        flops_per_token: fpt,
+    };
     let mut metrics = match &cfg.metrics {
-        Some(path) if lead => Some(MetricsLog::open(
-            path,
-            RunInfo {
-                rank,
-                world,
-                generation: cfg.generation,
-                peak_gflops: peak_all,
-                flops_per_token: fpt,
-            },
-        )?),
+        Some(path) if lead => Some(MetricsLog::open(path, info)?),
         _ => None,
     };
     let mut measured = Measured::default();
@@ -179,9 +180,11 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
             measured.ckpts += 1;
             measured.ckpt_pause_s += saved.pause.as_secs_f64();
         }
+        let record = StepRecord::new(&s, &info, saved.as_ref().map(|(s, _)| s.pause));
         if let Some(log) = &mut metrics {
-            log.step(&s, saved.as_ref().map(|(s, _)| s.pause))?;
+            log.write_step(&record)?;
         }
+        obs.recorded(&record);
         obs.completed(&s).map_err(crate::TrainError::Observer)?;
         // After the last step the run ends as usual (its final save and outputs follow).
         if cfg.checkpoint.is_some()

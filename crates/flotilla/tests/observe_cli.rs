@@ -1,0 +1,221 @@
+//! Watching a run through the binary (docs/OBSERVE.md): the Prometheus endpoint of
+//! `--metrics-port`, scraped over HTTP while the job trains and parsed as the exposition
+//! format.
+#[path = "support/cli.rs"]
+mod cli;
+
+use cli::MICRO;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::{Duration, Instant};
+
+/// A running `flotilla`, its stdout lines arriving on a channel.
+struct Running {
+    child: Child,
+    lines: Receiver<String>,
+    out: String,
+}
+
+impl Running {
+    fn start(args: &[&str]) -> Running {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start flotilla");
+        let (tx, lines) = channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Running {
+            child,
+            lines,
+            out: String::new(),
+        }
+    }
+
+    /// The rest of the first stdout line starting with `prefix` (at most a minute).
+    fn wait_for(&mut self, prefix: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
+                self.out.push_str(&line);
+                self.out.push('\n');
+                if let Some(rest) = line.strip_prefix(prefix) {
+                    return rest.to_string();
+                }
+            }
+        }
+        panic!("no line starting {prefix:?} within 1 min:\n{}", self.out);
+    }
+
+    /// SIGTERM, then the exit (at most a minute; SIGKILL after).
+    fn stop(mut self) {
+        // SAFETY: kill(2) on our own child's pid, with a valid signal number.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                self.child.kill().unwrap();
+                panic!("no exit a minute after SIGTERM:\n{}", self.out);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// GET `path` from 127.0.0.1:`port`: (status line, content type, body).
+fn get(port: u16, path: &str) -> (String, String, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    let status = head.lines().next().unwrap_or_default().to_string();
+    let ctype = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Type: "))
+        .unwrap_or_default()
+        .to_string();
+    (status, ctype, body.to_string())
+}
+
+/// One scrape, parsed: each family's type, and each sample (`name{labels}`) with its value.
+struct Exposition {
+    types: HashMap<String, String>,
+    samples: HashMap<String, f64>,
+}
+
+/// Parses the OpenMetrics text format strictly enough to fail on anything malformed: every
+/// sample belongs to a family declared by `# TYPE` (a counter's samples end `_total`), every
+/// value is a number, and the exposition ends with `# EOF`.
+fn parse(body: &str) -> Exposition {
+    let mut types = HashMap::new();
+    let mut samples = HashMap::new();
+    let mut lines = body.lines().peekable();
+    while let Some(line) = lines.next() {
+        if line == "# EOF" {
+            assert!(lines.peek().is_none(), "text after # EOF:\n{body}");
+            return Exposition { types, samples };
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').expect("# TYPE name type");
+            let known = ["gauge", "counter", "info", "histogram", "unknown"];
+            assert!(known.contains(&kind), "{line}");
+            assert!(
+                types.insert(name.to_string(), kind.to_string()).is_none(),
+                "family {name} declared twice:\n{body}"
+            );
+            continue;
+        }
+        if line.starts_with("# HELP ") || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').expect("a sample: series value");
+        let name = series.split('{').next().unwrap();
+        let family = match name.strip_suffix("_total") {
+            Some(f) if types.get(f).is_some_and(|k| k == "counter") => f,
+            _ => name,
+        };
+        assert!(
+            types.contains_key(family),
+            "sample {line} of no family:\n{body}"
+        );
+        assert!(name.starts_with("flotilla_"), "{line}");
+        let v: f64 = value.parse().unwrap_or_else(|_| panic!("value of {line}"));
+        samples.insert(series.to_string(), v);
+    }
+    panic!("no # EOF:\n{body}");
+}
+
+/// Scrapes `port` until `flotilla_step` exceeds `after` (at most a minute).
+fn scrape_past(port: u16, after: f64) -> Exposition {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, ctype, body) = get(port, "/metrics");
+        assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+        assert!(ctype.starts_with("application/openmetrics-text"), "{ctype}");
+        let e = parse(&body);
+        if e.samples.get("flotilla_step").is_some_and(|&s| s > after) {
+            return e;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "step never passed {after}:\n{body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `train` on MICRO with `extra` (a later flag overrides MICRO's).
+fn train_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec!["train"];
+    a.extend_from_slice(MICRO);
+    a.extend_from_slice(&["--threads", "1", "--no-plan", "--steps", "100000"]);
+    a.extend_from_slice(extra);
+    a
+}
+
+/// The port of the endpoint the run printed (`http://0.0.0.0:PORT/metrics ...`).
+fn port_of(rest: &str) -> u16 {
+    let addr = rest.split_whitespace().next().unwrap();
+    let addr = addr
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics");
+    addr.rsplit_once(':').unwrap().1.parse().unwrap()
+}
+
+#[test]
+fn the_launcher_serves_every_rank_while_the_job_trains() {
+    let mut run = Running::start(&train_args(&["--nproc", "2", "--metrics-port", "0"]));
+    let port = port_of(&run.wait_for("# metrics endpoint: "));
+    let first = scrape_past(port, 0.0);
+    let types = |name: &str| first.types.get(name).map(String::as_str);
+    for (name, kind) in [
+        ("flotilla_step", "gauge"),
+        ("flotilla_loss", "gauge"),
+        ("flotilla_tokens_per_second", "gauge"),
+        ("flotilla_mfu_ratio", "gauge"),
+        ("flotilla_step_exposed_comm_seconds", "gauge"),
+        ("flotilla_exposed_comm_seconds", "counter"),
+        ("flotilla_data_stall_percent", "gauge"),
+        ("flotilla_last_checkpoint_pause_seconds", "gauge"),
+        ("flotilla_checkpoint_pause_seconds", "counter"),
+        ("flotilla_restarts", "counter"),
+        ("flotilla_rank_step_time_seconds", "gauge"),
+    ] {
+        assert_eq!(types(name), Some(kind), "{name}");
+    }
+    let s = &first.samples;
+    assert_eq!(s["flotilla_world_size"], 2.0);
+    assert_eq!(s["flotilla_restarts_total"], 0.0);
+    assert!(s["flotilla_loss"] > 0.0 && s["flotilla_tokens_per_second"] > 0.0);
+    assert!(s["flotilla_rank_step_time_seconds{rank=\"0\"}"] > 0.0);
+    // Rank 1 publishes too (it may be a step behind rank 0 at any instant).
+    let later = scrape_past(port, s["flotilla_step"] + 2.0);
+    assert!(later.samples["flotilla_rank_step{rank=\"1\"}"] >= s["flotilla_step"]);
+    assert!(get(port, "/nothing").0.starts_with("HTTP/1.1 404"));
+    run.stop();
+}
+
+#[test]
+fn a_one_process_run_serves_its_own_figures() {
+    let mut run = Running::start(&train_args(&["--metrics-port", "0"]));
+    let port = port_of(&run.wait_for("# metrics endpoint: "));
+    let first = scrape_past(port, 0.0);
+    let step = first.samples["flotilla_step"];
+    assert_eq!(first.samples["flotilla_world_size"], 1.0);
+    scrape_past(port, step);
+    run.stop();
+}
