@@ -129,6 +129,13 @@ pub struct Args {
     /// Stop the whole job (every worker) if it runs longer than this.
     #[arg(long, default_value_t = 24 * 3600, value_parser = positive_u64())]
     job_timeout_s: u64,
+    /// Measure the validation loss on the held-out split every N steps and after the last
+    /// (0: never): printed, and `val_loss` in the --metrics lines (docs/OBSERVE.md).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    eval_every: u64,
+    /// Batches of the held-out split per evaluation (with --eval-every).
+    #[arg(long, default_value_t = 4, value_parser = usize_in(1, 1 << 20))]
+    eval_batches: usize,
     /// Print a line every this many steps.
     #[arg(long, default_value_t = 10)]
     log_every: u64,
@@ -222,6 +229,7 @@ impl Args {
         });
         cfg.metrics = self.metrics.clone();
         cfg.log_every = self.log_every;
+        (cfg.eval_every, cfg.eval_batches) = (self.eval_every, self.eval_batches);
         cfg.peak_gflops = self.peak_gflops;
         cfg.forecast = !self.no_plan;
         cfg.save = self.save.clone();

@@ -219,3 +219,116 @@ fn a_one_process_run_serves_its_own_figures() {
     scrape_past(port, step);
     run.stop();
 }
+
+/// `train` on MICRO for 6 steps with `extra`: (exit code, stdout, stderr).
+fn train6(extra: &[&str]) -> (Option<i32>, String, String) {
+    let mut a = vec!["train"];
+    a.extend_from_slice(MICRO);
+    a.extend_from_slice(&["--threads", "1", "--no-plan", "--steps", "6"]);
+    a.extend_from_slice(extra);
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(&a)
+        .output()
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
+}
+
+/// The validation losses printed: (step, loss).
+fn val_losses(out: &str) -> Vec<(u64, f64)> {
+    out.lines()
+        .filter_map(|l| {
+            let (head, rest) = l.split_once(" validation loss ")?;
+            let step = head
+                .strip_prefix("step")?
+                .trim()
+                .split('/')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((step, rest.split_whitespace().next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn eval_every_reports_the_held_out_loss_without_disturbing_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m.jsonl");
+    let m = m.to_str().unwrap();
+    let (code, plain, err) = train6(&["--log-every", "1"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, out, err) = train6(&["--log-every", "1", "--eval-every", "4", "--metrics", m]);
+    assert_eq!(code, Some(0), "{err}");
+    let vals = val_losses(&out);
+    assert_eq!(
+        vals.iter().map(|v| v.0).collect::<Vec<_>>(),
+        [4, 6],
+        "{out}"
+    );
+    // Near the uniform loss ln(8192) of an untrained model, and finite.
+    assert!(vals.iter().all(|v| (v.1 - 9.01).abs() < 0.5), "{out}");
+    // The held-out split is drawn apart: training saw the same batches with and without.
+    for step in 1..=6 {
+        assert_eq!(cli::loss_at(&out, step, 6), cli::loss_at(&plain, step, 6));
+    }
+    let text = std::fs::read_to_string(m).unwrap();
+    let with: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("\"val_loss\":"))
+        .collect();
+    assert_eq!(with.len(), 2, "{text}");
+    assert!(with[0].contains("\"step\":4,"), "{text}");
+}
+
+#[test]
+fn eval_every_runs_under_each_layout_or_is_refused_before_spawning() {
+    // Data parallel and ZeRO-3 hold the same model after the same steps: the same held-out
+    // loss (the split is the same rows on every rank, averaged).
+    let mut seen = vec![];
+    for layout in [
+        &["--nproc", "2"][..],
+        &["--nproc", "2", "--zero", "3"],
+        &["--nproc", "2", "--tp", "2"],
+    ] {
+        let mut extra = layout.to_vec();
+        extra.extend_from_slice(&["--eval-every", "3"]);
+        let (code, out, err) = train6(&extra);
+        assert_eq!(code, Some(0), "{layout:?}: {out}\n{err}");
+        let vals = val_losses(&out);
+        assert_eq!(
+            vals.iter().map(|v| v.0).collect::<Vec<_>>(),
+            [3, 6],
+            "{layout:?}: {out}"
+        );
+        seen.push(vals[1].1);
+    }
+    assert!(
+        (seen[0] - seen[1]).abs() < 1e-4,
+        "DP {} vs ZeRO-3 {}",
+        seen[0],
+        seen[1]
+    );
+    for (layout, why) in [
+        (
+            &["--nproc", "2", "--pp", "2", "--layers", "2"][..],
+            "--eval-every with --pp 2",
+        ),
+        (
+            &["--nproc", "2", "--experts", "2", "--untied"],
+            "--eval-every with --experts",
+        ),
+        (&["--eval-batches", "0"], "--eval-batches"),
+    ] {
+        let mut extra = layout.to_vec();
+        extra.extend_from_slice(&["--eval-every", "3"]);
+        let (code, out, err) = train6(&extra);
+        assert_eq!(
+            code,
+            Some(if why == "--eval-batches" { 2 } else { 78 }),
+            "{layout:?}: {err}"
+        );
+        assert!(err.contains(why), "{layout:?}: {err}");
+        assert!(!out.contains("step "), "{layout:?} trained:\n{out}");
+    }
+}

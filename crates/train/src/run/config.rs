@@ -102,6 +102,11 @@ pub struct RunConfig {
     pub generation: u64,
     /// Train the MoE decoder with expert parallelism instead of the dense model (None: dense).
     pub moe: Option<MoeSettings>,
+    /// Measure the validation loss on the held-out split every this many steps and after the
+    /// last (0: never; see [`crate::run::eval`]).
+    pub eval_every: u64,
+    /// Batches of the held-out split per evaluation.
+    pub eval_batches: usize,
 }
 
 impl RunConfig {
@@ -119,6 +124,8 @@ impl RunConfig {
             export_hf: None,
             generation: 0,
             moe: None,
+            eval_every: 0,
+            eval_batches: 4,
         }
     }
 
@@ -127,6 +134,7 @@ impl RunConfig {
     /// refused with the reason (for MoE runs, [`check_moe`]).
     pub fn check(&self, world: usize) -> Result<()> {
         self.train.validate()?;
+        super::eval::check(self)?;
         if let Some(s) = &self.moe {
             return check_moe(self, s, world);
         }

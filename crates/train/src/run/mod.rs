@@ -14,6 +14,7 @@
 //! [`Ended::Stopped`].
 pub mod config;
 pub mod engine;
+pub mod eval;
 pub mod expert;
 pub mod mesh;
 mod outputs;
@@ -146,6 +147,7 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
     // Each timed step's communication wait, split over the ranks at the end (peer_wait).
     let mut waits: Vec<f64> = Vec::new();
     let mut stopped = None;
+    let held_out = eval::HeldOut::of(cfg);
     for _ in first..steps {
         obs.starting();
         let (s, saved) = step(&mut engine, saver.as_mut())?;
@@ -162,6 +164,16 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
         if lead && (s.step % cfg.log_every.max(1) == 0 || s.step == 1 || s.step == steps) {
             obs.line(&report::step_line(&s, steps, fpt, peak_all, world));
         }
+        let val_loss = match &held_out {
+            Some(h) if h.due(s.step, steps) => {
+                let (v, rows) = h.loss(&mut engine, &cfg.train, world_group.as_ref())?;
+                if lead {
+                    obs.line(&report::eval_line(s.step, steps, v, rows));
+                }
+                Some(v)
+            }
+            _ => None,
+        };
         let saved = match (saved, &mut saver) {
             (Some(saved), _) => Some(outputs::slowest(world_group.as_ref(), saved)?),
             (None, Some(Saver::Sync(c))) if due(c, s.step) => {
@@ -180,7 +192,10 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
             measured.ckpts += 1;
             measured.ckpt_pause_s += saved.pause.as_secs_f64();
         }
-        let record = StepRecord::new(&s, &info, saved.as_ref().map(|(s, _)| s.pause));
+        let record = StepRecord {
+            val_loss,
+            ..StepRecord::new(&s, &info, saved.as_ref().map(|(s, _)| s.pause))
+        };
         if let Some(log) = &mut metrics {
             log.write_step(&record)?;
         }
