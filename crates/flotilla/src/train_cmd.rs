@@ -136,6 +136,10 @@ pub struct Args {
     /// Batches of the held-out split per evaluation (with --eval-every).
     #[arg(long, default_value_t = 4, value_parser = usize_in(1, 1 << 20))]
     eval_batches: usize,
+    /// Write a Chrome / Perfetto trace per rank in DIR (rank-R.json: steps, data wait,
+    /// compute, each collective, checkpoint copies; docs/OBSERVE.md).
+    #[arg(long, value_name = "DIR")]
+    trace: Option<PathBuf>,
     /// Print a line every this many steps.
     #[arg(long, default_value_t = 10)]
     log_every: u64,
@@ -230,6 +234,7 @@ impl Args {
         cfg.metrics = self.metrics.clone();
         cfg.log_every = self.log_every;
         (cfg.eval_every, cfg.eval_batches) = (self.eval_every, self.eval_batches);
+        cfg.trace = self.trace.clone();
         cfg.peak_gflops = self.peak_gflops;
         cfg.forecast = !self.no_plan;
         cfg.save = self.save.clone();

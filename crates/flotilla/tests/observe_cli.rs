@@ -332,3 +332,50 @@ fn eval_every_runs_under_each_layout_or_is_refused_before_spawning() {
         assert!(!out.contains("step "), "{layout:?} trained:\n{out}");
     }
 }
+
+#[test]
+fn trace_writes_a_chrome_trace_per_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tr, ck) = (dir.path().join("trace"), dir.path().join("ck"));
+    let (tr_s, ck_s) = (tr.to_str().unwrap(), ck.to_str().unwrap());
+    let (code, out, err) = train6(&[
+        "--nproc",
+        "2",
+        "--trace",
+        tr_s,
+        "--ckpt-dir",
+        ck_s,
+        "--ckpt-every",
+        "2",
+    ]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("# trace of rank 0 in "), "{out}");
+    for rank in 0..2 {
+        let text = std::fs::read_to_string(tr.join(format!("rank-{rank}.json"))).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).expect("trace JSON");
+        let events = v["traceEvents"].as_array().expect("traceEvents");
+        let mut names = std::collections::HashSet::new();
+        for e in events {
+            assert_eq!(e["pid"].as_u64(), Some(rank), "{e}");
+            let ph = e["ph"].as_str().unwrap();
+            assert!(["X", "M", "i"].contains(&ph), "{e}");
+            if ph == "X" {
+                assert!(e["ts"].as_f64().unwrap() >= 0.0 && e["dur"].as_f64().unwrap() >= 0.0);
+                assert!(e["cat"].is_string() && e["tid"].is_u64(), "{e}");
+            }
+            names.insert(e["name"].as_str().unwrap().to_string());
+        }
+        for want in [
+            "process_name",
+            "thread_name",
+            "step 1",
+            "step 6",
+            "data wait",
+            "compute",
+            "all_reduce",
+            "checkpoint copy",
+        ] {
+            assert!(names.contains(want), "rank {rank}: no {want} in {names:?}");
+        }
+    }
+}

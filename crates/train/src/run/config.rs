@@ -107,6 +107,8 @@ pub struct RunConfig {
     pub eval_every: u64,
     /// Batches of the held-out split per evaluation.
     pub eval_batches: usize,
+    /// Write a Chrome / Perfetto trace per rank in this directory (see `run::trace`).
+    pub trace: Option<PathBuf>,
 }
 
 impl RunConfig {
@@ -126,6 +128,7 @@ impl RunConfig {
             moe: None,
             eval_every: 0,
             eval_batches: 4,
+            trace: None,
         }
     }
 

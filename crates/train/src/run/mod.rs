@@ -20,6 +20,7 @@ pub mod mesh;
 mod outputs;
 pub mod report;
 pub mod resume;
+mod trace;
 
 use std::time::Instant;
 
@@ -148,7 +149,11 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
     let mut waits: Vec<f64> = Vec::new();
     let mut stopped = None;
     let held_out = eval::HeldOut::of(cfg);
+    let mut tracer = (cfg.trace.as_deref())
+        .map(|dir| trace::Tracer::start(dir, rank, cfg.generation))
+        .transpose()?;
     for _ in first..steps {
+        let began = Instant::now();
         obs.starting();
         let (s, saved) = step(&mut engine, saver.as_mut())?;
         last_loss = s.loss;
@@ -200,6 +205,9 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
             log.write_step(&record)?;
         }
         obs.recorded(&record);
+        if let Some(t) = &mut tracer {
+            t.step(&s, began, saved.as_ref().map(|(s, _)| s.pause))?;
+        }
         obs.completed(&s).map_err(crate::TrainError::Observer)?;
         // After the last step the run ends as usual (its final save and outputs follow).
         if cfg.checkpoint.is_some()
@@ -217,6 +225,14 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
         }
     }
     obs.finishing();
+    if let Some(path) = tracer.take().map(trace::Tracer::finish).transpose()?
+        && lead
+    {
+        obs.line(&format!(
+            "# trace of rank 0 in {} (one file per rank)",
+            path.display()
+        ));
+    }
     let finished = finish_saves(
         &mut engine,
         saver.as_mut(),
