@@ -8,6 +8,7 @@ use crate::spawn::{NodePlan, NodeSpec, Supervision, Worker, agent_config};
 use anyhow::{Context, Result, bail};
 use comm::group::{GroupConfig, ProcessGroup};
 use indicatif::{ProgressBar, ProgressStyle};
+use launch::http::Live;
 use std::path::PathBuf;
 use train::metrics::gemm_gflops;
 use train::pipeline::ScheduleKind;
@@ -278,7 +279,7 @@ pub fn run(a: Args) -> Result<()> {
                 launch(&a, &cfg, &plan, chaos.unwrap_or_default(), embedded)
             } else {
                 let sup = Supervision::preemptible(term);
-                let (live, _endpoint) = Live::serve(a.metrics_port)?;
+                let live = Live::serve(a.metrics_port)?;
                 let ended = train::run::run(&cfg, None, &mut Printer::new(&a, sup, live)?)?;
                 Supervision::ended(term, ended, grace)
             }
@@ -307,10 +308,7 @@ pub fn run(a: Args) -> Result<()> {
             let group =
                 ProcessGroup::new(&w.rdv, "world", w.rank, w.world, GroupConfig::from_env()?)
                     .with_context(|| format!("joining the training group as rank {}", w.rank))?;
-            let live = match a.metrics_port {
-                Some(_) => Live::Store(launch::metrics::Publisher::start(&w.rdv, w.rank)?),
-                None => Live::Off,
-            };
+            let live = Live::publish(a.metrics_port.is_some(), &w.rdv, w.rank)?;
             let ended = train::run::run(&cfg, Some(group), &mut Printer::new(&a, sup, live)?)?;
             Supervision::ended(term, ended, grace)
         }
@@ -342,33 +340,6 @@ struct Printer {
     pb: ProgressBar,
     sup: Supervision,
     live: Live,
-}
-
-/// Where a rank's step figures go for `--metrics-port`.
-enum Live {
-    /// Nowhere (no endpoint).
-    Off,
-    /// The endpoint this process serves (one process, no agent).
-    Board(launch::metrics::Board),
-    /// The store, for the agent's endpoint.
-    Store(launch::metrics::Publisher),
-}
-
-impl Live {
-    /// The one-process run's board and endpoint on `port`, if asked.
-    fn serve(port: Option<u16>) -> Result<(Live, Option<launch::http::Endpoint>)> {
-        let Some(port) = port else {
-            return Ok((Live::Off, None));
-        };
-        let board = launch::metrics::Board::new(1);
-        let at = std::net::SocketAddr::from(([0, 0, 0, 0], port));
-        let ep = launch::http::Endpoint::serve(at, std::sync::Arc::new(board.clone()))?;
-        println!(
-            "# metrics endpoint: http://{}/metrics (Prometheus / OpenMetrics text)",
-            ep.addr()
-        );
-        Ok((Live::Board(board), Some(ep)))
-    }
 }
 
 impl Printer {
@@ -433,11 +404,7 @@ impl train::run::Observer for Printer {
             data_s: r.data_s,
             ckpt_pause_s: r.ckpt_pause_s,
         };
-        match &mut self.live {
-            Live::Off => {}
-            Live::Board(b) => b.add_step(self.sup.rank, f),
-            Live::Store(p) => p.add_step(f),
-        }
+        self.live.add_step(self.sup.rank, f);
     }
 
     fn stop_requested(&mut self) -> bool {

@@ -379,3 +379,77 @@ fn trace_writes_a_chrome_trace_per_rank() {
         }
     }
 }
+
+#[test]
+fn report_draws_the_runs_plots() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("metrics.jsonl");
+    let (code, _, err) = train6(&["--eval-every", "3", "--metrics", m.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["report", dir.path().to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["steps"], 6);
+    let files: Vec<String> = v["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(files.len(), 6, "{files:?}");
+    for f in &files {
+        let bytes = std::fs::read(f).unwrap();
+        if f.ends_with(".png") {
+            // The PNG signature, then IHDR with the plot's size (1200 x 700).
+            assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{f}");
+            assert_eq!(&bytes[12..16], b"IHDR", "{f}");
+            let w = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
+            let h = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
+            assert_eq!((w, h), (1200, 700), "{f}");
+            assert!(
+                bytes.len() > 10_000,
+                "{f}: {} bytes, nearly empty",
+                bytes.len()
+            );
+        } else {
+            let text = String::from_utf8(bytes).unwrap();
+            assert!(
+                text.starts_with("<svg") && text.trim_end().ends_with("</svg>"),
+                "{f}"
+            );
+            assert!(text.contains("\nstep\n"), "{f}: no x axis label");
+        }
+    }
+    let loss = std::fs::read_to_string(dir.path().join("report/loss.svg")).unwrap();
+    for label in [
+        "training loss",
+        "validation loss (held-out split)",
+        "loss (nats/token)",
+    ] {
+        assert!(loss.contains(label), "{label}");
+    }
+    let breakdown = std::fs::read_to_string(dir.path().join("report/breakdown.svg")).unwrap();
+    for label in [
+        "compute",
+        "exposed communication",
+        "data wait",
+        "checkpoint pause",
+    ] {
+        assert!(breakdown.contains(label), "{label}");
+    }
+    // Nothing to plot: a clear error.
+    let empty = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(["report", empty.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("no metrics file"),
+        "{stderr}"
+    );
+}

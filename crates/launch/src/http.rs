@@ -7,7 +7,7 @@
 //! and the connection closed. The thread blocks in `accept` (no polling); dropping the
 //! [`Endpoint`] wakes it with a connection of its own and joins it.
 use crate::error::{LaunchError, Result};
-use crate::metrics::{Source, encode};
+use crate::metrics::{Board, Publisher, Source, StepFigures, encode};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
@@ -82,6 +82,50 @@ impl Drop for Endpoint {
     }
 }
 
+/// Where a rank's step figures go under `--metrics-port`.
+pub enum Live {
+    /// Nowhere (no endpoint).
+    Off,
+    /// To the endpoint this process serves (one process, no agent).
+    Served(Board, Endpoint),
+    /// To the store, for the agent's endpoint.
+    Store(Publisher),
+}
+
+impl Live {
+    /// A one-process run's figures, served on `port` of every interface (printed), if asked.
+    pub fn serve(port: Option<u16>) -> Result<Live> {
+        let Some(port) = port else {
+            return Ok(Live::Off);
+        };
+        let board = Board::new(1);
+        let at = SocketAddr::from(([0, 0, 0, 0], port));
+        let ep = Endpoint::serve(at, Arc::new(board.clone()))?;
+        println!(
+            "# metrics endpoint: http://{}/metrics (Prometheus / OpenMetrics text)",
+            ep.addr()
+        );
+        Ok(Live::Served(board, ep))
+    }
+
+    /// A worker's figures, published to the store of `rdv` for the agent when `on`.
+    pub fn publish(on: bool, rdv: &comm::group::Rendezvous, rank: usize) -> Result<Live> {
+        Ok(match on {
+            true => Live::Store(Publisher::start(rdv, rank)?),
+            false => Live::Off,
+        })
+    }
+
+    /// Counts `rank`'s step `s` in.
+    pub fn add_step(&mut self, rank: usize, s: StepFigures) {
+        match self {
+            Live::Off => {}
+            Live::Served(b, _) => b.add_step(rank, s),
+            Live::Store(p) => p.add_step(s),
+        }
+    }
+}
+
 /// Reads one request from `s` and answers it.
 fn answer(s: &mut TcpStream, source: &(dyn Source + Send + Sync)) -> std::io::Result<()> {
     s.set_read_timeout(Some(IO_TIMEOUT))?;
@@ -151,7 +195,6 @@ fn respond(s: &mut TcpStream, status: &str, ctype: &str, body: &str) -> std::io:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::{Board, StepFigures};
 
     fn get(addr: SocketAddr, request: &[u8]) -> String {
         let mut s = TcpStream::connect(addr).unwrap();
