@@ -4,74 +4,37 @@
 #[path = "support/cli.rs"]
 mod cli;
 
-use cli::MICRO;
+use cli::{MICRO, Running};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{Receiver, channel};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A running `flotilla`, its stdout lines arriving on a channel.
-struct Running {
-    child: Child,
-    lines: Receiver<String>,
-    out: String,
+/// Starts `flotilla args...`.
+fn start(args: &[&str]) -> Running {
+    Running::start(
+        Command::new(env!("CARGO_BIN_EXE_flotilla"))
+            .args(args)
+            .stdin(Stdio::null()),
+    )
 }
 
-impl Running {
-    fn start(args: &[&str]) -> Running {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start flotilla");
-        let (tx, lines) = channel();
-        let stdout = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Running {
-            child,
-            lines,
-            out: String::new(),
-        }
-    }
+/// The endpoint's port, from the line the run printed (`... http://0.0.0.0:PORT/metrics ...`).
+fn endpoint_port(run: &mut Running) -> u16 {
+    let line = run.wait_for("# metrics endpoint: ");
+    let addr = line.split_whitespace().nth(3).unwrap();
+    let addr = addr
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics");
+    addr.rsplit_once(':').unwrap().1.parse().unwrap()
+}
 
-    /// The rest of the first stdout line starting with `prefix` (at most a minute).
-    fn wait_for(&mut self, prefix: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
-                self.out.push_str(&line);
-                self.out.push('\n');
-                if let Some(rest) = line.strip_prefix(prefix) {
-                    return rest.to_string();
-                }
-            }
-        }
-        panic!("no line starting {prefix:?} within 1 min:\n{}", self.out);
-    }
-
-    /// SIGTERM, then the exit (at most a minute; SIGKILL after).
-    fn stop(mut self) {
-        // SAFETY: kill(2) on our own child's pid, with a valid signal number.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while self.child.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                self.child.kill().unwrap();
-                panic!("no exit a minute after SIGTERM:\n{}", self.out);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
+/// SIGTERM, then the exit (at most two minutes).
+fn stop(run: Running) {
+    // SAFETY: kill(2) on our own child's pid, with a valid signal number.
+    unsafe { libc::kill(run.child.id() as i32, libc::SIGTERM) };
+    run.finish();
 }
 
 /// GET `path` from 127.0.0.1:`port`: (status line, content type, body).
@@ -167,19 +130,10 @@ fn train_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     a
 }
 
-/// The port of the endpoint the run printed (`http://0.0.0.0:PORT/metrics ...`).
-fn port_of(rest: &str) -> u16 {
-    let addr = rest.split_whitespace().next().unwrap();
-    let addr = addr
-        .trim_start_matches("http://")
-        .trim_end_matches("/metrics");
-    addr.rsplit_once(':').unwrap().1.parse().unwrap()
-}
-
 #[test]
 fn the_launcher_serves_every_rank_while_the_job_trains() {
-    let mut run = Running::start(&train_args(&["--nproc", "2", "--metrics-port", "0"]));
-    let port = port_of(&run.wait_for("# metrics endpoint: "));
+    let mut run = start(&train_args(&["--nproc", "2", "--metrics-port", "0"]));
+    let port = endpoint_port(&mut run);
     let first = scrape_past(port, 0.0);
     let types = |name: &str| first.types.get(name).map(String::as_str);
     for (name, kind) in [
@@ -206,18 +160,18 @@ fn the_launcher_serves_every_rank_while_the_job_trains() {
     let later = scrape_past(port, s["flotilla_step"] + 2.0);
     assert!(later.samples["flotilla_rank_step{rank=\"1\"}"] >= s["flotilla_step"]);
     assert!(get(port, "/nothing").0.starts_with("HTTP/1.1 404"));
-    run.stop();
+    stop(run);
 }
 
 #[test]
 fn a_one_process_run_serves_its_own_figures() {
-    let mut run = Running::start(&train_args(&["--metrics-port", "0"]));
-    let port = port_of(&run.wait_for("# metrics endpoint: "));
+    let mut run = start(&train_args(&["--metrics-port", "0"]));
+    let port = endpoint_port(&mut run);
     let first = scrape_past(port, 0.0);
     let step = first.samples["flotilla_step"];
     assert_eq!(first.samples["flotilla_world_size"], 1.0);
     scrape_past(port, step);
-    run.stop();
+    stop(run);
 }
 
 /// `train` on MICRO for 6 steps with `extra`: (exit code, stdout, stderr).

@@ -17,6 +17,8 @@ const RED_: RGBColor = RGBColor(214, 39, 40);
 const GREY: RGBColor = RGBColor(90, 90, 90);
 
 type Chart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+/// A stacked layer of the breakdown: its name, colour and seconds of a step.
+type Layer = (&'static str, RGBColor, fn(&StepRecord) -> f64);
 
 /// Training loss per step, validation loss where measured.
 pub(super) fn loss<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, d: &RunData) -> Draw
@@ -87,7 +89,7 @@ where
     DB::ErrorType: 'static,
 {
     let ms = 1e3;
-    let layers: [(&str, RGBColor, fn(&StepRecord) -> f64); 4] = [
+    let layers: [Layer; 4] = [
         ("compute", BLUE_, |r| r.compute_s),
         ("exposed communication", ORANGE, |r| r.comm_s),
         ("data wait", GREEN_, |r| r.data_s),

@@ -57,7 +57,7 @@ fn held_out_spec(spec: &DataSpec) -> Result<DataSpec> {
         DataSpec::Markov { .. } => Ok(spec.clone()),
         DataSpec::Grammar { bytes, tokenizer } => Ok(DataSpec::Grammar {
             bytes: (*bytes).min(HELD_OUT_BYTES),
-            tokenizer: tokenizer.clone(),
+            tokenizer: *tokenizer,
         }),
         DataSpec::Text { .. } | DataSpec::Dataset { .. } => Err(refused(
             "--eval-every with --data files or --dataset: no held-out split of them is defined \
