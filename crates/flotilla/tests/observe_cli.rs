@@ -164,6 +164,46 @@ fn the_launcher_serves_every_rank_while_the_job_trains() {
 }
 
 #[test]
+fn the_endpoint_outlives_a_failed_generation_and_counts_the_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let mut run = start(&train_args(&[
+        "--nproc",
+        "2",
+        "--metrics-port",
+        "0",
+        "--chaos",
+        "kill@3:1",
+        "--max-restarts",
+        "2",
+        "--ckpt-dir",
+        ck.to_str().unwrap(),
+        "--ckpt-every",
+        "2",
+    ]));
+    let port = endpoint_port(&mut run);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (_, _, body) = get(port, "/metrics");
+        let e = parse(&body);
+        let s = &e.samples;
+        if s["flotilla_restarts_total"] >= 1.0 && s.get("flotilla_step").is_some_and(|&v| v > 3.0) {
+            // The figures are the new generation's, every rank of it.
+            assert!(s["flotilla_generation"] >= 1.0, "{body}");
+            assert!(s.contains_key("flotilla_rank_step{rank=\"1\"}"), "{body}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no restart seen:\n{body}\n{}",
+            run.out
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    stop(run);
+}
+
+#[test]
 fn a_one_process_run_serves_its_own_figures() {
     let mut run = start(&train_args(&["--metrics-port", "0"]));
     let port = endpoint_port(&mut run);
