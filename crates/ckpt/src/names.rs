@@ -79,6 +79,55 @@ pub fn parse_step_name(name: &str) -> Option<u64> {
     }
 }
 
+/// What an entry of a checkpoint root is ([`step_dirs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DirState {
+    /// `step-<N>` holding a `COMMIT` marker.
+    Committed,
+    /// `step-<N>` without a marker (a crash between rename and marker).
+    NoMarker,
+    /// `step-<N>.tmp`: a staging directory.
+    Staging,
+    /// `step-<N>.deleting`: being deleted by retention.
+    Deleting,
+}
+
+/// One `step-...` entry of a checkpoint root.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct StepDir {
+    /// Its step.
+    pub step: u64,
+    /// Its name under the root.
+    pub name: String,
+    /// What it is.
+    pub state: DirState,
+}
+
+/// Every `step-<N>`, `step-<N>.tmp` and `step-<N>.deleting` entry under `root`, by step.
+pub fn step_dirs(root: &std::path::Path) -> crate::Result<Vec<StepDir>> {
+    let io = |op| crate::error::io_err(op, root);
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(root).map_err(io("read_dir"))? {
+        let entry = entry.map_err(io("read_dir"))?;
+        let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        let (step, state) = match parse_name(&name) {
+            Some(StepName::Staging(step)) => (step, DirState::Staging),
+            Some(StepName::Step(step)) if entry.path().join("COMMIT").exists() => {
+                (step, DirState::Committed)
+            }
+            Some(StepName::Step(step)) => (step, DirState::NoMarker),
+            Some(StepName::Trash(step)) => (step, DirState::Deleting),
+            None => continue,
+        };
+        found.push(StepDir { step, name, state });
+    }
+    found.sort_by(|a, b| (a.step, &a.name).cmp(&(b.step, &b.name)));
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,6 +24,7 @@ pub mod local;
 pub mod mesh;
 pub mod model;
 pub mod store;
+pub mod trace;
 pub mod transport;
 
 pub use dtype::{DType, Element, ReduceOp};

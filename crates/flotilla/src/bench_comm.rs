@@ -13,7 +13,7 @@ use crate::flag_range::{MAX_NPROC, positive_u64, positive_usize, seconds, usize_
 use crate::spawn::{NodeSpec, Worker, run_node};
 use anyhow::{Context, Result, bail};
 use comm::algo::Algo;
-use comm::group::{GroupConfig, OpOptions, ProcessGroup, TransportPolicy};
+use comm::group::{GroupConfig, ProcessGroup, TransportPolicy};
 use comm::{DType, OpKind};
 use std::time::Duration;
 
@@ -283,7 +283,12 @@ fn sweep(
         let mut i = 0;
         for &op in ops {
             for &size in sizes {
-                let (times, algo_name) = measure(g, a, op, size, dtype, algo)?;
+                let how = comm::bench::Timing {
+                    check: a.check,
+                    target_seconds: a.target_seconds,
+                    iters: (a.min_iters, a.max_iters),
+                };
+                let (times, algo_name) = comm::bench::measure(g, op, size, dtype, algo, &how)?;
                 if round == 0 {
                     rows.push((
                         ops.iter().position(|o| *o == op).unwrap_or(0),
@@ -366,34 +371,4 @@ fn print_row(
                 .map_or("-".into(), |e| format!("{e:+.0}")),
         );
     }
-}
-
-/// Times one op and size; returns per-iteration times (max over ranks) and the algorithm used.
-fn measure(
-    g: &ProcessGroup,
-    a: &Args,
-    op: OpKind,
-    size: usize,
-    dtype: DType,
-    algo: Option<Algo>,
-) -> Result<(Vec<f64>, &'static str)> {
-    let mut bufs = comm::bench::buffers(op, size, g.size(), dtype.size(), g.rank());
-    let opts = OpOptions {
-        algo,
-        timeout: None,
-    };
-    // The algorithm the op runs: the forced one, or the group's choice (the same on every call).
-    let algo_name = algo.unwrap_or_else(|| g.explain(op, size).algo).name();
-    let mut run = || comm::bench::call(g, op, &mut bufs, dtype, &opts);
-    // Warm-up: five calls; the last one's time sizes the run.
-    let warm = *g.timed_calls(5, &mut run)?.last().expect("five calls");
-    if a.check {
-        comm::bench::check::check_once(g, op, size, dtype, &opts)?;
-    }
-    let mut iters =
-        [((a.target_seconds / warm.max(1e-7)) as i64)
-            .clamp(a.min_iters as i64, a.max_iters as i64)];
-    g.broadcast(&mut iters, 0)?;
-    let times = g.timed_calls(iters[0] as usize, &mut run)?;
-    Ok((times, algo_name))
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use ckpt::names::StepName;
+use ckpt::names::DirState;
 use ckpt::{Checkpoint, Manifest, Verify, open_latest};
 
 use crate::{ckpt_bench_cmd, ckpt_convert_cmd, ckpt_policy_cmd};
@@ -35,6 +35,9 @@ pub enum CkptCommand {
 pub struct LsArgs {
     /// Checkpoint root (holding `step-<N>` directories).
     root: PathBuf,
+    /// One JSON array of the step directories (state, tensors, pieces, bytes, world, run).
+    #[arg(long)]
+    json: bool,
 }
 
 /// Options of `flotilla ckpt show`.
@@ -63,7 +66,7 @@ pub struct VerifyArgs {
 /// Runs one `flotilla ckpt` subcommand.
 pub fn run(command: CkptCommand) -> Result<()> {
     match command {
-        CkptCommand::Ls(a) => ls(&a.root),
+        CkptCommand::Ls(a) => ls(&a),
         CkptCommand::Show(a) => show(a),
         CkptCommand::Verify(a) => verify(a),
         CkptCommand::Bench(a) => ckpt_bench_cmd::run(a),
@@ -73,86 +76,66 @@ pub fn run(command: CkptCommand) -> Result<()> {
     }
 }
 
-/// What a `step-...` entry of a checkpoint root is.
-#[derive(Debug, PartialEq, Eq)]
-enum StepDir {
-    /// `step-<N>` holding a `COMMIT` marker.
-    Committed,
-    /// `step-<N>` without a marker (a crash between rename and marker).
-    NoMarker,
-    /// `step-<N>.tmp`: a staging directory.
-    Staging,
-    /// `step-<N>.deleting`: being deleted by retention.
-    Trash,
-}
-
-/// Every `step-<N>`, `step-<N>.tmp` and `step-<N>.deleting` entry under `root` as (step, name,
-/// kind), by step.
-fn step_dirs(root: &Path) -> Result<Vec<(u64, String, StepDir)>> {
-    let entries = std::fs::read_dir(root)
-        .with_context(|| format!("reading checkpoint root {}", root.display()))?;
-    let mut found = Vec::new();
-    for entry in entries {
-        let entry = entry.with_context(|| format!("reading {}", root.display()))?;
-        let Some(name) = entry.file_name().to_str().map(str::to_string) else {
-            continue;
-        };
-        let (step, kind) = match ckpt::names::parse_name(&name) {
-            Some(StepName::Staging(step)) => (step, StepDir::Staging),
-            Some(StepName::Step(step)) if entry.path().join("COMMIT").exists() => {
-                (step, StepDir::Committed)
-            }
-            Some(StepName::Step(step)) => (step, StepDir::NoMarker),
-            Some(StepName::Trash(step)) => (step, StepDir::Trash),
-            None => continue,
-        };
-        found.push((step, name, kind));
-    }
-    found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-    Ok(found)
-}
-
 /// Total bytes of all pieces of a manifest.
 fn piece_bytes(m: &Manifest) -> u64 {
     m.pieces.iter().map(|p| p.bytes).sum()
 }
 
-/// `flotilla ckpt ls`: one line per step directory.
-fn ls(root: &Path) -> Result<()> {
-    let dirs = step_dirs(root)?;
+/// `flotilla ckpt ls`: one line (or JSON object) per step directory.
+fn ls(a: &LsArgs) -> Result<()> {
+    let dirs = ckpt::names::step_dirs(&a.root)
+        .with_context(|| format!("reading checkpoint root {}", a.root.display()))?;
+    let mut rows = vec![];
+    for d in &dirs {
+        let mut row = serde_json::json!({"dir": d.name, "step": d.step, "state": d.state});
+        match d.state {
+            DirState::Committed => match Checkpoint::open(&a.root, d.step, Verify::ManifestOnly) {
+                Ok(c) => {
+                    let m = c.manifest();
+                    row["tensors"] = m.tensors.len().into();
+                    row["pieces"] = m.pieces.len().into();
+                    row["bytes"] = piece_bytes(m).into();
+                    row["world"] = m.world_size.into();
+                    row["run"] = m.run_id.clone().into();
+                }
+                Err(e) => (row["state"], row["error"]) = ("bad".into(), e.to_string().into()),
+            },
+            DirState::NoMarker => row["note"] = "no COMMIT marker".into(),
+            DirState::Staging => row["note"] = "staging directory".into(),
+            DirState::Deleting => row["note"] = "being deleted (gc removes it)".into(),
+        }
+        rows.push(row);
+    }
+    if a.json {
+        println!("{}", serde_json::Value::from(rows));
+        return Ok(());
+    }
     println!(
         "{:<24} {:<12} {:>8} {:>8} {:>14} {:>6}  RUN",
         "DIR", "STATE", "TENSORS", "PIECES", "BYTES", "WORLD"
     );
-    for (step, name, kind) in &dirs {
-        match kind {
-            StepDir::Committed => match Checkpoint::open(root, *step, Verify::ManifestOnly) {
-                Ok(c) => {
-                    let m = c.manifest();
-                    println!(
-                        "{name:<24} {:<12} {:>8} {:>8} {:>14} {:>6}  {}",
-                        "committed",
-                        m.tensors.len(),
-                        m.pieces.len(),
-                        piece_bytes(m),
-                        m.world_size,
-                        m.run_id
-                    );
-                }
-                Err(e) => println!("{name:<24} {:<12} {e}", "BAD"),
-            },
-            StepDir::NoMarker => println!("{name:<24} {:<12} no COMMIT marker", "uncommitted"),
-            StepDir::Staging => {
-                println!("{name:<24} {:<12} staging directory", "uncommitted")
-            }
-            StepDir::Trash => println!(
-                "{name:<24} {:<12} being deleted (gc removes it)",
-                "deleting"
+    let text = |v: &serde_json::Value| v.as_str().map_or_else(|| v.to_string(), str::to_string);
+    for (d, r) in dirs.iter().zip(&rows) {
+        let name = &d.name;
+        match (d.state, r.get("error")) {
+            (DirState::Committed, None) => println!(
+                "{name:<24} {:<12} {:>8} {:>8} {:>14} {:>6}  {}",
+                "committed",
+                r["tensors"],
+                r["pieces"],
+                r["bytes"],
+                r["world"],
+                text(&r["run"])
             ),
+            (DirState::Committed, Some(e)) => println!("{name:<24} {:<12} {}", "BAD", text(e)),
+            (DirState::Deleting, _) => {
+                println!("{name:<24} {:<12} {}", "deleting", text(&r["note"]))
+            }
+            _ => println!("{name:<24} {:<12} {}", "uncommitted", text(&r["note"])),
         }
     }
     if dirs.is_empty() {
-        println!("(no step directories in {})", root.display());
+        println!("(no step directories in {})", a.root.display());
     }
     Ok(())
 }
@@ -240,10 +223,11 @@ fn report_step(step: u64, result: &Result<(u64, f64)>) -> bool {
 fn verify(a: VerifyArgs) -> Result<()> {
     let steps: Vec<u64> = match a.step {
         Some(n) => vec![n],
-        None => step_dirs(&a.root)?
+        None => ckpt::names::step_dirs(&a.root)
+            .with_context(|| format!("reading checkpoint root {}", a.root.display()))?
             .into_iter()
-            .filter(|(_, _, kind)| *kind == StepDir::Committed)
-            .map(|(step, _, _)| step)
+            .filter(|d| d.state == DirState::Committed)
+            .map(|d| d.step)
             .collect(),
     };
     if steps.is_empty() {

@@ -20,6 +20,7 @@ mod loader_args;
 mod model_args;
 mod moe_args;
 mod plan_cmd;
+mod report_cmd;
 mod spawn;
 mod train_cmd;
 
@@ -55,6 +56,9 @@ enum Command {
     /// Plan a job before running it: memory, step time, layout search, cost, checkpoint
     /// interval (docs/PLAN.md).
     Plan(plan_cmd::Args),
+    /// Plots of a run's metrics file: loss and validation loss, tokens/s, the step time
+    /// breakdown (PNG and SVG; docs/OBSERVE.md).
+    Report(report_cmd::Args),
     /// Benchmarks (collectives, model training throughput).
     Bench {
         #[command(subcommand)]
@@ -105,6 +109,7 @@ fn main() {
         Command::Ckpt { what } => ckpt_cmd::run(what),
         Command::Train(a) => train_cmd::run(a),
         Command::Plan(a) => plan_cmd::run(a),
+        Command::Report(a) => report_cmd::run(a),
         Command::Generate(a) => generate_cmd::run(a),
     };
     if let Err(e) = result {
@@ -131,6 +136,7 @@ impl Command {
             Command::Bench { what } => matches!(what, BenchCommand::Comm(_)),
             Command::Plan(a) => a.calibrate,
             Command::Generate(_) | Command::Data { .. } | Command::Ckpt { .. } => false,
+            Command::Report(_) => false,
         }
     }
 }

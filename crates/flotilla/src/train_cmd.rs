@@ -8,6 +8,7 @@ use crate::spawn::{NodePlan, NodeSpec, Supervision, Worker, agent_config};
 use anyhow::{Context, Result, bail};
 use comm::group::{GroupConfig, ProcessGroup};
 use indicatif::{ProgressBar, ProgressStyle};
+use launch::http::Live;
 use std::path::PathBuf;
 use train::metrics::gemm_gflops;
 use train::pipeline::ScheduleKind;
@@ -67,8 +68,13 @@ pub struct Args {
     /// 29500): no agent, so no heartbeats, watchdog, restarts, chaos or elastic ranges; Slurm's
     /// requeue restarts the job (docs/LAUNCH.md).
     #[arg(long, conflicts_with_all = ["nproc", "nnodes", "node_rank", "rdzv", "master_addr", "chaos", "log_dir",
-        "max_restarts", "heartbeat_timeout_s", "watchdog_s", "startup_timeout_s", "admission_timeout_s"])]
+        "max_restarts", "heartbeat_timeout_s", "metrics_port", "watchdog_s", "startup_timeout_s", "admission_timeout_s"])]
     srun: bool,
+    /// Serve the job's live figures for Prometheus on this port (0: a free one, printed):
+    /// http://HOST:PORT/metrics in the OpenMetrics text format, names prefixed flotilla_
+    /// (docs/OBSERVE.md). Served by node 0's launcher for the whole job, across restarts.
+    #[arg(long, value_name = "PORT")]
+    metrics_port: Option<u16>,
     /// After SIGTERM (a pre-emption), the time to finish the current step and commit its
     /// checkpoint in --ckpt-dir: the agent then stops any worker still running (SIGKILL), and
     /// the job exits 75 so the scheduler requeues it (docs/LAUNCH.md).
@@ -124,6 +130,17 @@ pub struct Args {
     /// Stop the whole job (every worker) if it runs longer than this.
     #[arg(long, default_value_t = 24 * 3600, value_parser = positive_u64())]
     job_timeout_s: u64,
+    /// Measure the validation loss on the held-out split every N steps and after the last
+    /// (0: never): printed, and `val_loss` in the --metrics lines (docs/OBSERVE.md).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    eval_every: u64,
+    /// Batches of the held-out split per evaluation (with --eval-every).
+    #[arg(long, default_value_t = 4, value_parser = usize_in(1, 1 << 20))]
+    eval_batches: usize,
+    /// Write a Chrome / Perfetto trace per rank in DIR (rank-R.json: steps, data wait,
+    /// compute, each collective, checkpoint copies; docs/OBSERVE.md).
+    #[arg(long, value_name = "DIR")]
+    trace: Option<PathBuf>,
     /// Print a line every this many steps.
     #[arg(long, default_value_t = 10)]
     log_every: u64,
@@ -190,12 +207,10 @@ pub struct MeshArgs {
     /// slow link); the refusal becomes a warning.
     #[arg(long)]
     force_placement: bool,
-    /// Hybrid sharding (HSDP) with --zero: the --zero state sharded inside groups of S
-    /// data-parallel ranks (consecutive ranks: one host's), replicated across the groups.
+    /// Hybrid sharding (HSDP): the --zero state sharded in groups of S consecutive ranks.
     #[arg(long, value_name = "S", value_parser = usize_in(1, MAX_DEGREE))]
     dp_shard: Option<usize>,
-    /// Hybrid sharding: R replica groups (data-parallel ranks = S x R; either flag implies the
-    /// other from the world).
+    /// Hybrid sharding: R groups replicating the state (S x R = the data-parallel world).
     #[arg(long, value_name = "R", value_parser = usize_in(1, MAX_DEGREE))]
     dp_replicate: Option<usize>,
 }
@@ -226,6 +241,8 @@ impl Args {
         });
         cfg.metrics = self.metrics.clone();
         cfg.log_every = self.log_every;
+        (cfg.eval_every, cfg.eval_batches) = (self.eval_every, self.eval_batches);
+        cfg.trace = self.trace.clone();
         cfg.peak_gflops = self.peak_gflops;
         cfg.forecast = !self.no_plan;
         cfg.save = self.save.clone();
@@ -269,7 +286,8 @@ pub fn run(a: Args) -> Result<()> {
                 launch(&a, &cfg, &plan, chaos.unwrap_or_default(), embedded)
             } else {
                 let sup = Supervision::preemptible(term);
-                let ended = train::run::run(&cfg, None, &mut Printer::new(&a, sup)?)?;
+                let live = Live::serve(a.metrics_port)?;
+                let ended = train::run::run(&cfg, None, &mut Printer::new(&a, sup, live)?)?;
                 Supervision::ended(term, ended, grace)
             }
         }
@@ -302,7 +320,8 @@ pub fn run(a: Args) -> Result<()> {
                 GroupConfig::for_training()?,
             )
             .with_context(|| format!("joining the training group as rank {}", w.rank))?;
-            let ended = train::run::run(&cfg, Some(group), &mut Printer::new(&a, sup)?)?;
+            let live = Live::publish(a.metrics_port.is_some(), &w.rdv, w.rank)?;
+            let ended = train::run::run(&cfg, Some(group), &mut Printer::new(&a, sup, live)?)?;
             Supervision::ended(term, ended, grace)
         }
     }
@@ -332,11 +351,12 @@ fn lock_ckpt_dir(a: &Args, plan: &NodePlan, embedded: bool) -> Result<Option<ckp
 struct Printer {
     pb: ProgressBar,
     sup: Supervision,
+    live: Live,
 }
 
 impl Printer {
     /// The printer of the rank `sup` supervises: the progress bar only on rank 0.
-    fn new(a: &Args, sup: Supervision) -> Result<Self> {
+    fn new(a: &Args, sup: Supervision, live: Live) -> Result<Self> {
         let pb = if a.no_progress || sup.rank != 0 {
             ProgressBar::hidden()
         } else {
@@ -348,7 +368,7 @@ impl Printer {
             )
             .context("progress template")?,
         );
-        Ok(Self { pb, sup })
+        Ok(Self { pb, sup, live })
     }
 }
 
@@ -382,6 +402,21 @@ impl train::run::Observer for Printer {
     fn finishing(&mut self) {
         self.pb.finish_and_clear();
         self.sup.finishing();
+    }
+
+    fn recorded(&mut self, r: &train::metrics_log::StepRecord) {
+        let f = launch::metrics::StepFigures {
+            step: r.step,
+            loss: r.loss,
+            val_loss: r.val_loss,
+            tokens_per_s: r.tokens_per_s,
+            mfu: r.mfu,
+            step_s: r.step_s,
+            comm_s: r.comm_s,
+            data_s: r.data_s,
+            ckpt_pause_s: r.ckpt_pause_s,
+        };
+        self.live.add_step(self.sup.rank, f);
     }
 
     fn stop_requested(&mut self) -> bool {
@@ -475,6 +510,10 @@ fn launch(
     // restart stops workers at once instead.
     agent.kill_grace = Duration::ZERO;
     (agent.log_dir, agent.run_id) = (a.log_dir.clone(), a.rdzv_id.clone());
+    // Node 0's agent serves the whole job (it reads every rank's figures from the store).
+    agent.metrics_addr = (a.metrics_port)
+        .filter(|_| plan.node_rank == 0)
+        .map(|p| std::net::SocketAddr::from(([0, 0, 0, 0], p)));
     let report = launch::run(&agent)?;
     if report.restarts > 0 {
         println!(

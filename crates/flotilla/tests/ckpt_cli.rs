@@ -75,6 +75,30 @@ fn ls_show_verify_and_corruption() {
         "{out}"
     );
 
+    let (ok, out, err) = flotilla(&["ckpt", "ls", root_arg(root), "--json"]);
+    assert!(ok, "{err}");
+    let rows: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let names: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["dir"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["step-5", "step-10", "step-15", "step-20.tmp"]);
+    let r = &rows[1];
+    assert_eq!(
+        (&r["state"], &r["tensors"], &r["pieces"]),
+        (&"committed".into(), &2.into(), &4.into())
+    );
+    assert_eq!(
+        (&r["bytes"], &r["world"], &r["run"]),
+        (&52.into(), &2.into(), &"cli-test".into())
+    );
+    assert_eq!(
+        (&rows[2]["state"], &rows[3]["state"]),
+        (&"no_marker".into(), &"staging".into())
+    );
+
     let (ok, out, err) = flotilla(&["ckpt", "show", root_arg(root), "--json"]);
     assert!(ok, "{err}");
     let manifest: serde_json::Value = serde_json::from_str(&out).unwrap();

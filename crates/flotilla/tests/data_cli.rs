@@ -77,6 +77,16 @@ fn prepare_inspect_verify_and_catch_a_flipped_byte() {
         "{stdout}"
     );
 
+    let (ok, json, stderr) = flotilla(&["data", "verify", s(&out), "--json"]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["shards"][0]["file"], "shard-00000.fts");
+    assert_eq!(
+        (&v["shards"][0]["ok"], &v["failed"]),
+        (&true.into(), &serde_json::json!([]))
+    );
+    assert!(v["gb_per_s"].as_f64().unwrap() > 0.0, "{v}");
+
     // Flip one byte of the second shard's token ids: verify must fail and name that shard.
     let victim = out.join("shard-00001.fts");
     let mut bytes = std::fs::read(&victim).unwrap();
@@ -90,6 +100,13 @@ fn prepare_inspect_verify_and_catch_a_flipped_byte() {
         stderr.contains("1 of") && stderr.contains("shard-00001.fts"),
         "{stderr}"
     );
+    let (ok, json, _) = flotilla(&["data", "verify", s(&out), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(
+        !ok && v["failed"] == serde_json::json!(["shard-00001.fts"]),
+        "{v}"
+    );
+    assert!(v["shards"][1]["error"].is_string(), "{v}");
 
     // A missing shard is an error too.
     std::fs::remove_file(&victim).unwrap();

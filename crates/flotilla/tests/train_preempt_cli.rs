@@ -11,13 +11,11 @@
 #[path = "support/cli.rs"]
 mod cli;
 
-use cli::{MICRO, loss_at};
-use std::io::{BufRead, BufReader};
+use cli::{MICRO, Running, loss_at};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{Receiver, channel};
+use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const STEPS: u64 = 12;
 /// The exit code of a pre-empted run (launch::EXIT_PREEMPTED).
@@ -61,78 +59,6 @@ fn args(nproc: &str, extra: &[&str]) -> Vec<String> {
     }
     args.extend(extra.iter().map(|s| s.to_string()));
     args
-}
-
-/// A running `flotilla`, its stdout lines arriving on a channel (and kept).
-struct Running {
-    child: Child,
-    lines: Receiver<String>,
-    out: String,
-}
-
-impl Running {
-    fn start(cmd: &mut Command) -> Running {
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start flotilla");
-        let (tx, lines) = channel();
-        let stdout = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Running {
-            child,
-            lines,
-            out: String::new(),
-        }
-    }
-
-    /// Waits (at most two minutes) for a stdout line starting with `prefix`.
-    fn wait_for(&mut self, prefix: &str) {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while Instant::now() < deadline {
-            if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
-                self.out.push_str(&line);
-                self.out.push('\n');
-                if line.starts_with(prefix) {
-                    return;
-                }
-            }
-        }
-        panic!("no line starting {prefix:?} within 2 min:\n{}", self.out);
-    }
-
-    /// Waits (at most two minutes) for the exit: (code, stdout, stderr, time taken).
-    fn finish(mut self) -> (Option<i32>, String, String, Duration) {
-        let t0 = Instant::now();
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(120),
-                "no exit:\n{}",
-                self.out
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let took = t0.elapsed();
-        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
-            self.out.push_str(&line);
-            self.out.push('\n');
-        }
-        let mut err = String::new();
-        if let Some(mut e) = self.child.stderr.take() {
-            std::io::Read::read_to_string(&mut e, &mut err).unwrap();
-        }
-        (status.code(), self.out, err, took)
-    }
 }
 
 fn flotilla() -> Command {

@@ -23,12 +23,15 @@ use crate::gang::{Admitted, Decision, Gang, Next};
 use crate::generation::{
     Outcome, Recovery, STORE_GONE_WAIT, preempted, spawn_generation, watch_generation,
 };
+use crate::http::Endpoint;
+use crate::metrics::{JobView, StoreSource};
 use crate::process::{WorkerCommand, stop_all, wait_for_exit};
 use crate::term::Termination;
 use crate::watchdog::WatchRules;
 use comm::store::{Secret, StoreClient, StoreServer};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Per-request timeout of the agent's store connection.
@@ -84,6 +87,9 @@ pub struct AgentConfig {
     pub log_dir: Option<PathBuf>,
     /// The run id naming the job's folder under `log_dir` (torchrun's `--rdzv-id`).
     pub run_id: String,
+    /// Serve the job's figures for Prometheus at this address (`--metrics-port`,
+    /// [`crate::http`]); the workers publish them in the store ([`crate::metrics`]).
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// What a finished job looked like from this node.
@@ -134,6 +140,19 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
         None
     };
     let say = |line: String| say(cfg, line);
+    let view = JobView::default();
+    let _endpoint = match cfg.metrics_addr {
+        Some(at) => {
+            let source = StoreSource::new(&store, view.clone())?;
+            let ep = Endpoint::serve(at, Arc::new(source))?;
+            say(format!(
+                "metrics endpoint: http://{}/metrics (Prometheus / OpenMetrics text)",
+                ep.addr()
+            ));
+            Some(ep)
+        }
+        None => None,
+    };
     let fault = chaos_plan(cfg, &store, g)?;
     if let Some(f) = fault
         && cfg.node_rank == 0
@@ -185,6 +204,7 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
                 members.len() * cfg.nproc
             ));
         }
+        view.set(g, members.len() * cfg.nproc, restarts);
         let mut workers = spawn_generation(cfg, g, &members, addr, &secret, fault)?;
         let outcome = watch_generation(
             cfg,

@@ -14,6 +14,7 @@
 //! - [`watchdog`]: failure rules (exit, signal, heartbeat silence, stalled step);
 //! - [`process`]: spawning and stopping worker processes (and their logs);
 //! - [`srun`]: one task per rank under Slurm, without an agent;
+//! - [`metrics`] and [`http`]: the job's live figures, served as a Prometheus endpoint;
 //! - [`chaos`]: injected faults for recovery tests;
 //! - [`env`](mod@env): worker identity, Slurm and torchrun-style environments;
 //! - [`exit`]: the exit-code table (success, failed, pre-empted, refused);
@@ -33,6 +34,8 @@ pub mod exit;
 pub mod gang;
 mod generation;
 pub mod heartbeat;
+pub mod http;
+pub mod metrics;
 pub mod process;
 pub mod srun;
 pub mod term;

@@ -81,6 +81,9 @@ pub struct StepRecord {
     /// Mean cross-entropy of the step's batch (nats/token).
     #[serde(with = "nullable")]
     pub loss: f64,
+    /// Held-out validation loss measured after this step (`--eval-every`), if it was due.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f64>,
     /// Learning rate used.
     #[serde(with = "nullable")]
     pub lr: f32,
@@ -123,6 +126,7 @@ impl StepRecord {
         Self {
             step: s.step,
             loss: s.loss,
+            val_loss: None,
             lr: s.lr,
             grad_norm: s.grad_norm,
             tokens: s.tokens as u64,

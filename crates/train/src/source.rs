@@ -87,6 +87,17 @@ impl Source {
         resume: Option<&data::LoaderState>,
     ) -> Result<Self> {
         let kind = Kind::new(spec, vocab, seq_len, share, seed, resume)?;
+        Ok(Self::of_kind(kind, seq_len, share))
+    }
+
+    /// The rows of the Markov `corpus`'s stream from where it stands, for `share` (a
+    /// held-out split: the chain of the training data, a stream of its own).
+    pub fn markov(corpus: MarkovCorpus, seq_len: usize, share: Share) -> Self {
+        let row = vec![0; seq_len + 1];
+        Self::of_kind(Kind::Markov { corpus, row }, seq_len, share)
+    }
+
+    fn of_kind(kind: Kind, seq_len: usize, share: Share) -> Self {
         let global = match (&kind, share.world) {
             (Kind::Loader { .. }, _) | (_, 1) => (Vec::new(), Vec::new()),
             _ => {
@@ -94,11 +105,11 @@ impl Source {
                 (vec![0; n], vec![0; n])
             }
         };
-        Ok(Source {
+        Source {
             kind,
             share,
             global,
-        })
+        }
     }
 
     /// The source of `spec` for `share` at a checkpoint's global row cursor `rows`: from the

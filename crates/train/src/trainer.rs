@@ -647,6 +647,17 @@ impl Trainer {
         }
         Ok(sum / batches.max(1) as f64)
     }
+
+    /// [`Trainer::eval_loss`] over `batches` batches of `held_out` (a held-out split) instead
+    /// of the training stream, whose position (and so the data cursor) is left as it was.
+    pub fn eval_loss_on(&mut self, held_out: &mut Source, batches: usize) -> Result<f64> {
+        std::mem::swap(&mut self.source, held_out);
+        let drawn = self.drawn;
+        let loss = self.eval_loss(batches);
+        self.drawn = drawn;
+        std::mem::swap(&mut self.source, held_out);
+        loss
+    }
 }
 
 /// This process's share of each global batch.

@@ -84,3 +84,46 @@ pub fn call(
         ))),
     }
 }
+
+/// How [`measure`] times an op: check one call's result first, then run as many calls as fit
+/// `target_seconds` (from the last of five warm-up calls), within `iters` (min, max).
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// Check one call's result against its closed form ([`check::check_once`]) first.
+    pub check: bool,
+    /// Seconds the timed calls should take together.
+    pub target_seconds: f64,
+    /// Fewest and most timed calls.
+    pub iters: (usize, usize),
+}
+
+/// Times `op` over `size` bytes of `dtype` on `g` (`algo` forced, or the group's choice):
+/// per-call seconds (the slowest rank's) and the algorithm's name. Collective.
+pub fn measure(
+    g: &ProcessGroup,
+    op: OpKind,
+    size: usize,
+    dtype: DType,
+    algo: Option<crate::algo::Algo>,
+    how: &Timing,
+) -> Result<(Vec<f64>, &'static str)> {
+    let mut bufs = buffers(op, size, g.size(), dtype.size(), g.rank());
+    let opts = OpOptions {
+        algo,
+        timeout: None,
+    };
+    // The algorithm the op runs: the forced one, or the group's choice (the same on every call).
+    let algo_name = algo.unwrap_or_else(|| g.explain(op, size).algo).name();
+    let mut run = || call(g, op, &mut bufs, dtype, &opts);
+    // Warm-up: five calls; the last one's time sizes the run.
+    let warm = g.timed_calls(5, &mut run)?.last().copied().unwrap_or(1e-3);
+    if how.check {
+        check::check_once(g, op, size, dtype, &opts)?;
+    }
+    let (lo, hi) = how.iters;
+    let mut iters =
+        [((how.target_seconds / warm.max(1e-7)) as i64).clamp(lo as i64, hi.max(lo) as i64)];
+    g.broadcast(&mut iters, 0)?;
+    g.timed_calls(iters[0] as usize, &mut run)
+        .map(|times| (times, algo_name))
+}

@@ -16,7 +16,7 @@ use crate::transport::{Link, LinkKind};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How to reach the job's rendezvous store, and the job's identity there.
 #[derive(Clone)]
@@ -466,7 +466,11 @@ impl ProcessGroup {
             op,
         };
         ctx.op.spin = inner.spin();
+        let began = crate::trace::enabled().then(Instant::now);
         let result = body(&mut ctx, algo, scratch);
+        if let Some(b) = began {
+            crate::trace::record(kind.name(), &inner.name, bytes, algo.name(), b);
+        }
         let sent = ctx.op.bytes_sent;
         drop(core);
         match result {

@@ -1,8 +1,10 @@
 //! Running the built `flotilla` binary from integration tests.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
 /// Runs `flotilla args...`; returns (success, stdout, stderr).
@@ -127,4 +129,79 @@ pub fn run_with_deadline(
     let stdout = std::fs::File::create(&out_path).unwrap();
     let (status, err) = run_to_with_deadline(scratch, args, stdout.into(), deadline);
     (status, std::fs::read_to_string(&out_path).unwrap(), err)
+}
+
+/// A running `flotilla`, its stdout lines arriving on a channel (and kept).
+pub struct Running {
+    /// The process.
+    pub child: Child,
+    lines: Receiver<String>,
+    /// Its stdout so far.
+    pub out: String,
+}
+
+impl Running {
+    /// Starts `cmd` with stdout and stderr piped.
+    pub fn start(cmd: &mut Command) -> Running {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start flotilla");
+        let (tx, lines) = channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Running {
+            child,
+            lines,
+            out: String::new(),
+        }
+    }
+
+    /// Waits (at most two minutes) for a stdout line starting with `prefix`; the line.
+    pub fn wait_for(&mut self, prefix: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < deadline {
+            if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
+                self.out.push_str(&line);
+                self.out.push('\n');
+                if line.starts_with(prefix) {
+                    return line;
+                }
+            }
+        }
+        panic!("no line starting {prefix:?} within 2 min:\n{}", self.out);
+    }
+
+    /// Waits (at most two minutes) for the exit: (code, stdout, stderr, time taken).
+    pub fn finish(mut self) -> (Option<i32>, String, String, Duration) {
+        let t0 = Instant::now();
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "no exit:\n{}",
+                self.out
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let took = t0.elapsed();
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.out.push_str(&line);
+            self.out.push('\n');
+        }
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            std::io::Read::read_to_string(&mut e, &mut err).unwrap();
+        }
+        (status.code(), self.out, err, took)
+    }
 }

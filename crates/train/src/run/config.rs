@@ -139,6 +139,13 @@ pub struct RunConfig {
     pub generation: u64,
     /// Train the MoE decoder with expert parallelism instead of the dense model (None: dense).
     pub moe: Option<MoeSettings>,
+    /// Measure the validation loss on the held-out split every this many steps and after the
+    /// last (0: never; see [`crate::run::eval`]).
+    pub eval_every: u64,
+    /// Batches of the held-out split per evaluation.
+    pub eval_batches: usize,
+    /// Write a Chrome / Perfetto trace per rank in this directory (see `run::trace`).
+    pub trace: Option<PathBuf>,
 }
 
 impl RunConfig {
@@ -156,6 +163,9 @@ impl RunConfig {
             export_hf: None,
             generation: 0,
             moe: None,
+            eval_every: 0,
+            eval_batches: 4,
+            trace: None,
         }
     }
 
@@ -171,6 +181,7 @@ impl RunConfig {
                     .into(),
             ));
         }
+        super::eval::check(self)?;
         if let Some(s) = &self.moe {
             return check_moe(self, s, world);
         }

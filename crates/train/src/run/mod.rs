@@ -14,11 +14,13 @@
 //! [`Ended::Stopped`].
 pub mod config;
 pub mod engine;
+pub mod eval;
 pub mod expert;
 pub mod mesh;
 mod outputs;
 pub mod report;
 pub mod resume;
+mod trace;
 
 use std::time::Instant;
 
@@ -32,7 +34,7 @@ use crate::checkpoint::{CheckpointConfig, Checkpointer, SaveSummary, run_id};
 use crate::error::{Context, Result};
 use crate::forecast::Measured;
 use crate::metrics::{gemm_gflops, mfu};
-use crate::metrics_log::{MetricsLog, RunInfo};
+use crate::metrics_log::{MetricsLog, RunInfo, StepRecord};
 use crate::trainer::StepStats;
 use report::{comm_note, split_note};
 
@@ -49,6 +51,9 @@ pub trait Observer {
     fn completed(&mut self, s: &StepStats) -> std::result::Result<(), crate::BoxError>;
     /// The loop is over (the final save and synchronisation follow).
     fn finishing(&mut self);
+    /// Step `r` is recorded (every rank, after its checkpoint if one was due): the figures
+    /// of a live view such as `--metrics-port`.
+    fn recorded(&mut self, _r: &StepRecord) {}
     /// Whether this rank was asked to stop (a pre-emption notice: SIGTERM). Asked after every
     /// step of a run with a checkpoint directory: the ranks agree (one asking stops them all
     /// after the same step), that step is saved, and [`run`] returns [`Ended::Stopped`].
@@ -127,17 +132,15 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
     let first = engine.steps_done();
     obs.resumed(first, steps);
     let peak_all = peak * world as f64;
+    let info = RunInfo {
+        rank,
+        world,
+        generation: cfg.generation,
+        peak_gflops: peak_all,
+        flops_per_token: fpt,
+    };
     let mut metrics = match &cfg.metrics {
-        Some(path) if lead => Some(MetricsLog::open(
-            path,
-            RunInfo {
-                rank,
-                world,
-                generation: cfg.generation,
-                peak_gflops: peak_all,
-                flops_per_token: fpt,
-            },
-        )?),
+        Some(path) if lead => Some(MetricsLog::open(path, info)?),
         _ => None,
     };
     let mut measured = Measured::default();
@@ -145,7 +148,12 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
     // Each timed step's communication wait, split over the ranks at the end (peer_wait).
     let mut waits: Vec<f64> = Vec::new();
     let mut stopped = None;
+    let held_out = eval::HeldOut::of(cfg);
+    let mut tracer = (cfg.trace.as_deref())
+        .map(|dir| trace::Tracer::start(dir, rank, cfg.generation))
+        .transpose()?;
     for _ in first..steps {
+        let began = Instant::now();
         obs.starting();
         let (s, saved) = step(&mut engine, saver.as_mut())?;
         last_loss = s.loss;
@@ -161,6 +169,16 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
         if lead && (s.step % cfg.log_every.max(1) == 0 || s.step == 1 || s.step == steps) {
             obs.line(&report::step_line(&s, steps, fpt, peak_all, world));
         }
+        let val_loss = match &held_out {
+            Some(h) if h.due(s.step, steps) => {
+                let (v, rows) = h.loss(&mut engine, &cfg.train, world_group.as_ref())?;
+                if lead {
+                    obs.line(&report::eval_line(s.step, steps, v, rows));
+                }
+                Some(v)
+            }
+            _ => None,
+        };
         let saved = match (saved, &mut saver) {
             (Some(saved), _) => Some(outputs::slowest(world_group.as_ref(), saved)?),
             (None, Some(Saver::Sync(c))) if due(c, s.step) => {
@@ -179,8 +197,16 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
             measured.ckpts += 1;
             measured.ckpt_pause_s += saved.pause.as_secs_f64();
         }
+        let record = StepRecord {
+            val_loss,
+            ..StepRecord::new(&s, &info, saved.as_ref().map(|(s, _)| s.pause))
+        };
         if let Some(log) = &mut metrics {
-            log.step(&s, saved.as_ref().map(|(s, _)| s.pause))?;
+            log.write_step(&record)?;
+        }
+        obs.recorded(&record);
+        if let Some(t) = &mut tracer {
+            t.step(&s, began, saved.as_ref().map(|(s, _)| s.pause))?;
         }
         obs.completed(&s).map_err(crate::TrainError::Observer)?;
         // After the last step the run ends as usual (its final save and outputs follow).
@@ -199,6 +225,14 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
         }
     }
     obs.finishing();
+    if let Some(path) = tracer.take().map(trace::Tracer::finish).transpose()?
+        && lead
+    {
+        obs.line(&format!(
+            "# trace of rank 0 in {} (one file per rank)",
+            path.display()
+        ));
+    }
     let finished = finish_saves(
         &mut engine,
         saver.as_mut(),

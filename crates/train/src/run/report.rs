@@ -48,6 +48,11 @@ pub fn step_line(s: &StepStats, steps: u64, fpt: f64, peak_all: f64, world: usiz
     )
 }
 
+/// The line of a validation loss after step `step` of `steps`, over `rows` held-out rows.
+pub fn eval_line(step: u64, steps: u64, loss: f64, rows: usize) -> String {
+    format!("step {step:>6}/{steps} validation loss {loss:.4} ({rows} held-out rows)")
+}
+
 /// The state-memory line of a data-parallel run: what this rank holds, measured, beside the
 /// formula of its ZeRO stage (`crate::zero::expected_bytes`).
 pub fn state_line(trainer: &Trainer) -> String {
