@@ -67,6 +67,7 @@ pub fn agent_config(spec: &NodeSpec, args: Vec<String>) -> Result<launch::AgentC
         term_grace: Duration::from_secs(30),
         log_dir: None,
         run_id: "none".into(),
+        agreement: Vec::new(),
     })
 }
 

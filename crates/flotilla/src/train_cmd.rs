@@ -461,6 +461,7 @@ fn launch(
     // restart stops workers at once instead.
     agent.kill_grace = Duration::ZERO;
     (agent.log_dir, agent.run_id) = (a.log_dir.clone(), a.rdzv_id.clone());
+    agent.agreement = cfg.agreement();
     let report = launch::run(&agent)?;
     if report.restarts > 0 {
         println!(

@@ -84,6 +84,10 @@ pub struct AgentConfig {
     pub log_dir: Option<PathBuf>,
     /// The run id naming the job's folder under `log_dir` (torchrun's `--rdzv-id`).
     pub run_id: String,
+    /// The run configuration as named fields (model, layout, hyperparameters, data, code
+    /// version): every node registers it at admission and node 0 refuses nodes whose fields
+    /// differ from its own ([`crate::agree`]). Empty: nothing to compare.
+    pub agreement: Vec<(String, String)>,
 }
 
 /// What a finished job looked like from this node.
@@ -127,7 +131,18 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
         .watch
         .as_ref()
         .map_or(DEFAULT_LEASE_TIMEOUT, |w| w.heartbeat_timeout);
-    let gang = Gang::new(&store, nodes, cfg.node_rank, lease_timeout);
+    let gang = Gang::new(&store, nodes, cfg.node_rank, lease_timeout)
+        .with_agreement(cfg.agreement.clone());
+    if cfg.nnodes > 1 && !cfg.agreement.is_empty() {
+        say(
+            cfg,
+            format!(
+                "run configuration digest {} ({} fields, compared at admission)",
+                gang.digest(),
+                cfg.agreement.len()
+            ),
+        );
+    }
     let _lease = if nodes.is_elastic() && cfg.node_rank != 0 {
         Some(LeaseKeeper::start(&store, cfg.node_rank)?)
     } else {

@@ -3,11 +3,15 @@
 //!
 //! Keys, all under `launch/g{generation}/` and written with that generation's stamp, so the
 //! store refuses anything an agent or worker of an older generation still tries to say:
-//! - `node/{i}`: node i's agent is ready to start its workers (admission);
+//! - `node/{i}`: node i's agent is ready to start its workers (admission): its
+//!   [`Registration`] (identity and run configuration), written only if no other agent holds
+//!   the rank; node 0 refuses the job when a registration's configuration differs from its own
+//!   ([`crate::agree`]);
 //! - `members`: the nodes node 0 admitted, in rank order ([`Membership`]); with `--nnodes
 //!   MIN:MAX` that is every registered node once all MAX are there, or once at least MIN are
 //!   and every missing node is lost (its lease stood still, see [`crate::elastic`]) or the
-//!   admission deadline has passed;
+//!   admission deadline has passed; or `refused: WHY` when admission was refused (compare-and-
+//!   set: a refusal and the member list exclude each other);
 //! - `failed`: the first failure of the generation, as text (compare-and-set: first wins);
 //!   every agent polls it and stops its workers when it appears;
 //! - `failure-seen/{i}`: member i read the failure and stopped its workers (node 0 waits a
@@ -20,6 +24,7 @@
 //! i's lease counter in an elastic job (it spans generations); the store's generation counter
 //! is the generation itself, bumped by node 0 only.
 
+use crate::agree::{self, Registration};
 use crate::elastic::{Leases, Membership, NodeRange};
 use crate::error::{LaunchError, Result};
 use crate::heartbeat::{self, Beat};
@@ -69,7 +74,14 @@ pub struct Gang<'a> {
     pub node: usize,
     /// Node 0: the other nodes' leases.
     leases: Mutex<Leases>,
+    /// What this agent registers with: its identity and run configuration.
+    registration: Registration,
 }
+
+/// The prefix of a `members` value that refuses admission.
+const REFUSED: &str = "refused: ";
+/// How long node 0 waits for the registered nodes to read a refusal before its store goes.
+const REFUSAL_LINGER: Duration = Duration::from_secs(5);
 
 fn key(g: u64, what: &str) -> String {
     format!("launch/g{g}/{what}")
@@ -89,16 +101,93 @@ impl<'a> Gang<'a> {
             nodes: nodes.into(),
             node,
             leases: Mutex::new(Leases::new(lease_timeout)),
+            registration: Registration::new(Vec::new()),
+        }
+    }
+
+    /// This agent registers with the run configuration `fields` (see [`crate::agree`]): node
+    /// 0 refuses admission to nodes whose fields differ from its own.
+    pub fn with_agreement(mut self, fields: Vec<(String, String)>) -> Gang<'a> {
+        self.registration = Registration::new(fields);
+        self
+    }
+
+    /// The digest of this agent's run configuration ([`Registration::digest`]).
+    pub fn digest(&self) -> String {
+        self.registration.digest()
+    }
+
+    /// Registers this node for generation `g` unless another agent holds its rank: `Ok(None)`
+    /// when registered, else that agent's identity.
+    fn register(&self, g: u64) -> Result<Option<String>> {
+        let me = self.registration.encode();
+        let k = key(g, &format!("node/{}", self.node));
+        match self.store.compare_set(&k, None, me.as_bytes())? {
+            Some(v) if v == me.as_bytes() => Ok(None),
+            Some(v) => Ok(Some(Registration::decode(&v).map_or_else(
+                || String::from_utf8_lossy(&v).into_owned(),
+                |r| r.agent,
+            ))),
+            None => Err(LaunchError::invalid(
+                "store",
+                k,
+                "compare-and-set of an absent key left it absent",
+            )),
+        }
+    }
+
+    /// Refuses admission to generation `g` for the whole job with `why` unless the member list
+    /// is already out; the error this agent ends with either way.
+    fn refuse(&self, g: u64, why: String) -> Result<LaunchError> {
+        let text = format!("{REFUSED}{why}");
+        self.store
+            .compare_set(&key(g, "members"), None, text.as_bytes())?;
+        Ok(LaunchError::Refused(why))
+    }
+
+    /// Node 0, after refusing generation `g`: waits (at most [`REFUSAL_LINGER`]) until the
+    /// registered nodes `nodes` have read the refusal, so they end with it instead of a lost
+    /// store.
+    fn linger_refused(&self, g: u64, nodes: &[usize]) {
+        let seen: Vec<String> = nodes
+            .iter()
+            .filter(|&&n| n != 0)
+            .map(|n| key(g, &format!("refusal-seen/{n}")))
+            .collect();
+        if !seen.is_empty()
+            && let Err(e) = self.store.wait(&seen, REFUSAL_LINGER)
+        {
+            tracing::debug!("not every node saw the refusal: {e}");
         }
     }
 
     /// Registers this node for generation `g`; node 0 then decides the members (see the module
     /// docs) within `timeout`, the others wait for that decision (a little longer). On timeout
     /// with fewer than MIN nodes, names the missing ones (no worker has been started).
+    ///
+    /// Refused (for the whole job, before any worker starts) when a node's run configuration
+    /// differs from node 0's, or when another agent already registered this node's rank while
+    /// admission was open; a second agent arriving after the member list is out is refused
+    /// alone (an elastic job instead treats it as a node returning: it waits for the next
+    /// generation).
     pub fn admit(&self, g: u64, timeout: Duration) -> Result<Admitted> {
-        self.store
-            .set(&key(g, &format!("node/{}", self.node)), b"ready")?;
         let start = Instant::now();
+        if let Some(holder) = self.register(g)? {
+            let why = agree::duplicate(self.node, g, &holder, &self.registration.agent);
+            match self.store.get(&key(g, "members"))? {
+                None => return Err(self.refuse(g, why)?),
+                Some(m) if m.starts_with(REFUSED.as_bytes()) => {
+                    return Err(LaunchError::Refused(why));
+                }
+                Some(m) if self.nodes.is_elastic() => {
+                    if let Some(m) = Membership::decode(&m) {
+                        return Ok(Admitted::Excluded(m));
+                    }
+                }
+                Some(_) => {}
+            }
+            return Err(LaunchError::Refused(why));
+        }
         if self.node != 0 {
             // Node 0 decides within `timeout` of its own start; allow for it starting later.
             let wait = timeout + timeout.min(Duration::from_secs(30));
@@ -113,6 +202,15 @@ impl<'a> Gang<'a> {
                 }
                 Err(e) => return Err(e.into()),
             };
+            if let Some(why) = text.strip_prefix(REFUSED.as_bytes()) {
+                let seen = key(g, &format!("refusal-seen/{}", self.node));
+                if let Err(e) = self.store.set(&seen, b"1") {
+                    tracing::debug!("refusal acknowledgement: {e}");
+                }
+                return Err(LaunchError::Refused(
+                    String::from_utf8_lossy(why).into_owned(),
+                ));
+            }
             let m = Membership::decode(&text).ok_or_else(|| {
                 LaunchError::invalid(
                     "membership",
@@ -132,15 +230,36 @@ impl<'a> Gang<'a> {
             leases.poll(self.store, 1..self.nodes.max)?;
             let mut registered = Vec::new();
             let mut missing = Vec::new();
+            let mut refusals = Vec::new();
             for i in 0..self.nodes.max {
                 // A node that registered and then went silent is not admitted: it would only
                 // fail the generation again.
                 let live = leases.lost(i, now).is_none();
-                if live && self.store.get(&key(g, &format!("node/{i}")))?.is_some() {
-                    registered.push(i);
-                } else {
-                    missing.push(i);
+                match self.store.get(&key(g, &format!("node/{i}")))? {
+                    Some(r) if live => {
+                        registered.push(i);
+                        if let Some(r) = Registration::decode(&r) {
+                            let d = self.registration.differences(0, &r, i);
+                            if !d.is_empty() {
+                                refusals.push(agree::mismatch(0, i, &d));
+                            }
+                        }
+                    }
+                    _ => missing.push(i),
                 }
+            }
+            if let Some(m) = self.store.get(&key(g, "members"))?
+                && let Some(why) = m.strip_prefix(REFUSED.as_bytes())
+            {
+                self.linger_refused(g, &registered);
+                return Err(LaunchError::Refused(
+                    String::from_utf8_lossy(why).into_owned(),
+                ));
+            }
+            if !refusals.is_empty() {
+                let e = self.refuse(g, refusals.join("; "))?;
+                self.linger_refused(g, &registered);
+                return Err(e);
             }
             let enough = registered.len() >= self.nodes.min;
             let all_lost = missing.iter().all(|&i| leases.lost(i, now).is_some());
@@ -149,8 +268,16 @@ impl<'a> Gang<'a> {
                     leases.admitted(n, now);
                 }
                 let m = Membership { nodes: registered };
-                self.store.set(&key(g, "members"), m.encode().as_bytes())?;
-                return Ok(Admitted::Member(m));
+                let text = m.encode();
+                let now = self
+                    .store
+                    .compare_set(&key(g, "members"), None, text.as_bytes())?;
+                // A duplicate agent refused the generation in the meantime: the next poll
+                // reads the refusal.
+                if now.as_deref() == Some(text.as_bytes()) {
+                    return Ok(Admitted::Member(m));
+                }
+                continue;
             }
             if now >= deadline {
                 return Err(LaunchError::Admission {

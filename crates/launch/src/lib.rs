@@ -8,6 +8,7 @@
 //! admitted, with a deadline; completion messages from an older generation are not trusted).
 //!
 //! - [`agent`]: the restart loop of one node;
+//! - [`agree`]: agreement at admission (run configurations compared, duplicate ranks refused);
 //! - [`gang`]: coordination of the nodes' agents through the rendezvous store;
 //! - [`elastic`]: `--nnodes MIN:MAX`, generation membership and node leases;
 //! - [`heartbeat`]: the worker's heartbeat thread and the beat format;
@@ -25,6 +26,7 @@
 //! neither join nor disturb the next.
 
 pub mod agent;
+pub mod agree;
 pub mod chaos;
 pub mod elastic;
 pub mod env;

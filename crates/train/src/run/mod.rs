@@ -12,6 +12,7 @@
 //! a checkpoint directory the ranks then agree whether any was asked to stop (a pre-emption:
 //! [`Observer::stop_requested`]); if so, that step is saved and the run returns
 //! [`Ended::Stopped`].
+pub mod agreement;
 pub mod config;
 pub mod engine;
 pub mod expert;
