@@ -243,8 +243,15 @@ impl Supervision {
         }
     }
 
-    /// `step` is complete: tell the agent, then let chaos strike if it is due.
-    pub fn completed(&self, step: u64) -> Result<()> {
+    /// `step` is complete after `compute` of work (its time not waiting for others): tell the
+    /// agent, then let chaos strike if it is due (a `slow@` fault stretches the step here, so
+    /// the rank arrives late at the step's exchange of arrival times).
+    pub fn completed(&self, step: u64, compute: Duration) -> Result<()> {
+        if let Some(d) = (self.fault.as_ref())
+            .and_then(|f| f.slow_delay(self.rank, step, self.generation, compute))
+        {
+            std::thread::sleep(d);
+        }
         if let Some(hb) = &self.hb {
             hb.completed(step);
         }

@@ -362,7 +362,9 @@ impl train::run::Observer for Printer {
         self.pb
             .set_message(format!("loss {:.4} {:.0} tok/s", s.loss, tps));
         self.pb.inc(1);
-        self.sup.completed(s.step).map_err(Into::into)
+        let compute = (s.seconds - s.comm_seconds).max(0.0);
+        let compute = std::time::Duration::from_secs_f64(compute);
+        self.sup.completed(s.step, compute).map_err(Into::into)
     }
 
     fn finishing(&mut self) {

@@ -153,16 +153,15 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
     if let Some(f) = fault
         && cfg.node_rank == 0
     {
+        let what = match f.kind {
+            chaos::FaultKind::Kill => "SIGKILL itself".to_string(),
+            chaos::FaultKind::Hang => "SIGSTOP itself".to_string(),
+            chaos::FaultKind::Stall => "stop progressing".to_string(),
+            chaos::FaultKind::Slow(_) => format!("become {}x slower", f.kind.factor()),
+        };
         say(format!(
-            "chaos: {f} (seed {}): rank {} will {} after step {} in generation 0",
-            cfg.chaos_seed,
-            f.rank,
-            match f.kind {
-                chaos::FaultKind::Kill => "SIGKILL itself",
-                chaos::FaultKind::Hang => "SIGSTOP itself",
-                chaos::FaultKind::Stall => "stop progressing",
-            },
-            f.step
+            "chaos: {f} (seed {}): rank {} will {what} after step {} in generation 0",
+            cfg.chaos_seed, f.rank, f.step
         ));
     }
     let job_deadline = Instant::now() + cfg.job_timeout;

@@ -6,6 +6,9 @@
 //! - `hang@STEP[:RANK]`: it SIGSTOPs itself there (caught by the heartbeat timeout);
 //! - `stall@STEP[:RANK]`: it stops progressing while its heartbeat thread lives (caught by
 //!   the watchdog);
+//! - `slow@STEP[:RANK]:FACTOR`: fail-slow: from the step after STEP on, that worker's steps
+//!   take FACTOR times as long (after each it sleeps FACTOR - 1 times that step's compute; the
+//!   numbers it computes do not change, only their timing);
 //! - `corrupt-newest`: before a restart the agent flips a byte of the newest committed
 //!   checkpoint, so recovery must fall back to the one before.
 //!
@@ -26,6 +29,21 @@ pub enum FaultKind {
     Hang,
     /// Stop making progress (sleep in the loop).
     Stall,
+    /// Fail-slow: every step from the next one on takes this many hundredths times as long.
+    Slow(u32),
+}
+
+/// The largest `slow@` factor (a bigger one is a stall: use `stall@`).
+pub const MAX_SLOW_FACTOR: f64 = 100.0;
+
+impl FaultKind {
+    /// The slowdown factor of a [`FaultKind::Slow`] (1 for the others).
+    pub fn factor(self) -> f64 {
+        match self {
+            FaultKind::Slow(h) => f64::from(h) / 100.0,
+            _ => 1.0,
+        }
+    }
 }
 
 /// A step given as a number or `random`.
@@ -81,13 +99,28 @@ impl Chaos {
                 plan.corrupt_newest = true;
                 continue;
             }
-            let expected = "expected kill@STEP[:RANK], hang@STEP[:RANK], stall@STEP[:RANK] \
-                            or corrupt-newest (STEP may be 'random')";
+            let expected = "expected kill@STEP[:RANK], hang@STEP[:RANK], stall@STEP[:RANK], \
+                            slow@STEP[:RANK]:FACTOR or corrupt-newest (STEP may be 'random')";
             let (kind, rest) = item.split_once('@').ok_or_else(|| bad(item, expected))?;
-            let kind = match kind {
-                "kill" => FaultKind::Kill,
-                "hang" => FaultKind::Hang,
-                "stall" => FaultKind::Stall,
+            let (kind, rest) = match kind {
+                "kill" => (FaultKind::Kill, rest),
+                "hang" => (FaultKind::Hang, rest),
+                "stall" => (FaultKind::Stall, rest),
+                "slow" => {
+                    let (rest, factor) = rest.rsplit_once(':').ok_or_else(|| {
+                        bad(item, "expected slow@STEP[:RANK]:FACTOR (e.g. slow@5:1:3)")
+                    })?;
+                    let f: f64 = factor.parse().map_err(|_| {
+                        bad(item, "FACTOR must be a number (how many times slower)")
+                    })?;
+                    if !(f > 1.0 && f <= MAX_SLOW_FACTOR) {
+                        return Err(bad(
+                            item,
+                            format!("FACTOR must be above 1 and at most {MAX_SLOW_FACTOR}"),
+                        ));
+                    }
+                    (FaultKind::Slow((f * 100.0).round() as u32), rest)
+                }
                 _ => return Err(bad(item, expected)),
             };
             let (step, rank) = match rest.split_once(':') {
@@ -155,8 +188,13 @@ impl fmt::Display for Fault {
             FaultKind::Kill => "kill",
             FaultKind::Hang => "hang",
             FaultKind::Stall => "stall",
+            FaultKind::Slow(_) => "slow",
         };
-        write!(f, "{kind}@{}:{}", self.step, self.rank)
+        write!(f, "{kind}@{}:{}", self.step, self.rank)?;
+        if let FaultKind::Slow(_) = self.kind {
+            write!(f, ":{}", self.kind.factor())?;
+        }
+        Ok(())
     }
 }
 
@@ -188,6 +226,13 @@ impl Fault {
         if generation != 0 || rank != self.rank || step != self.step {
             return Ok(());
         }
+        if let FaultKind::Slow(_) = self.kind {
+            eprintln!(
+                "flotilla: chaos: {self}: rank {rank} is slow from step {} on",
+                step + 1
+            );
+            return Ok(());
+        }
         publish();
         eprintln!("flotilla: chaos: {self} strikes rank {rank} after step {step}");
         match self.kind {
@@ -200,10 +245,32 @@ impl Fault {
                 libc::raise(libc::SIGSTOP);
             },
             FaultKind::Stall => std::thread::sleep(stall_limit),
+            FaultKind::Slow(_) => return Ok(()),
         }
         Err(LaunchError::Aborted(format!(
             "chaos {self} on rank {rank}: the agent did not stop this worker within {stall_limit:?}"
         )))
+    }
+}
+
+impl Fault {
+    /// A `slow@` fault's delay after rank `rank` (of generation `generation`) computed step
+    /// `step` in `compute`: (FACTOR - 1) x `compute` for every step after the fault's step, so
+    /// the rank's steps take FACTOR times as long; `None` for other faults, ranks, steps and
+    /// generations.
+    pub fn slow_delay(
+        &self,
+        rank: usize,
+        step: u64,
+        generation: u64,
+        compute: Duration,
+    ) -> Option<Duration> {
+        match self.kind {
+            FaultKind::Slow(_) if generation == 0 && rank == self.rank && step > self.step => {
+                Some(compute.mul_f64(self.kind.factor() - 1.0))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -316,6 +383,33 @@ mod tests {
         let mut published = false;
         let e = f.strike(1, 3, 0, || published = true, quick).unwrap_err();
         assert!(published && e.to_string().contains("stall@3:1"), "{e}");
+    }
+
+    #[test]
+    fn slow_faults_parse_round_trip_and_only_delay_their_rank_after_their_step() {
+        let c = Chaos::parse("slow@5:1:3").unwrap();
+        let f = c.resolve(0, 20, 2).unwrap().unwrap();
+        assert_eq!(f.to_string(), "slow@5:1:3");
+        assert_eq!(Fault::parse("slow@5:1:3").unwrap(), f);
+        assert_eq!(Fault::parse("slow@5:1:2.5").unwrap().kind.factor(), 2.5);
+        let r = Chaos::parse("slow@random:1.5").unwrap().resolve(3, 9, 4);
+        assert_eq!(r.unwrap().unwrap().kind, FaultKind::Slow(150));
+        let c = Duration::from_millis(100);
+        assert_eq!(f.slow_delay(1, 5, 0, c), None);
+        assert_eq!(f.slow_delay(1, 6, 0, c), Some(Duration::from_millis(200)));
+        assert_eq!(f.slow_delay(0, 6, 0, c), None);
+        assert_eq!(f.slow_delay(1, 6, 1, c), None);
+        assert!(f.strike(1, 5, 0, || {}, c).is_ok());
+        for (plan, needle) in [
+            ("slow@5", "slow@STEP[:RANK]:FACTOR"),
+            ("slow@5:1:x", "FACTOR must be a number"),
+            ("slow@5:1:1", "above 1"),
+            ("slow@5:1:NaN", "above 1"),
+            ("slow@5:1:1e9", "at most 100"),
+        ] {
+            let e = Chaos::parse(plan).unwrap_err().to_string();
+            assert!(e.contains(needle), "{plan}: {e}");
+        }
     }
 
     #[test]

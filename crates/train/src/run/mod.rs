@@ -146,6 +146,7 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
     // Each timed step's communication wait, split over the ranks at the end (peer_wait).
     let mut waits: Vec<f64> = Vec::new();
     let mut stopped = None;
+    let mut stragglers = crate::straggler::StragglerWatch::new();
     for _ in first..steps {
         obs.starting();
         let (s, saved) = step(&mut engine, saver.as_mut())?;
@@ -184,6 +185,12 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
             log.step(&s, saved.as_ref().map(|(s, _)| s.pause))?;
         }
         obs.completed(&s).map_err(crate::TrainError::Observer)?;
+        if let Some(st) = stragglers.step(world_group.as_ref(), &s)? {
+            crate::straggler::record(&st, world_group.as_ref(), metrics.as_mut())?;
+            if lead {
+                obs.line(&st.line());
+            }
+        }
         // After the last step the run ends as usual (its final save and outputs follow).
         if cfg.checkpoint.is_some()
             && s.step < steps
