@@ -68,6 +68,7 @@ pub fn agent_config(spec: &NodeSpec, args: Vec<String>) -> Result<launch::AgentC
         log_dir: None,
         run_id: "none".into(),
         agreement: Vec::new(),
+        straggler: launch::straggler::Policy::Warn,
     })
 }
 
@@ -203,6 +204,8 @@ pub struct Supervision {
     pub generation: u64,
     /// The SIGTERM handler, installed when the run has a checkpoint directory to save in.
     pub term: Option<launch::Termination>,
+    /// The job's store, where a named straggler is reported to the agents (under an agent).
+    pub rdv: Option<comm::group::Rendezvous>,
 }
 
 impl Supervision {
@@ -270,6 +273,21 @@ impl Supervision {
             )?;
         }
         Ok(())
+    }
+
+    /// The lead rank named `st` slow: reported to the agents, whose `--straggler` policy acts
+    /// on it (a failed report is only logged: the straggler is named either way).
+    pub fn straggler(&self, st: &train::straggler::Straggler) {
+        if let Some(rdv) = &self.rdv {
+            let r = launch::straggler::Report {
+                rank: st.rank,
+                slowdown: st.slowdown,
+                step: st.step,
+            };
+            if let Err(e) = launch::straggler::report(rdv, &r) {
+                eprintln!("flotilla: reporting the straggler to the agents: {e}");
+            }
+        }
     }
 
     /// The loop is over (final save and barrier follow).

@@ -66,7 +66,7 @@ pub struct Args {
     /// SLURM_LOCALID; rank 0 hosts the store on the node list's first host at MASTER_PORT or
     /// 29500): no agent, so no heartbeats, watchdog, restarts, chaos or elastic ranges; Slurm's
     /// requeue restarts the job (docs/LAUNCH.md).
-    #[arg(long, conflicts_with_all = ["nproc", "nnodes", "node_rank", "rdzv", "master_addr", "chaos", "log_dir",
+    #[arg(long, conflicts_with_all = ["nproc", "nnodes", "node_rank", "rdzv", "master_addr", "chaos", "straggler", "log_dir",
         "max_restarts", "heartbeat_timeout_s", "watchdog_s", "startup_timeout_s", "admission_timeout_s"])]
     srun: bool,
     /// After SIGTERM (a pre-emption), the time to finish the current step and commit its
@@ -108,6 +108,12 @@ pub struct Args {
     /// checkpoint is damaged before the restart); STEP may be `random`. Comma-separated.
     #[arg(long)]
     chaos: Option<String>,
+    /// What to do with a rank named slow (its arrival at the step's collectives at least 1.75x
+    /// the others' several steps in a row): warn (name it in the log, the metrics and the
+    /// flight recorder), or exclude (also drop its node at a generation boundary: elastic jobs,
+    /// --nnodes MIN:MAX, only).
+    #[arg(long, default_value = "warn")]
+    straggler: launch::straggler::Policy,
     /// Seed of the chaos plan's random choices (default: from the clock; printed).
     #[arg(long)]
     chaos_seed: Option<u64>,
@@ -255,6 +261,12 @@ pub fn run(a: Args) -> Result<()> {
             let plan = NodePlan::resolve(a.nproc, a.nnodes, a.node_rank, rdzv.as_deref())?;
             // Degrees and settings are checked before any worker starts.
             cfg.check(plan.nproc * plan.nnodes)?;
+            if a.straggler == launch::straggler::Policy::Exclude && plan.min_nnodes == plan.nnodes {
+                bail!(
+                    "--straggler exclude drops a slow node from an elastic job: it needs                      --nnodes MIN:MAX with MIN < MAX (this job has {} node(s), all required)",
+                    plan.nnodes
+                );
+            }
             let _lock = lock_ckpt_dir(&a, &plan, embedded)?;
             if plan.nproc * plan.nnodes > 1 || chaos.is_some() {
                 launch(&a, &cfg, &plan, chaos.unwrap_or_default(), embedded)
@@ -284,6 +296,7 @@ pub fn run(a: Args) -> Result<()> {
                 rank: w.rank,
                 generation: w.rdv.generation,
                 term,
+                rdv: Some(w.rdv.clone()),
             };
             let group =
                 ProcessGroup::new(&w.rdv, "world", w.rank, w.world, GroupConfig::from_env()?)
@@ -370,6 +383,10 @@ impl train::run::Observer for Printer {
     fn finishing(&mut self) {
         self.pb.finish_and_clear();
         self.sup.finishing();
+    }
+
+    fn straggler(&mut self, st: &train::straggler::Straggler) {
+        self.sup.straggler(st);
     }
 
     fn stop_requested(&mut self) -> bool {
@@ -464,6 +481,7 @@ fn launch(
     agent.kill_grace = Duration::ZERO;
     (agent.log_dir, agent.run_id) = (a.log_dir.clone(), a.rdzv_id.clone());
     agent.agreement = cfg.agreement();
+    agent.straggler = a.straggler;
     let report = launch::run(&agent)?;
     if report.restarts > 0 {
         println!(

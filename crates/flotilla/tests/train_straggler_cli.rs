@@ -99,3 +99,14 @@ fn a_slow_rank_is_named_with_its_slowdown_and_changes_no_number() {
         );
     }
 }
+
+#[test]
+fn exclude_is_refused_outside_an_elastic_job_and_bad_policies_are_named() {
+    let (ok, _, err) = cli::flotilla(&["train", "--nproc", "2", "--straggler", "exclude"]);
+    assert!(
+        !ok && err.contains("--straggler exclude") && err.contains("MIN:MAX"),
+        "{err}"
+    );
+    let (ok, _, err) = cli::flotilla(&["train", "--straggler", "drop"]);
+    assert!(!ok && err.contains("expected warn or exclude"), "{err}");
+}

@@ -88,6 +88,8 @@ pub struct AgentConfig {
     /// version): every node registers it at admission and node 0 refuses nodes whose fields
     /// differ from its own ([`crate::agree`]). Empty: nothing to compare.
     pub agreement: Vec<(String, String)>,
+    /// What node 0 does with a straggler the workers name ([`crate::straggler`]).
+    pub straggler: crate::straggler::Policy,
 }
 
 /// What a finished job looked like from this node.

@@ -76,6 +76,8 @@ pub struct Gang<'a> {
     leases: Mutex<Leases>,
     /// What this agent registers with: its identity and run configuration.
     registration: Registration,
+    /// Node 0: nodes dropped from the job (`--straggler exclude`), never admitted again.
+    excluded: Mutex<Vec<usize>>,
 }
 
 /// The prefix of a `members` value that refuses admission.
@@ -102,6 +104,20 @@ impl<'a> Gang<'a> {
             node,
             leases: Mutex::new(Leases::new(lease_timeout)),
             registration: Registration::new(Vec::new()),
+            excluded: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The store this agent coordinates through.
+    pub(crate) fn store(&self) -> &StoreClient {
+        self.store
+    }
+
+    /// Node 0: drops `node` from every later generation (`--straggler exclude`).
+    pub fn exclude(&self, node: usize) {
+        let mut e = self.excluded.lock().unwrap_or_else(|p| p.into_inner());
+        if !e.contains(&node) {
+            e.push(node);
         }
     }
 
@@ -231,10 +247,15 @@ impl<'a> Gang<'a> {
             let mut registered = Vec::new();
             let mut missing = Vec::new();
             let mut refusals = Vec::new();
+            let excluded = self
+                .excluded
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
             for i in 0..self.nodes.max {
                 // A node that registered and then went silent is not admitted: it would only
-                // fail the generation again.
-                let live = leases.lost(i, now).is_none();
+                // fail the generation again; nor is one dropped as a straggler.
+                let live = leases.lost(i, now).is_none() && !excluded.contains(&i);
                 match self.store.get(&key(g, &format!("node/{i}")))? {
                     Some(r) if live => {
                         registered.push(i);
@@ -262,7 +283,8 @@ impl<'a> Gang<'a> {
                 return Err(e);
             }
             let enough = registered.len() >= self.nodes.min;
-            let all_lost = missing.iter().all(|&i| leases.lost(i, now).is_some());
+            let all_lost =
+                (missing.iter()).all(|&i| leases.lost(i, now).is_some() || excluded.contains(&i));
             if missing.is_empty() || (enough && (all_lost || now >= deadline)) {
                 for &n in registered.iter().filter(|&&n| n != 0) {
                     leases.admitted(n, now);
@@ -324,6 +346,11 @@ impl<'a> Gang<'a> {
                 Err(e) => Err(e),
             };
             if read("complete")?.is_some() {
+                // Node 0 waits a moment for this from a node it dropped (`--straggler
+                // exclude`) before its store goes away.
+                if let Err(e) = self.store.set(&key(g, &format!("ack/{}", self.node)), b"1") {
+                    tracing::debug!("end-of-job acknowledgement: {e}");
+                }
                 return Ok(Next::Complete);
             }
             if let Some(v) = read("verdict")? {
@@ -478,8 +505,20 @@ impl<'a> Gang<'a> {
                 }
             }
             self.store.set(&key(g, "complete"), b"1")?;
+            // Dropped nodes still renewing their lease (a dead one is not waited for).
+            let mut dropped = self
+                .excluded
+                .lock()
+                .map_or_else(|p| p.into_inner().clone(), |e| e.clone());
+            if !dropped.is_empty() {
+                let mut leases = self.leases();
+                leases.poll(self.store, dropped.iter().copied())?;
+                let now = Instant::now();
+                dropped.retain(|&n| leases.lost(n, now).is_none());
+            }
             let acks: Vec<String> = m.nodes[1..]
                 .iter()
+                .chain(&dropped)
                 .map(|i| key(g, &format!("ack/{i}")))
                 .collect();
             if !acks.is_empty()
@@ -502,189 +541,5 @@ impl<'a> Gang<'a> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::elastic::LeaseKeeper;
-    use comm::store::{Secret, StoreServer};
-
-    const LEASE: Duration = Duration::from_secs(2);
-
-    fn both() -> Membership {
-        Membership { nodes: vec![0, 1] }
-    }
-
-    fn store() -> (StoreServer, StoreClient, StoreClient) {
-        let secret = Secret::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap();
-        let s = StoreServer::bind("127.0.0.1:0".parse().unwrap(), secret.clone()).unwrap();
-        let c =
-            |_| StoreClient::connect(s.local_addr(), &secret, 0, Duration::from_secs(5)).unwrap();
-        let (a, b) = (c(0), c(1));
-        (s, a, b)
-    }
-
-    #[test]
-    fn admission_names_the_missing_node() {
-        let (_s, a, _b) = store();
-        let e = Gang::new(&a, 3, 0, LEASE)
-            .admit(0, Duration::from_millis(200))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("generation 0") && e.contains("[1, 2]"), "{e}");
-    }
-
-    #[test]
-    fn an_abort_reaches_every_node() {
-        let (_s, a, b) = store();
-        let (n0, n1) = (Gang::new(&a, 2, 0, LEASE), Gang::new(&b, 2, 1, LEASE));
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                let d = n1.await_decision(0, Duration::from_secs(10)).unwrap();
-                assert_eq!(d, Decision::Abort("out of restarts".into()));
-            });
-            n0.abort(0, &both(), "out of restarts", Duration::from_secs(10))
-                .unwrap();
-        });
-        let e = n1
-            .await_decision(7, Duration::ZERO)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("generation 7"), "{e}");
-    }
-
-    #[test]
-    fn a_failure_restarts_every_node_and_old_reports_are_refused() {
-        let (_s, a, b) = store();
-        let (n0, n1) = (Gang::new(&a, 2, 0, LEASE), Gang::new(&b, 2, 1, LEASE));
-        let member = Admitted::Member(both());
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                assert_eq!(n1.admit(0, Duration::from_secs(10)).unwrap(), member);
-                assert_eq!(n1.report_failure(0, "rank 3 died").unwrap(), "rank 3 died");
-                n1.failure_seen(0);
-                let old = b.try_clone().unwrap();
-                let d = n1.await_decision(0, Duration::from_secs(10)).unwrap();
-                assert_eq!(d, Decision::Restart(1));
-                // A late completion message of generation 0 is refused by the store.
-                assert!(old.set("launch/g0/done/1", b"1").is_err());
-                assert_eq!(n1.admit(1, Duration::from_secs(10)).unwrap(), member);
-                n1.mark_done(1).unwrap();
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while !n1.complete(1, &both(), Duration::ZERO).unwrap() {
-                    assert!(Instant::now() < deadline);
-                    std::thread::sleep(POLL);
-                }
-            });
-            assert_eq!(n0.admit(0, Duration::from_secs(10)).unwrap(), member);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            let failure = loop {
-                if let Some(f) = n0.failure(0).unwrap() {
-                    break f;
-                }
-                assert!(Instant::now() < deadline);
-                std::thread::sleep(POLL);
-            };
-            assert_eq!(n0.report_failure(0, "rank 0 too").unwrap(), failure);
-            assert_eq!(n0.count_restart().unwrap(), 1);
-            // Node 1 read the failure: node 0 does not wait out the bound.
-            let t = Instant::now();
-            n0.await_failure_seen(0, &both(), Duration::from_secs(30))
-                .unwrap();
-            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
-            assert_eq!(n0.advance(0).unwrap(), 1);
-            assert_eq!(n0.admit(1, Duration::from_secs(10)).unwrap(), member);
-            n0.mark_done(1).unwrap();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !n0.complete(1, &both(), Duration::from_secs(5)).unwrap() {
-                assert!(Instant::now() < deadline);
-                std::thread::sleep(POLL);
-            }
-        });
-    }
-
-    #[test]
-    fn an_elastic_gang_goes_on_without_a_lost_node_and_a_late_one_waits() {
-        let (s, a, b) = store();
-        let secret = Secret::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap();
-        let c = StoreClient::connect(s.local_addr(), &secret, 0, Duration::from_secs(5)).unwrap();
-        let range = NodeRange::new(2, 3).unwrap();
-        let (n0, n1, n2) = (
-            Gang::new(&a, range, 0, LEASE),
-            Gang::new(&b, range, 1, LEASE),
-            Gang::new(&c, range, 2, LEASE),
-        );
-        let three = Admitted::Member(Membership {
-            nodes: vec![0, 1, 2],
-        });
-        std::thread::scope(|scope| {
-            scope.spawn(|| assert_eq!(n1.admit(0, Duration::from_secs(10)).unwrap(), three));
-            scope.spawn(|| assert_eq!(n2.admit(0, Duration::from_secs(10)).unwrap(), three));
-            assert_eq!(n0.admit(0, Duration::from_secs(10)).unwrap(), three);
-        });
-        // Node 1 renews its lease; node 2's agent is gone after one renewal.
-        let _keep = LeaseKeeper::start(&b, 1).unwrap();
-        c.set(&crate::elastic::lease_key(2), b"1").unwrap();
-        let m3 = Membership {
-            nodes: vec![0, 1, 2],
-        };
-        let t0 = Instant::now();
-        let lost = loop {
-            if let Some(l) = n0.lost_member(&m3).unwrap() {
-                break l;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(10), "node 2 never lost");
-            std::thread::sleep(POLL);
-        };
-        assert_eq!(lost.0, 2);
-        assert!(t0.elapsed() >= LEASE - POLL, "{:?}", t0.elapsed());
-        assert_eq!(n0.advance(0).unwrap(), 1);
-        assert_eq!(
-            n1.await_decision(0, Duration::from_secs(5)).unwrap(),
-            Decision::Restart(1)
-        );
-        // Generation 1 starts on nodes 0 and 1 at once (node 2 is lost), long before the
-        // admission deadline.
-        let t1 = Instant::now();
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                assert_eq!(
-                    n1.admit(1, Duration::from_secs(30)).unwrap(),
-                    Admitted::Member(both())
-                )
-            });
-            assert_eq!(
-                n0.admit(1, Duration::from_secs(30)).unwrap(),
-                Admitted::Member(both())
-            );
-        });
-        assert!(t1.elapsed() < Duration::from_secs(10), "{:?}", t1.elapsed());
-        // Node 2 comes back too late: it is left out and learns of the end of the job.
-        c.set_generation(c.generation().unwrap());
-        assert_eq!(
-            n2.admit(1, Duration::from_secs(5)).unwrap(),
-            Admitted::Excluded(both())
-        );
-        n0.mark_done(1).unwrap();
-        n1.mark_done(1).unwrap();
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while !n1.complete(1, &both(), Duration::ZERO).unwrap() {
-                    assert!(Instant::now() < deadline);
-                    std::thread::sleep(POLL);
-                }
-            });
-            assert!(n0.complete(1, &both(), Duration::from_secs(10)).unwrap());
-        });
-        assert_eq!(
-            n2.await_next(1, Duration::from_secs(10)).unwrap(),
-            Next::Complete
-        );
-        // Fewer than MIN nodes by the deadline: admission fails naming the missing ones.
-        assert_eq!(n0.advance(1).unwrap(), 2);
-        let e = n0
-            .admit(2, Duration::from_millis(300))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("generation 2") && e.contains("[1, 2]"), "{e}");
-    }
-}
+#[path = "gang_tests.rs"]
+mod tests;

@@ -15,6 +15,7 @@
 //! - [`watchdog`]: failure rules (exit, signal, heartbeat silence, stalled step);
 //! - [`process`]: spawning and stopping worker processes (and their logs);
 //! - [`srun`]: one task per rank under Slurm, without an agent;
+//! - [`straggler`]: `--straggler warn|exclude`, what the job does with a slow rank;
 //! - [`chaos`]: injected faults for recovery tests;
 //! - [`env`](mod@env): worker identity, Slurm and torchrun-style environments;
 //! - [`exit`]: the exit-code table (success, failed, pre-empted, refused);
@@ -37,6 +38,7 @@ mod generation;
 pub mod heartbeat;
 pub mod process;
 pub mod srun;
+pub mod straggler;
 pub mod term;
 pub mod watchdog;
 

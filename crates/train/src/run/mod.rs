@@ -56,6 +56,9 @@ pub trait Observer {
     fn stop_requested(&mut self) -> bool {
         false
     }
+    /// The ranks named `st` slow (called on the lead rank only, once per straggler): the
+    /// launcher's straggler policy acts on it (`--straggler`).
+    fn straggler(&mut self, _st: &crate::straggler::Straggler) {}
 }
 
 /// How a run ended.
@@ -189,6 +192,7 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
             crate::straggler::record(&st, world_group.as_ref(), metrics.as_mut())?;
             if lead {
                 obs.line(&st.line());
+                obs.straggler(&st);
             }
         }
         // After the last step the run ends as usual (its final save and outputs follow).
