@@ -200,8 +200,6 @@ pub struct Supervision {
     pub fault: Option<launch::Fault>,
     /// Global rank.
     pub rank: usize,
-    /// The generation this worker belongs to.
-    pub generation: u64,
     /// The SIGTERM handler, installed when the run has a checkpoint directory to save in.
     pub term: Option<launch::Termination>,
     /// The job's store, where a named straggler is reported to the agents (under an agent).
@@ -250,8 +248,7 @@ impl Supervision {
     /// agent, then let chaos strike if it is due (a `slow@` fault stretches the step here, so
     /// the rank arrives late at the step's exchange of arrival times).
     pub fn completed(&self, step: u64, compute: Duration) -> Result<()> {
-        if let Some(d) = (self.fault.as_ref())
-            .and_then(|f| f.slow_delay(self.rank, step, self.generation, compute))
+        if let Some(d) = (self.fault.as_ref()).and_then(|f| f.slow_delay(self.rank, step, compute))
         {
             std::thread::sleep(d);
         }
@@ -264,13 +261,7 @@ impl Supervision {
                     hb.flush(step, std::time::Duration::from_secs(5));
                 }
             };
-            f.strike(
-                self.rank,
-                step,
-                self.generation,
-                flush,
-                std::time::Duration::from_secs(3600),
-            )?;
+            f.strike(self.rank, step, flush, std::time::Duration::from_secs(3600))?;
         }
         Ok(())
     }

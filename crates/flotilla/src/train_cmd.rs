@@ -103,9 +103,10 @@ pub struct Args {
     /// Deadline for every node's agent to register for a generation (gang admission).
     #[arg(long, default_value_t = 300.0, value_parser = seconds)]
     admission_timeout_s: f64,
-    /// Fault injection, generation 0 only: kill@STEP[:RANK], hang@STEP[:RANK] (SIGSTOP),
-    /// stall@STEP[:RANK] (no progress, heartbeat alive), corrupt-newest (the newest committed
-    /// checkpoint is damaged before the restart); STEP may be `random`. Comma-separated.
+    /// Fault injection: kill@STEP[:RANK], hang@STEP[:RANK] (SIGSTOP), stall@STEP[:RANK] (no
+    /// progress, heartbeat alive), slow@STEP[:RANK]:FACTOR (fail-slow), corrupt-newest (the
+    /// newest committed checkpoint is damaged before the restart); STEP may be `random`.
+    /// Comma-separated; the g-th worker fault strikes in generation g.
     #[arg(long)]
     chaos: Option<String>,
     /// What to do with a rank named slow (its arrival at the step's collectives at least 1.75x
@@ -294,7 +295,6 @@ pub fn run(a: Args) -> Result<()> {
                 hb,
                 fault: w.chaos.as_deref().map(launch::Fault::parse).transpose()?,
                 rank: w.rank,
-                generation: w.rdv.generation,
                 term,
                 rdv: Some(w.rdv.clone()),
             };

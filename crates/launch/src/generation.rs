@@ -78,7 +78,7 @@ pub(crate) fn spawn_generation(
             rules.period().as_millis().to_string(),
         ));
     }
-    if let Some(f) = fault.filter(|_| g == 0) {
+    if let Some(f) = fault {
         env.push((ENV_CHAOS.into(), f.to_string()));
     }
     let common = env.len();
