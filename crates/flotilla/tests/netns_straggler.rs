@@ -68,17 +68,7 @@ fn a_persistently_slow_host_is_dropped_and_the_job_goes_on() {
         })
         .collect();
     let out = run_all(cmds, Duration::from_secs(100));
-    let mut report = String::new();
-    for (i, o) in out.iter().enumerate() {
-        report += &format!(
-            "--- host {i}: {:?} after {:.1} s, timed out {}\n{}\n{}\n",
-            o.status,
-            o.elapsed.as_secs_f64(),
-            o.timed_out,
-            o.stdout,
-            o.stderr
-        );
-    }
+    let report = netns::report(&out);
     assert!(out.iter().all(|o| o.success()), "{report}");
     let (out0, out2) = (&out[0].stdout, &out[2].stdout);
     for line in [
