@@ -482,12 +482,22 @@ fn launch(
     (agent.log_dir, agent.run_id) = (a.log_dir.clone(), a.rdzv_id.clone());
     agent.agreement = cfg.agreement();
     agent.straggler = a.straggler;
+    let since_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     let report = launch::run(&agent)?;
     if report.restarts > 0 {
         println!(
             "# job finished in generation {} after {} restart(s)",
             report.generation, report.restarts
         );
+    }
+    if let Some(path) = a.metrics.as_ref().filter(|_| plan.node_rank == 0) {
+        let records = train::metrics_log::read_records(path)?;
+        if let Some(l) = train::goodput::ledger(&records, since_ms) {
+            l.lines().iter().for_each(|l| println!("{l}"));
+            train::metrics_log::append_record(path, &train::metrics_log::Record::Goodput(l))?;
+        }
     }
     Ok(())
 }

@@ -433,9 +433,33 @@ fn an_elastic_job_goes_on_when_one_of_three_agents_is_killed() {
 fn a_fault_in_each_generation_is_recovered_bit_identically() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (reference, dir) = straight();
-    let (ok, out, err, save, _dir) =
-        recovering_run(&["--chaos", "kill@2:1,kill@5:0", "--max-restarts", "2"]);
+    let metrics = tempfile::tempdir().unwrap();
+    let m = metrics.path().join("m.jsonl");
+    let (ok, out, err, save, _dir) = recovering_run(&[
+        "--chaos",
+        "kill@2:1,kill@5:0",
+        "--max-restarts",
+        "2",
+        "--metrics",
+        m.to_str().unwrap(),
+    ]);
     assert!(ok, "{err}\n{out}");
+    // The goodput ledger: generation 1 trained step 5 again in generation 2 (resumed from 4).
+    for line in [
+        "# goodput ledger, generation 0: 2 steps",
+        "# goodput ledger, generation 1: 3 steps",
+        "lost steps recomputed 1 (",
+        "# goodput ledger, run: 9 steps",
+        "# goodput beside the planner: measured ",
+        "(2 failures)",
+    ] {
+        assert!(out.contains(line), "no {line:?} in:\n{out}");
+    }
+    let tail = std::fs::read_to_string(&m).unwrap();
+    assert!(
+        tail.lines().last().unwrap().contains(r#""kind":"goodput""#),
+        "{tail}"
+    );
     for line in [
         "# chaos: kill@2:1 (seed ",
         "rank 1 will SIGKILL itself after step 2 in generation 0",

@@ -58,6 +58,20 @@ pub enum Record {
     Summary(Summary),
     /// A rank named slow ([`crate::straggler`]).
     Straggler(StragglerRecord),
+    /// The job's goodput ledger, written by the launcher at the end ([`crate::goodput`]).
+    Goodput(crate::goodput::Ledger),
+}
+
+/// Appends `r` as one line to the metrics file `path` (which must exist: the run made it).
+pub fn append_record(path: &Path, r: &Record) -> Result<()> {
+    let io = |source| MetricsLogError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut line = serde_json::to_vec(r).map_err(|e| io(e.into()))?;
+    line.push(b'\n');
+    let mut f = OpenOptions::new().append(true).open(path).map_err(io)?;
+    f.write_all(&line).map_err(io)
 }
 
 /// A straggler named during the run (`{"kind":"straggler","rank":1,"slowdown":3.02,...}`).
