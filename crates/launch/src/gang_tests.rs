@@ -183,3 +183,61 @@ fn an_elastic_gang_goes_on_without_a_lost_node_and_a_late_one_waits() {
         .to_string();
     assert!(e.contains("generation 2") && e.contains("[1, 2]"), "{e}");
 }
+
+/// `--straggler exclude`: a node node 0 dropped is not admitted again although it registers
+/// (at once: it counts as lost), it learns of the end of the job, and node 0 waits for its
+/// acknowledgement while its lease lives.
+#[test]
+fn a_dropped_node_is_left_out_and_told_the_job_is_complete() {
+    let (s, a, b) = store();
+    let secret = Secret::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap();
+    let c = StoreClient::connect(s.local_addr(), &secret, 0, Duration::from_secs(5)).unwrap();
+    let range = NodeRange::new(2, 3).unwrap();
+    let (n0, n1, n2) = (
+        Gang::new(&a, range, 0, LEASE),
+        Gang::new(&b, range, 1, LEASE),
+        Gang::new(&c, range, 2, LEASE),
+    );
+    let _keep = LeaseKeeper::start(&c, 2).unwrap();
+    n0.exclude(2);
+    n0.exclude(2);
+    let t = Instant::now();
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            assert_eq!(
+                n2.admit(0, Duration::from_secs(30)).unwrap(),
+                Admitted::Excluded(both())
+            );
+            assert_eq!(
+                n2.await_next(0, Duration::from_secs(10)).unwrap(),
+                Next::Complete
+            );
+        });
+        scope.spawn(|| {
+            assert_eq!(
+                n1.admit(0, Duration::from_secs(30)).unwrap(),
+                Admitted::Member(both())
+            )
+        });
+        // Node 2 registers too: wait for it, so the test shows it is left out, not late.
+        a.wait_one("launch/g0/node/2", Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(
+            n0.admit(0, Duration::from_secs(30)).unwrap(),
+            Admitted::Member(both())
+        );
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        n0.mark_done(0).unwrap();
+        n1.mark_done(0).unwrap();
+        scope.spawn(|| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !n1.complete(0, &both(), Duration::ZERO).unwrap() {
+                assert!(Instant::now() < deadline);
+                std::thread::sleep(POLL);
+            }
+        });
+        assert!(n0.complete(0, &both(), Duration::from_secs(10)).unwrap());
+        // Node 2 acknowledged too (node 0 waited for it).
+        assert!(a.get("launch/g0/ack/2").unwrap().is_some());
+    });
+}
