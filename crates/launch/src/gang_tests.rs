@@ -18,6 +18,26 @@ fn store() -> (StoreServer, StoreClient, StoreClient) {
     (s, a, b)
 }
 
+/// A third client of `s`.
+fn third(s: &StoreServer) -> StoreClient {
+    let secret = Secret::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap();
+    StoreClient::connect(s.local_addr(), &secret, 0, Duration::from_secs(5)).unwrap()
+}
+
+/// Nodes 0, 1 and 2 of a `--nnodes 2:3` job, through `a`, `b` and `c`.
+fn elastic<'a>(
+    a: &'a StoreClient,
+    b: &'a StoreClient,
+    c: &'a StoreClient,
+) -> (Gang<'a>, Gang<'a>, Gang<'a>) {
+    let range = NodeRange::new(2, 3).unwrap();
+    (
+        Gang::new(a, range, 0, LEASE),
+        Gang::new(b, range, 1, LEASE),
+        Gang::new(c, range, 2, LEASE),
+    )
+}
+
 #[test]
 fn admission_names_the_missing_node() {
     let (_s, a, _b) = store();
@@ -100,14 +120,8 @@ fn a_failure_restarts_every_node_and_old_reports_are_refused() {
 #[test]
 fn an_elastic_gang_goes_on_without_a_lost_node_and_a_late_one_waits() {
     let (s, a, b) = store();
-    let secret = Secret::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap();
-    let c = StoreClient::connect(s.local_addr(), &secret, 0, Duration::from_secs(5)).unwrap();
-    let range = NodeRange::new(2, 3).unwrap();
-    let (n0, n1, n2) = (
-        Gang::new(&a, range, 0, LEASE),
-        Gang::new(&b, range, 1, LEASE),
-        Gang::new(&c, range, 2, LEASE),
-    );
+    let c = third(&s);
+    let (n0, n1, n2) = elastic(&a, &b, &c);
     let three = Admitted::Member(Membership {
         nodes: vec![0, 1, 2],
     });
@@ -190,14 +204,8 @@ fn an_elastic_gang_goes_on_without_a_lost_node_and_a_late_one_waits() {
 #[test]
 fn a_dropped_node_is_left_out_and_told_the_job_is_complete() {
     let (s, a, b) = store();
-    let secret = Secret::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap();
-    let c = StoreClient::connect(s.local_addr(), &secret, 0, Duration::from_secs(5)).unwrap();
-    let range = NodeRange::new(2, 3).unwrap();
-    let (n0, n1, n2) = (
-        Gang::new(&a, range, 0, LEASE),
-        Gang::new(&b, range, 1, LEASE),
-        Gang::new(&c, range, 2, LEASE),
-    );
+    let c = third(&s);
+    let (n0, n1, n2) = elastic(&a, &b, &c);
     let _keep = LeaseKeeper::start(&c, 2).unwrap();
     n0.exclude(2);
     n0.exclude(2);
