@@ -39,6 +39,8 @@ pub struct FlightEntry {
     pub finished: Option<Instant>,
     /// Bytes this rank put on the wire.
     pub bytes_sent: u64,
+    /// What an event entry ([`FlightRecorder::event`]) says; `None` for ops.
+    pub note: Option<String>,
 }
 
 impl FlightEntry {
@@ -100,8 +102,20 @@ impl FlightRecorder {
             started: running.then_some(now),
             finished: None,
             bytes_sent: 0,
+            note: None,
         });
         id
+    }
+
+    /// Records an event that is not an op, of kind `kind` (e.g. `straggler`), saying `note`:
+    /// it is dumped among the ops around it, so a post-mortem shows it in context.
+    pub fn event(&self, kind: &'static str, note: String) {
+        let id = self.record(0, kind, "-", 0, true);
+        self.update(id, |x| {
+            x.finished = x.started;
+            x.state = OpState::Done;
+            x.note = Some(note);
+        });
     }
 
     fn update(&self, id: u64, f: impl FnOnce(&mut FlightEntry)) {
@@ -157,6 +171,9 @@ impl FlightRecorder {
                 "{:<6} {:<15} {:<6} {:<12} {:<17} {:<9} {:<11} {}",
                 x.seq, x.kind, x.dtype, x.bytes, x.algo, state, el, x.bytes_sent
             );
+            if let Some(n) = &x.note {
+                let _ = writeln!(s, "       {n}");
+            }
         }
         s
     }
@@ -165,6 +182,22 @@ impl FlightRecorder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn events_are_dumped_among_the_ops() {
+        let r = FlightRecorder::new(4);
+        let id = r.record(0, "all_gather", "f64", 16, true);
+        r.finish(id, 16, Ok(()));
+        r.event("straggler", "rank 1 is 3.0x slower".into());
+        let e = r.entries();
+        assert_eq!(e[1].kind, "straggler");
+        assert_eq!(e[1].state, OpState::Done);
+        let d = r.dump();
+        assert!(
+            d.contains("straggler") && d.contains("rank 1 is 3.0x slower"),
+            "{d}"
+        );
+    }
 
     #[test]
     fn keeps_last_n_and_reports_failure() {

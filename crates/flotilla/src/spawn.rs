@@ -1,7 +1,7 @@
 //! CLI glue over the `launch` agent: where this node sits in the job ([`NodePlan`]: flags, then
 //! Slurm or torchrun-style environment), the agent settings of commands that run as a gang of
 //! workers without restarts (`bench comm`, [`run_node`]), and a training worker's link to its
-//! agent ([`Supervision`]: heartbeats, chaos). `train` adds heartbeats, the watchdog, restarts
+//! agent (`launch::Supervision`: heartbeats, chaos). `train` adds heartbeats, the watchdog, restarts
 //! and chaos to [`agent_config`]'s settings.
 
 use crate::flag_range::MAX_NPROC;
@@ -68,6 +68,8 @@ pub fn agent_config(spec: &NodeSpec, args: Vec<String>) -> Result<launch::AgentC
         log_dir: None,
         run_id: "none".into(),
         metrics_addr: None,
+        agreement: Vec::new(),
+        straggler: launch::straggler::Policy::Warn,
     })
 }
 
@@ -187,89 +189,6 @@ impl NodePlan {
             );
         }
         Ok(plan)
-    }
-}
-
-/// A worker's link to its agent: its heartbeat, and the chaos fault it may have been handed.
-#[derive(Default)]
-pub struct Supervision {
-    /// The heartbeat thread, if the agent watches heartbeats.
-    pub hb: Option<launch::Heartbeat>,
-    /// The chaos fault this worker may have to strike itself with.
-    pub fault: Option<launch::Fault>,
-    /// Global rank.
-    pub rank: usize,
-    /// The generation this worker belongs to.
-    pub generation: u64,
-    /// The SIGTERM handler, installed when the run has a checkpoint directory to save in.
-    pub term: Option<launch::Termination>,
-}
-
-impl Supervision {
-    /// A process's supervision with no agent: only its SIGTERM handler, if any.
-    pub fn preemptible(term: Option<launch::Termination>) -> Self {
-        Supervision {
-            term,
-            ..Supervision::default()
-        }
-    }
-
-    /// How the command ends after a run that `ended` so: a stop on SIGTERM becomes the
-    /// pre-emption error (exit 75), with the time its checkpoint took against `grace`.
-    pub fn ended(
-        term: Option<launch::Termination>,
-        ended: train::run::Ended,
-        grace: Duration,
-    ) -> Result<()> {
-        match ended {
-            train::run::Ended::Stopped { step } => {
-                let since = term.and_then(|t| t.requested());
-                Err(launch::Preempted::after_step(step, since, grace).into())
-            }
-            train::run::Ended::Completed => Ok(()),
-        }
-    }
-    /// Training starts (again) at `step`.
-    pub fn resumed(&self, step: u64) {
-        if let Some(hb) = &self.hb {
-            hb.resumed(step);
-        }
-    }
-
-    /// The next step starts.
-    pub fn starting(&self) {
-        if let Some(hb) = &self.hb {
-            hb.started();
-        }
-    }
-
-    /// `step` is complete: tell the agent, then let chaos strike if it is due.
-    pub fn completed(&self, step: u64) -> Result<()> {
-        if let Some(hb) = &self.hb {
-            hb.completed(step);
-        }
-        if let Some(f) = &self.fault {
-            let flush = || {
-                if let Some(hb) = &self.hb {
-                    hb.flush(step, std::time::Duration::from_secs(5));
-                }
-            };
-            f.strike(
-                self.rank,
-                step,
-                self.generation,
-                flush,
-                std::time::Duration::from_secs(3600),
-            )?;
-        }
-        Ok(())
-    }
-
-    /// The loop is over (final save and barrier follow).
-    pub fn finishing(&self) {
-        if let Some(hb) = &self.hb {
-            hb.finishing();
-        }
     }
 }
 

@@ -4,10 +4,11 @@
 use crate::flag_range::{MAX_DEGREE, MAX_NPROC, positive_f64, positive_u64, seconds, usize_in};
 use crate::model_args::{ModelArgs, TrainArgs};
 use crate::moe_args::MoeArgs;
-use crate::spawn::{NodePlan, NodeSpec, Supervision, Worker, agent_config};
+use crate::spawn::{NodePlan, NodeSpec, Worker, agent_config};
 use anyhow::{Context, Result, bail};
 use comm::group::{GroupConfig, ProcessGroup};
 use indicatif::{ProgressBar, ProgressStyle};
+use launch::Supervision;
 use launch::http::Live;
 use std::path::PathBuf;
 use train::metrics::gemm_gflops;
@@ -67,7 +68,7 @@ pub struct Args {
     /// SLURM_LOCALID; rank 0 hosts the store on the node list's first host at MASTER_PORT or
     /// 29500): no agent, so no heartbeats, watchdog, restarts, chaos or elastic ranges; Slurm's
     /// requeue restarts the job (docs/LAUNCH.md).
-    #[arg(long, conflicts_with_all = ["nproc", "nnodes", "node_rank", "rdzv", "master_addr", "chaos", "log_dir",
+    #[arg(long, conflicts_with_all = ["nproc", "nnodes", "node_rank", "rdzv", "master_addr", "chaos", "straggler", "log_dir",
         "max_restarts", "heartbeat_timeout_s", "metrics_port", "watchdog_s", "startup_timeout_s", "admission_timeout_s"])]
     srun: bool,
     /// Serve the job's live figures for Prometheus on this port (0: a free one, printed):
@@ -109,11 +110,18 @@ pub struct Args {
     /// Deadline for every node's agent to register for a generation (gang admission).
     #[arg(long, default_value_t = 300.0, value_parser = seconds)]
     admission_timeout_s: f64,
-    /// Fault injection, generation 0 only: kill@STEP[:RANK], hang@STEP[:RANK] (SIGSTOP),
-    /// stall@STEP[:RANK] (no progress, heartbeat alive), corrupt-newest (the newest committed
-    /// checkpoint is damaged before the restart); STEP may be `random`. Comma-separated.
+    /// Fault injection: kill@STEP[:RANK], hang@STEP[:RANK] (SIGSTOP), stall@STEP[:RANK] (no
+    /// progress, heartbeat alive), slow@STEP[:RANK]:FACTOR (fail-slow), corrupt-newest (the
+    /// newest committed checkpoint is damaged before the restart); STEP may be `random`.
+    /// Comma-separated; the g-th worker fault strikes in generation g.
     #[arg(long)]
     chaos: Option<String>,
+    /// What to do with a rank named slow (its arrival at the step's collectives at least 1.75x
+    /// the others' several steps in a row): warn (name it in the log, the metrics and the
+    /// flight recorder), or exclude (also drop its node at a generation boundary: elastic jobs,
+    /// --nnodes MIN:MAX, only).
+    #[arg(long, default_value = "warn")]
+    straggler: launch::straggler::Policy,
     /// Seed of the chaos plan's random choices (default: from the clock; printed).
     #[arg(long)]
     chaos_seed: Option<u64>,
@@ -281,6 +289,12 @@ pub fn run(a: Args) -> Result<()> {
             let plan = NodePlan::resolve(a.nproc, a.nnodes, a.node_rank, rdzv.as_deref())?;
             // Degrees and settings are checked before any worker starts.
             cfg.check(plan.nproc * plan.nnodes)?;
+            if a.straggler == launch::straggler::Policy::Exclude && plan.min_nnodes == plan.nnodes {
+                bail!(
+                    "--straggler exclude drops a slow node from an elastic job: it needs                      --nnodes MIN:MAX with MIN < MAX (this job has {} node(s), all required)",
+                    plan.nnodes
+                );
+            }
             let _lock = lock_ckpt_dir(&a, &plan, embedded)?;
             if plan.nproc * plan.nnodes > 1 || chaos.is_some() {
                 launch(&a, &cfg, &plan, chaos.unwrap_or_default(), embedded)
@@ -288,7 +302,7 @@ pub fn run(a: Args) -> Result<()> {
                 let sup = Supervision::preemptible(term);
                 let live = Live::serve(a.metrics_port)?;
                 let ended = train::run::run(&cfg, None, &mut Printer::new(&a, sup, live)?)?;
-                Supervision::ended(term, ended, grace)
+                Ok(Supervision::ended(term, stopped_at(ended), grace)?)
             }
         }
         Some(w) => {
@@ -309,8 +323,8 @@ pub fn run(a: Args) -> Result<()> {
                 hb,
                 fault: w.chaos.as_deref().map(launch::Fault::parse).transpose()?,
                 rank: w.rank,
-                generation: w.rdv.generation,
                 term,
+                rdv: Some(w.rdv.clone()),
             };
             let group = ProcessGroup::new(
                 &w.rdv,
@@ -322,8 +336,16 @@ pub fn run(a: Args) -> Result<()> {
             .with_context(|| format!("joining the training group as rank {}", w.rank))?;
             let live = Live::publish(a.metrics_port.is_some(), &w.rdv, w.rank)?;
             let ended = train::run::run(&cfg, Some(group), &mut Printer::new(&a, sup, live)?)?;
-            Supervision::ended(term, ended, grace)
+            Ok(Supervision::ended(term, stopped_at(ended), grace)?)
         }
+    }
+}
+
+/// The step a run stopped after (a pre-emption), or None when it completed.
+fn stopped_at(ended: train::run::Ended) -> Option<u64> {
+    match ended {
+        train::run::Ended::Stopped { step } => Some(step),
+        train::run::Ended::Completed => None,
     }
 }
 
@@ -396,7 +418,9 @@ impl train::run::Observer for Printer {
         self.pb
             .set_message(format!("loss {:.4} {:.0} tok/s", s.loss, tps));
         self.pb.inc(1);
-        self.sup.completed(s.step).map_err(Into::into)
+        let compute = (s.seconds - s.comm_seconds).max(0.0);
+        let compute = std::time::Duration::from_secs_f64(compute);
+        self.sup.completed(s.step, compute).map_err(Into::into)
     }
 
     fn finishing(&mut self) {
@@ -417,6 +441,15 @@ impl train::run::Observer for Printer {
             ckpt_pause_s: r.ckpt_pause_s,
         };
         self.live.add_step(self.sup.rank, f);
+    }
+
+    fn straggler(&mut self, st: &train::straggler::Straggler) {
+        let (rank, slowdown, step) = (st.rank, st.slowdown, st.step);
+        self.sup.straggler(&launch::straggler::Report {
+            rank,
+            slowdown,
+            step,
+        });
     }
 
     fn stop_requested(&mut self) -> bool {
@@ -514,12 +547,24 @@ fn launch(
     agent.metrics_addr = (a.metrics_port)
         .filter(|_| plan.node_rank == 0)
         .map(|p| std::net::SocketAddr::from(([0, 0, 0, 0], p)));
+    agent.agreement = cfg.agreement();
+    agent.straggler = a.straggler;
+    let since_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     let report = launch::run(&agent)?;
     if report.restarts > 0 {
         println!(
             "# job finished in generation {} after {} restart(s)",
             report.generation, report.restarts
         );
+    }
+    if let Some(path) = a.metrics.as_ref().filter(|_| plan.node_rank == 0) {
+        let records = train::metrics_log::read_records(path)?;
+        if let Some(l) = train::goodput::ledger(&records, since_ms) {
+            l.lines().iter().for_each(|l| println!("{l}"));
+            train::metrics_log::append_record(path, &train::metrics_log::Record::Goodput(l))?;
+        }
     }
     Ok(())
 }

@@ -136,17 +136,7 @@ fn lose_host_2(hosts: &Hosts, loss: Loss) {
         true
     });
     let wall = t0.elapsed();
-    let mut report = String::new();
-    for (i, o) in out.iter().enumerate() {
-        report += &format!(
-            "--- host {i}: {:?} after {:.1} s, timed out {}\n{}\n{}\n",
-            o.status,
-            o.elapsed.as_secs_f64(),
-            o.timed_out,
-            o.stdout,
-            o.stderr
-        );
-    }
+    let report = netns::report(&out);
     assert!(out[0].success() && out[1].success(), "{report}");
     assert!(!out[2].success() && !out[2].timed_out, "{report}");
     let (out0, out1) = (&out[0].stdout, &out[1].stdout);

@@ -67,17 +67,7 @@ fn run_job(hosts: &Hosts, extra: &[&str]) -> (Vec<Outcome>, String) {
         })
         .collect();
     let out = run_all(cmds, TEST_TIMEOUT);
-    let mut report = String::new();
-    for (i, o) in out.iter().enumerate() {
-        report += &format!(
-            "--- host {i}: {:?} after {:.1} s, timed out {}\n{}\n{}\n",
-            o.status,
-            o.elapsed.as_secs_f64(),
-            o.timed_out,
-            o.stdout,
-            o.stderr
-        );
-    }
+    let report = netns::report(&out);
     (out, report)
 }
 

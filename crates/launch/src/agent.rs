@@ -62,7 +62,7 @@ pub struct AgentConfig {
     pub watch: Option<WatchRules>,
     /// Restarts allowed for the whole job.
     pub max_restarts: u64,
-    /// Faults to inject (generation 0 only).
+    /// Faults to inject (the plan's g-th worker fault in generation g).
     pub chaos: Chaos,
     /// Seed of the chaos plan's random choices.
     pub chaos_seed: u64,
@@ -90,6 +90,12 @@ pub struct AgentConfig {
     /// Serve the job's figures for Prometheus at this address (`--metrics-port`,
     /// [`crate::http`]); the workers publish them in the store ([`crate::metrics`]).
     pub metrics_addr: Option<SocketAddr>,
+    /// The run configuration as named fields (model, layout, hyperparameters, data, code
+    /// version): every node registers it at admission and node 0 refuses nodes whose fields
+    /// differ from its own ([`crate::agree`]). Empty: nothing to compare.
+    pub agreement: Vec<(String, String)>,
+    /// What node 0 does with a straggler the workers name ([`crate::straggler`]).
+    pub straggler: crate::straggler::Policy,
 }
 
 /// What a finished job looked like from this node.
@@ -133,7 +139,18 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
         .watch
         .as_ref()
         .map_or(DEFAULT_LEASE_TIMEOUT, |w| w.heartbeat_timeout);
-    let gang = Gang::new(&store, nodes, cfg.node_rank, lease_timeout);
+    let gang = Gang::new(&store, nodes, cfg.node_rank, lease_timeout)
+        .with_agreement(cfg.agreement.clone());
+    if cfg.nnodes > 1 && !cfg.agreement.is_empty() {
+        say(
+            cfg,
+            format!(
+                "run configuration digest {} ({} fields, compared at admission)",
+                gang.digest(),
+                cfg.agreement.len()
+            ),
+        );
+    }
     let _lease = if nodes.is_elastic() && cfg.node_rank != 0 {
         Some(LeaseKeeper::start(&store, cfg.node_rank)?)
     } else {
@@ -153,25 +170,11 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
         }
         None => None,
     };
-    let fault = chaos_plan(cfg, &store, g)?;
-    if let Some(f) = fault
-        && cfg.node_rank == 0
-    {
-        say(format!(
-            "chaos: {f} (seed {}): rank {} will {} after step {} in generation 0",
-            cfg.chaos_seed,
-            f.rank,
-            match f.kind {
-                chaos::FaultKind::Kill => "SIGKILL itself",
-                chaos::FaultKind::Hang => "SIGSTOP itself",
-                chaos::FaultKind::Stall => "stop progressing",
-            },
-            f.step
-        ));
-    }
     let job_deadline = Instant::now() + cfg.job_timeout;
     let mut restarts = 0;
     let mut recovery: Option<Recovery> = None;
+    // The last step any failed generation reached (later chaos faults fall after it).
+    let mut seen_step = 0;
     loop {
         let members = match gang.admit(g, cfg.admission_timeout)? {
             Admitted::Member(m) => m,
@@ -205,6 +208,7 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
             ));
         }
         view.set(g, members.len() * cfg.nproc, restarts);
+        let fault = chaos_plan(cfg, &store, g, seen_step, members.len())?;
         let mut workers = spawn_generation(cfg, g, &members, addr, &secret, fault)?;
         let outcome = watch_generation(
             cfg,
@@ -261,6 +265,7 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
                 last_step,
             } => (what, detected, last_step),
         };
+        seen_step = seen_step.max(last_step.unwrap_or(0));
         say(format!(
             "generation {g} failed: {what}; stopped this node's workers"
         ));
@@ -324,13 +329,46 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
     }
 }
 
-/// The job's worker fault: node 0 resolves its plan and publishes it; the other nodes take
-/// that one (their own seeds may differ), waiting for it at most the admission timeout.
-fn chaos_plan(cfg: &AgentConfig, store: &StoreClient, g: u64) -> Result<Option<Fault>> {
+/// Generation `g`'s worker fault ([`Chaos::resolve_in`], the failed generations having
+/// reached step `seen`, on `members` nodes): node 0 resolves it, says so and publishes it; the
+/// other nodes take that one (their own seeds may differ), waiting for it at most the
+/// admission timeout. A later generation's fault whose rank is not in its (smaller) world is
+/// skipped.
+fn chaos_plan(
+    cfg: &AgentConfig,
+    store: &StoreClient,
+    g: u64,
+    seen: u64,
+    members: usize,
+) -> Result<Option<Fault>> {
     let key = format!("launch/g{g}/chaos");
     if cfg.node_rank == 0 {
-        let world = cfg.nproc * cfg.nnodes;
-        let fault = cfg.chaos.resolve(cfg.chaos_seed, cfg.steps, world)?;
+        let world = cfg.nproc * members;
+        let fault = match cfg
+            .chaos
+            .resolve_in(g, seen, cfg.chaos_seed, cfg.steps, world)
+        {
+            Err(e) if g > 0 => {
+                say(cfg, format!("chaos: generation {g}'s fault skipped: {e}"));
+                None
+            }
+            r => r?,
+        };
+        if let Some(f) = fault {
+            let what = match f.kind {
+                chaos::FaultKind::Kill => "SIGKILL itself".to_string(),
+                chaos::FaultKind::Hang => "SIGSTOP itself".to_string(),
+                chaos::FaultKind::Stall => "stop progressing".to_string(),
+                chaos::FaultKind::Slow(_) => format!("become {}x slower", f.kind.factor()),
+            };
+            say(
+                cfg,
+                format!(
+                    "chaos: {f} (seed {}): rank {} will {what} after step {} in generation {g}",
+                    cfg.chaos_seed, f.rank, f.step
+                ),
+            );
+        }
         let text = fault.map_or_else(|| "none".to_string(), |f| f.to_string());
         store.set(&key, text.as_bytes())?;
         return Ok(fault);
@@ -371,6 +409,19 @@ fn validate(cfg: &AgentConfig) -> Result<()> {
             "--node-rank",
             cfg.node_rank.to_string(),
             format!("must be below --nnodes {}", cfg.nnodes),
+        ));
+    }
+    let failing = cfg.chaos.failing() as u64;
+    if failing > cfg.max_restarts.saturating_add(1) {
+        return Err(LaunchError::invalid(
+            "--chaos",
+            format!("{failing} failing faults"),
+            format!(
+                "each fails a generation, and the job ends after --max-restarts {} restarts: \
+                 only the first {} could fire",
+                cfg.max_restarts,
+                cfg.max_restarts.saturating_add(1)
+            ),
         ));
     }
     if cfg.nnodes > 1 && cfg.rdzv.port() == 0 {

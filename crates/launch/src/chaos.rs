@@ -6,11 +6,20 @@
 //! - `hang@STEP[:RANK]`: it SIGSTOPs itself there (caught by the heartbeat timeout);
 //! - `stall@STEP[:RANK]`: it stops progressing while its heartbeat thread lives (caught by
 //!   the watchdog);
+//! - `slow@STEP[:RANK]:FACTOR`: fail-slow: from the step after STEP on, that worker's steps
+//!   take FACTOR times as long (after each it sleeps FACTOR - 1 times that step's compute; the
+//!   numbers it computes do not change, only their timing);
 //! - `corrupt-newest`: before a restart the agent flips a byte of the newest committed
 //!   checkpoint, so recovery must fall back to the one before.
 //!
 //! STEP may be `random` and RANK may be omitted: both are then drawn from the chaos seed.
-//! Faults fire only in generation 0, so a chaotic run always finishes.
+//! A plan may hold several worker faults: the first strikes in generation 0, the second in
+//! generation 1 (the restart the first one caused), and so on, so faults happen in every
+//! generation and a chaotic run finishes when `--max-restarts` covers them (the agent refuses
+//! a plan with more failing faults than restarts + 1: the later ones could never fire). A `random` step of a later generation is drawn after the last step the
+//! agent saw before the generation started, so it falls after the step the generation resumes
+//! from; a fixed STEP at or before that never fires. Node 0 resolves each generation's fault
+//! and hands it to that generation's workers only.
 
 use crate::error::{LaunchError, Result};
 use std::fmt;
@@ -26,6 +35,21 @@ pub enum FaultKind {
     Hang,
     /// Stop making progress (sleep in the loop).
     Stall,
+    /// Fail-slow: every step from the next one on takes this many hundredths times as long.
+    Slow(u32),
+}
+
+/// The largest `slow@` factor (a bigger one is a stall: use `stall@`).
+pub const MAX_SLOW_FACTOR: f64 = 100.0;
+
+impl FaultKind {
+    /// The slowdown factor of a [`FaultKind::Slow`] (1 for the others).
+    pub fn factor(self) -> f64 {
+        match self {
+            FaultKind::Slow(h) => f64::from(h) / 100.0,
+            _ => 1.0,
+        }
+    }
 }
 
 /// A step given as a number or `random`.
@@ -62,8 +86,8 @@ pub struct Fault {
 /// A parsed `--chaos` plan.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Chaos {
-    /// The worker fault, if any.
-    pub fault: Option<FaultSpec>,
+    /// The worker faults: the one at index g strikes in generation g.
+    pub faults: Vec<FaultSpec>,
     /// Corrupt the newest committed checkpoint before restarting.
     pub corrupt_newest: bool,
 }
@@ -81,13 +105,28 @@ impl Chaos {
                 plan.corrupt_newest = true;
                 continue;
             }
-            let expected = "expected kill@STEP[:RANK], hang@STEP[:RANK], stall@STEP[:RANK] \
-                            or corrupt-newest (STEP may be 'random')";
+            let expected = "expected kill@STEP[:RANK], hang@STEP[:RANK], stall@STEP[:RANK], \
+                            slow@STEP[:RANK]:FACTOR or corrupt-newest (STEP may be 'random')";
             let (kind, rest) = item.split_once('@').ok_or_else(|| bad(item, expected))?;
-            let kind = match kind {
-                "kill" => FaultKind::Kill,
-                "hang" => FaultKind::Hang,
-                "stall" => FaultKind::Stall,
+            let (kind, rest) = match kind {
+                "kill" => (FaultKind::Kill, rest),
+                "hang" => (FaultKind::Hang, rest),
+                "stall" => (FaultKind::Stall, rest),
+                "slow" => {
+                    let (rest, factor) = rest.rsplit_once(':').ok_or_else(|| {
+                        bad(item, "expected slow@STEP[:RANK]:FACTOR (e.g. slow@5:1:3)")
+                    })?;
+                    let f: f64 = factor.parse().map_err(|_| {
+                        bad(item, "FACTOR must be a number (how many times slower)")
+                    })?;
+                    if !(f > 1.0 && f <= MAX_SLOW_FACTOR) {
+                        return Err(bad(
+                            item,
+                            format!("FACTOR must be above 1 and at most {MAX_SLOW_FACTOR}"),
+                        ));
+                    }
+                    (FaultKind::Slow((f * 100.0).round() as u32), rest)
+                }
                 _ => return Err(bad(item, expected)),
             };
             let (step, rank) = match rest.split_once(':') {
@@ -105,19 +144,41 @@ impl Chaos {
                 .map(|r| r.parse::<usize>())
                 .transpose()
                 .map_err(|_| bad(item, "RANK must be a rank number"))?;
-            if plan.fault.is_some() {
-                return Err(bad(text, "at most one worker fault per run"));
-            }
-            plan.fault = Some(FaultSpec { kind, step, rank });
+            plan.faults.push(FaultSpec { kind, step, rank });
         }
         Ok(plan)
     }
 
-    /// The concrete fault for a run of `steps` steps on `world` ranks: random choices are drawn
-    /// from `seed` (a step in 1..steps, so steps remain after it).
+    /// The faults that fail their generation (every kind but `slow@`): a job needs as many
+    /// restarts.
+    pub fn failing(&self) -> usize {
+        (self.faults.iter())
+            .filter(|f| !matches!(f.kind, FaultKind::Slow(_)))
+            .count()
+    }
+
+    /// The concrete fault of generation 0 for a run of `steps` steps on `world` ranks
+    /// ([`Chaos::resolve_in`]).
     pub fn resolve(&self, seed: u64, steps: u64, world: usize) -> Result<Option<Fault>> {
-        let Some(f) = self.fault else { return Ok(None) };
-        let mut rng = SplitMix(seed);
+        self.resolve_in(0, 0, seed, steps, world)
+    }
+
+    /// The concrete fault of generation `g` (the plan's fault at index g, if any) for a run of
+    /// `steps` steps on `world` ranks, the agent having seen steps up to `after` before the
+    /// generation started: random choices are drawn from `seed` and `g` (a step in
+    /// after+1..steps, so steps remain after it; `None` when no step is left to draw).
+    pub fn resolve_in(
+        &self,
+        g: u64,
+        after: u64,
+        seed: u64,
+        steps: u64,
+        world: usize,
+    ) -> Result<Option<Fault>> {
+        let Some(&f) = usize::try_from(g).ok().and_then(|i| self.faults.get(i)) else {
+            return Ok(None);
+        };
+        let mut rng = SplitMix(seed ^ g.wrapping_mul(0xa076_1d64_78bd_642f));
         let step = match f.step {
             StepSpec::At(s) if s >= steps => {
                 return Err(bad(
@@ -129,7 +190,8 @@ impl Chaos {
             StepSpec::Random if steps < 2 => {
                 return Err(bad("random", "a random fault step needs --steps >= 2"));
             }
-            StepSpec::Random => 1 + rng.next() % (steps - 1),
+            StepSpec::Random if after + 1 >= steps => return Ok(None),
+            StepSpec::Random => after + 1 + rng.next() % (steps - after - 1),
         };
         let rank = match f.rank {
             Some(r) if r >= world => {
@@ -155,8 +217,13 @@ impl fmt::Display for Fault {
             FaultKind::Kill => "kill",
             FaultKind::Hang => "hang",
             FaultKind::Stall => "stall",
+            FaultKind::Slow(_) => "slow",
         };
-        write!(f, "{kind}@{}:{}", self.step, self.rank)
+        write!(f, "{kind}@{}:{}", self.step, self.rank)?;
+        if let FaultKind::Slow(_) = self.kind {
+            write!(f, ":{}", self.kind.factor())?;
+        }
+        Ok(())
     }
 }
 
@@ -164,28 +231,37 @@ impl Fault {
     /// Parses [`Fault`]'s display form (what the agent hands its workers).
     pub fn parse(text: &str) -> Result<Fault> {
         let plan = Chaos::parse(text)?;
-        match plan.fault {
-            Some(FaultSpec {
-                kind,
-                step: StepSpec::At(step),
-                rank: Some(rank),
-            }) => Ok(Fault { kind, step, rank }),
+        match plan.faults[..] {
+            [
+                FaultSpec {
+                    kind,
+                    step: StepSpec::At(step),
+                    rank: Some(rank),
+                },
+            ] => Ok(Fault { kind, step, rank }),
             _ => Err(bad(text, "expected a resolved fault KIND@STEP:RANK")),
         }
     }
 
     /// Called by a worker after it completes `step`: strikes if this is the fault's rank and
-    /// step and the worker belongs to generation 0. `publish` makes sure the agent has seen the
-    /// completed step first (a heartbeat flush). A stall never returns before `stall_limit`.
+    /// step (the agent hands a fault only to the workers of the generation it belongs to).
+    /// `publish` makes sure the agent has seen the completed step first (a heartbeat flush). A
+    /// stall never returns before `stall_limit`.
     pub fn strike(
         &self,
         rank: usize,
         step: u64,
-        generation: u64,
         publish: impl FnOnce(),
         stall_limit: Duration,
     ) -> Result<()> {
-        if generation != 0 || rank != self.rank || step != self.step {
+        if rank != self.rank || step != self.step {
+            return Ok(());
+        }
+        if let FaultKind::Slow(_) = self.kind {
+            eprintln!(
+                "flotilla: chaos: {self}: rank {rank} is slow from step {} on",
+                step + 1
+            );
             return Ok(());
         }
         publish();
@@ -200,10 +276,25 @@ impl Fault {
                 libc::raise(libc::SIGSTOP);
             },
             FaultKind::Stall => std::thread::sleep(stall_limit),
+            FaultKind::Slow(_) => return Ok(()),
         }
         Err(LaunchError::Aborted(format!(
             "chaos {self} on rank {rank}: the agent did not stop this worker within {stall_limit:?}"
         )))
+    }
+}
+
+impl Fault {
+    /// A `slow@` fault's delay after rank `rank` computed step `step` in `compute`:
+    /// (FACTOR - 1) x `compute` for every step after the fault's step, so the rank's steps
+    /// take FACTOR times as long; `None` for other faults, ranks and steps.
+    pub fn slow_delay(&self, rank: usize, step: u64, compute: Duration) -> Option<Duration> {
+        match self.kind {
+            FaultKind::Slow(_) if rank == self.rank && step > self.step => {
+                Some(compute.mul_f64(self.kind.factor() - 1.0))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -280,7 +371,6 @@ mod tests {
             ("kill@0", "STEP"),
             ("kill@x", "STEP"),
             ("kill@3:a", "RANK"),
-            ("kill@3,hang@4", "at most one"),
         ] {
             let e = Chaos::parse(plan).unwrap_err().to_string();
             assert!(e.contains("--chaos") && e.contains(needle), "{plan}: {e}");
@@ -303,19 +393,64 @@ mod tests {
     }
 
     #[test]
-    fn faults_strike_only_their_rank_step_and_generation_zero() {
+    fn faults_strike_only_their_rank_and_step() {
         let f = Fault {
             kind: FaultKind::Stall,
             step: 3,
             rank: 1,
         };
         let quick = Duration::from_millis(1);
-        assert!(f.strike(0, 3, 0, || {}, quick).is_ok());
-        assert!(f.strike(1, 2, 0, || {}, quick).is_ok());
-        assert!(f.strike(1, 3, 1, || {}, quick).is_ok());
+        assert!(f.strike(0, 3, || {}, quick).is_ok());
+        assert!(f.strike(1, 2, || {}, quick).is_ok());
         let mut published = false;
-        let e = f.strike(1, 3, 0, || published = true, quick).unwrap_err();
+        let e = f.strike(1, 3, || published = true, quick).unwrap_err();
         assert!(published && e.to_string().contains("stall@3:1"), "{e}");
+    }
+
+    #[test]
+    fn slow_faults_parse_round_trip_and_only_delay_their_rank_after_their_step() {
+        let c = Chaos::parse("slow@5:1:3").unwrap();
+        let f = c.resolve(0, 20, 2).unwrap().unwrap();
+        assert_eq!(f.to_string(), "slow@5:1:3");
+        assert_eq!(Fault::parse("slow@5:1:3").unwrap(), f);
+        assert_eq!(Fault::parse("slow@5:1:2.5").unwrap().kind.factor(), 2.5);
+        let r = Chaos::parse("slow@random:1.5").unwrap().resolve(3, 9, 4);
+        assert_eq!(r.unwrap().unwrap().kind, FaultKind::Slow(150));
+        let c = Duration::from_millis(100);
+        assert_eq!(f.slow_delay(1, 5, c), None);
+        assert_eq!(f.slow_delay(1, 6, c), Some(Duration::from_millis(200)));
+        assert_eq!(f.slow_delay(0, 6, c), None);
+        assert!(f.strike(1, 5, || {}, c).is_ok());
+        for (plan, needle) in [
+            ("slow@5", "slow@STEP[:RANK]:FACTOR"),
+            ("slow@5:1:x", "FACTOR must be a number"),
+            ("slow@5:1:1", "above 1"),
+            ("slow@5:1:NaN", "above 1"),
+            ("slow@5:1:1e9", "at most 100"),
+        ] {
+            let e = Chaos::parse(plan).unwrap_err().to_string();
+            assert!(e.contains(needle), "{plan}: {e}");
+        }
+    }
+
+    #[test]
+    fn later_faults_belong_to_later_generations_and_fall_after_the_last_step_seen() {
+        let c = Chaos::parse("kill@random,hang@random:1,slow@2:0:2").unwrap();
+        assert_eq!(c.failing(), 2);
+        for seed in 0..50 {
+            let f0 = c.resolve_in(0, 0, seed, 10, 2).unwrap().unwrap();
+            assert_eq!(f0.kind, FaultKind::Kill);
+            assert!((1..10).contains(&f0.step));
+            let f1 = c.resolve_in(1, 6, seed, 10, 2).unwrap().unwrap();
+            assert!((7..10).contains(&f1.step) && f1.rank == 1, "{f1}");
+            assert_eq!(c.resolve_in(1, 6, seed, 10, 2).unwrap(), Some(f1));
+        }
+        assert_eq!(c.resolve_in(1, 9, 0, 10, 2).unwrap(), None, "no step left");
+        assert_eq!(
+            c.resolve_in(2, 9, 0, 10, 2).unwrap().unwrap().to_string(),
+            "slow@2:0:2"
+        );
+        assert_eq!(c.resolve_in(3, 0, 0, 10, 2).unwrap(), None);
     }
 
     #[test]

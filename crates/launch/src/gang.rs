@@ -3,11 +3,15 @@
 //!
 //! Keys, all under `launch/g{generation}/` and written with that generation's stamp, so the
 //! store refuses anything an agent or worker of an older generation still tries to say:
-//! - `node/{i}`: node i's agent is ready to start its workers (admission);
+//! - `node/{i}`: node i's agent is ready to start its workers (admission): its
+//!   [`Registration`] (identity and run configuration), written only if no other agent holds
+//!   the rank; node 0 refuses the job when a registration's configuration differs from its own
+//!   ([`crate::agree`]);
 //! - `members`: the nodes node 0 admitted, in rank order ([`Membership`]); with `--nnodes
 //!   MIN:MAX` that is every registered node once all MAX are there, or once at least MIN are
 //!   and every missing node is lost (its lease stood still, see [`crate::elastic`]) or the
-//!   admission deadline has passed;
+//!   admission deadline has passed; or `refused: WHY` when admission was refused (compare-and-
+//!   set: a refusal and the member list exclude each other);
 //! - `failed`: the first failure of the generation, as text (compare-and-set: first wins);
 //!   every agent polls it and stops its workers when it appears;
 //! - `failure-seen/{i}`: member i read the failure and stopped its workers (node 0 waits a
@@ -20,6 +24,7 @@
 //! i's lease counter in an elastic job (it spans generations); the store's generation counter
 //! is the generation itself, bumped by node 0 only.
 
+use crate::agree::{self, Registration};
 use crate::elastic::{Leases, Membership, NodeRange};
 use crate::error::{LaunchError, Result};
 use crate::heartbeat::{self, Beat};
@@ -69,7 +74,16 @@ pub struct Gang<'a> {
     pub node: usize,
     /// Node 0: the other nodes' leases.
     leases: Mutex<Leases>,
+    /// What this agent registers with: its identity and run configuration.
+    registration: Registration,
+    /// Node 0: nodes dropped from the job (`--straggler exclude`), never admitted again.
+    excluded: Mutex<Vec<usize>>,
 }
+
+/// The prefix of a `members` value that refuses admission.
+const REFUSED: &str = "refused: ";
+/// How long node 0 waits for the registered nodes to read a refusal before its store goes.
+const REFUSAL_LINGER: Duration = Duration::from_secs(5);
 
 fn key(g: u64, what: &str) -> String {
     format!("launch/g{g}/{what}")
@@ -89,16 +103,107 @@ impl<'a> Gang<'a> {
             nodes: nodes.into(),
             node,
             leases: Mutex::new(Leases::new(lease_timeout)),
+            registration: Registration::new(Vec::new()),
+            excluded: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The store this agent coordinates through.
+    pub(crate) fn store(&self) -> &StoreClient {
+        self.store
+    }
+
+    /// Node 0: drops `node` from every later generation (`--straggler exclude`).
+    pub fn exclude(&self, node: usize) {
+        let mut e = self.excluded.lock().unwrap_or_else(|p| p.into_inner());
+        if !e.contains(&node) {
+            e.push(node);
+        }
+    }
+
+    /// This agent registers with the run configuration `fields` (see [`crate::agree`]): node
+    /// 0 refuses admission to nodes whose fields differ from its own.
+    pub fn with_agreement(mut self, fields: Vec<(String, String)>) -> Gang<'a> {
+        self.registration = Registration::new(fields);
+        self
+    }
+
+    /// The digest of this agent's run configuration ([`Registration::digest`]).
+    pub fn digest(&self) -> String {
+        self.registration.digest()
+    }
+
+    /// Registers this node for generation `g` unless another agent holds its rank: `Ok(None)`
+    /// when registered, else that agent's identity.
+    fn register(&self, g: u64) -> Result<Option<String>> {
+        let me = self.registration.encode();
+        let k = key(g, &format!("node/{}", self.node));
+        match self.store.compare_set(&k, None, me.as_bytes())? {
+            Some(v) if v == me.as_bytes() => Ok(None),
+            Some(v) => Ok(Some(Registration::decode(&v).map_or_else(
+                || String::from_utf8_lossy(&v).into_owned(),
+                |r| r.agent,
+            ))),
+            None => Err(LaunchError::invalid(
+                "store",
+                k,
+                "compare-and-set of an absent key left it absent",
+            )),
+        }
+    }
+
+    /// Refuses admission to generation `g` for the whole job with `why` unless the member list
+    /// is already out; the error this agent ends with either way.
+    fn refuse(&self, g: u64, why: String) -> Result<LaunchError> {
+        let text = format!("{REFUSED}{why}");
+        self.store
+            .compare_set(&key(g, "members"), None, text.as_bytes())?;
+        Ok(LaunchError::Refused(why))
+    }
+
+    /// Node 0, after refusing generation `g`: waits (at most [`REFUSAL_LINGER`]) until the
+    /// registered nodes `nodes` have read the refusal, so they end with it instead of a lost
+    /// store.
+    fn linger_refused(&self, g: u64, nodes: &[usize]) {
+        let seen: Vec<String> = nodes
+            .iter()
+            .filter(|&&n| n != 0)
+            .map(|n| key(g, &format!("refusal-seen/{n}")))
+            .collect();
+        if !seen.is_empty()
+            && let Err(e) = self.store.wait(&seen, REFUSAL_LINGER)
+        {
+            tracing::debug!("not every node saw the refusal: {e}");
         }
     }
 
     /// Registers this node for generation `g`; node 0 then decides the members (see the module
     /// docs) within `timeout`, the others wait for that decision (a little longer). On timeout
     /// with fewer than MIN nodes, names the missing ones (no worker has been started).
+    ///
+    /// Refused (for the whole job, before any worker starts) when a node's run configuration
+    /// differs from node 0's, or when another agent already registered this node's rank while
+    /// admission was open; a second agent arriving after the member list is out is refused
+    /// alone (an elastic job instead treats it as a node returning: it waits for the next
+    /// generation).
     pub fn admit(&self, g: u64, timeout: Duration) -> Result<Admitted> {
-        self.store
-            .set(&key(g, &format!("node/{}", self.node)), b"ready")?;
         let start = Instant::now();
+        if let Some(holder) = self.register(g)? {
+            let why = agree::duplicate(self.node, g, &holder, &self.registration.agent);
+            match self.store.get(&key(g, "members"))? {
+                None => return Err(self.refuse(g, why)?),
+                Some(m) if m.starts_with(REFUSED.as_bytes()) => {
+                    return Err(LaunchError::Refused(why));
+                }
+                Some(m) if self.nodes.is_elastic() => {
+                    if let Some(m) = Membership::decode(&m) {
+                        return Ok(Admitted::Excluded(m));
+                    }
+                }
+                Some(_) => {}
+            }
+            return Err(LaunchError::Refused(why));
+        }
         if self.node != 0 {
             // Node 0 decides within `timeout` of its own start; allow for it starting later.
             let wait = timeout + timeout.min(Duration::from_secs(30));
@@ -113,6 +218,15 @@ impl<'a> Gang<'a> {
                 }
                 Err(e) => return Err(e.into()),
             };
+            if let Some(why) = text.strip_prefix(REFUSED.as_bytes()) {
+                let seen = key(g, &format!("refusal-seen/{}", self.node));
+                if let Err(e) = self.store.set(&seen, b"1") {
+                    tracing::debug!("refusal acknowledgement: {e}");
+                }
+                return Err(LaunchError::Refused(
+                    String::from_utf8_lossy(why).into_owned(),
+                ));
+            }
             let m = Membership::decode(&text).ok_or_else(|| {
                 LaunchError::invalid(
                     "membership",
@@ -132,25 +246,60 @@ impl<'a> Gang<'a> {
             leases.poll(self.store, 1..self.nodes.max)?;
             let mut registered = Vec::new();
             let mut missing = Vec::new();
+            let mut refusals = Vec::new();
+            let excluded = self
+                .excluded
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
             for i in 0..self.nodes.max {
                 // A node that registered and then went silent is not admitted: it would only
-                // fail the generation again.
-                let live = leases.lost(i, now).is_none();
-                if live && self.store.get(&key(g, &format!("node/{i}")))?.is_some() {
-                    registered.push(i);
-                } else {
-                    missing.push(i);
+                // fail the generation again; nor is one dropped as a straggler.
+                let live = leases.lost(i, now).is_none() && !excluded.contains(&i);
+                match self.store.get(&key(g, &format!("node/{i}")))? {
+                    Some(r) if live => {
+                        registered.push(i);
+                        if let Some(r) = Registration::decode(&r) {
+                            let d = self.registration.differences(0, &r, i);
+                            if !d.is_empty() {
+                                refusals.push(agree::mismatch(0, i, &d));
+                            }
+                        }
+                    }
+                    _ => missing.push(i),
                 }
             }
+            if let Some(m) = self.store.get(&key(g, "members"))?
+                && let Some(why) = m.strip_prefix(REFUSED.as_bytes())
+            {
+                self.linger_refused(g, &registered);
+                return Err(LaunchError::Refused(
+                    String::from_utf8_lossy(why).into_owned(),
+                ));
+            }
+            if !refusals.is_empty() {
+                let e = self.refuse(g, refusals.join("; "))?;
+                self.linger_refused(g, &registered);
+                return Err(e);
+            }
             let enough = registered.len() >= self.nodes.min;
-            let all_lost = missing.iter().all(|&i| leases.lost(i, now).is_some());
+            let all_lost =
+                (missing.iter()).all(|&i| leases.lost(i, now).is_some() || excluded.contains(&i));
             if missing.is_empty() || (enough && (all_lost || now >= deadline)) {
                 for &n in registered.iter().filter(|&&n| n != 0) {
                     leases.admitted(n, now);
                 }
                 let m = Membership { nodes: registered };
-                self.store.set(&key(g, "members"), m.encode().as_bytes())?;
-                return Ok(Admitted::Member(m));
+                let text = m.encode();
+                let now = self
+                    .store
+                    .compare_set(&key(g, "members"), None, text.as_bytes())?;
+                // A duplicate agent refused the generation in the meantime: the next poll
+                // reads the refusal.
+                if now.as_deref() == Some(text.as_bytes()) {
+                    return Ok(Admitted::Member(m));
+                }
+                continue;
             }
             if now >= deadline {
                 return Err(LaunchError::Admission {
@@ -197,6 +346,11 @@ impl<'a> Gang<'a> {
                 Err(e) => Err(e),
             };
             if read("complete")?.is_some() {
+                // Node 0 waits a moment for this from a node it dropped (`--straggler
+                // exclude`) before its store goes away.
+                if let Err(e) = self.store.set(&key(g, &format!("ack/{}", self.node)), b"1") {
+                    tracing::debug!("end-of-job acknowledgement: {e}");
+                }
                 return Ok(Next::Complete);
             }
             if let Some(v) = read("verdict")? {
@@ -351,8 +505,20 @@ impl<'a> Gang<'a> {
                 }
             }
             self.store.set(&key(g, "complete"), b"1")?;
+            // Dropped nodes still renewing their lease (a dead one is not waited for).
+            let mut dropped = self
+                .excluded
+                .lock()
+                .map_or_else(|p| p.into_inner().clone(), |e| e.clone());
+            if !dropped.is_empty() {
+                let mut leases = self.leases();
+                leases.poll(self.store, dropped.iter().copied())?;
+                let now = Instant::now();
+                dropped.retain(|&n| leases.lost(n, now).is_none());
+            }
             let acks: Vec<String> = m.nodes[1..]
                 .iter()
+                .chain(&dropped)
                 .map(|i| key(g, &format!("ack/{i}")))
                 .collect();
             if !acks.is_empty()
@@ -375,189 +541,5 @@ impl<'a> Gang<'a> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::elastic::LeaseKeeper;
-    use comm::store::{Secret, StoreServer};
-
-    const LEASE: Duration = Duration::from_secs(2);
-
-    fn both() -> Membership {
-        Membership { nodes: vec![0, 1] }
-    }
-
-    fn store() -> (StoreServer, StoreClient, StoreClient) {
-        let secret = Secret::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap();
-        let s = StoreServer::bind("127.0.0.1:0".parse().unwrap(), secret.clone()).unwrap();
-        let c =
-            |_| StoreClient::connect(s.local_addr(), &secret, 0, Duration::from_secs(5)).unwrap();
-        let (a, b) = (c(0), c(1));
-        (s, a, b)
-    }
-
-    #[test]
-    fn admission_names_the_missing_node() {
-        let (_s, a, _b) = store();
-        let e = Gang::new(&a, 3, 0, LEASE)
-            .admit(0, Duration::from_millis(200))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("generation 0") && e.contains("[1, 2]"), "{e}");
-    }
-
-    #[test]
-    fn an_abort_reaches_every_node() {
-        let (_s, a, b) = store();
-        let (n0, n1) = (Gang::new(&a, 2, 0, LEASE), Gang::new(&b, 2, 1, LEASE));
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                let d = n1.await_decision(0, Duration::from_secs(10)).unwrap();
-                assert_eq!(d, Decision::Abort("out of restarts".into()));
-            });
-            n0.abort(0, &both(), "out of restarts", Duration::from_secs(10))
-                .unwrap();
-        });
-        let e = n1
-            .await_decision(7, Duration::ZERO)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("generation 7"), "{e}");
-    }
-
-    #[test]
-    fn a_failure_restarts_every_node_and_old_reports_are_refused() {
-        let (_s, a, b) = store();
-        let (n0, n1) = (Gang::new(&a, 2, 0, LEASE), Gang::new(&b, 2, 1, LEASE));
-        let member = Admitted::Member(both());
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                assert_eq!(n1.admit(0, Duration::from_secs(10)).unwrap(), member);
-                assert_eq!(n1.report_failure(0, "rank 3 died").unwrap(), "rank 3 died");
-                n1.failure_seen(0);
-                let old = b.try_clone().unwrap();
-                let d = n1.await_decision(0, Duration::from_secs(10)).unwrap();
-                assert_eq!(d, Decision::Restart(1));
-                // A late completion message of generation 0 is refused by the store.
-                assert!(old.set("launch/g0/done/1", b"1").is_err());
-                assert_eq!(n1.admit(1, Duration::from_secs(10)).unwrap(), member);
-                n1.mark_done(1).unwrap();
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while !n1.complete(1, &both(), Duration::ZERO).unwrap() {
-                    assert!(Instant::now() < deadline);
-                    std::thread::sleep(POLL);
-                }
-            });
-            assert_eq!(n0.admit(0, Duration::from_secs(10)).unwrap(), member);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            let failure = loop {
-                if let Some(f) = n0.failure(0).unwrap() {
-                    break f;
-                }
-                assert!(Instant::now() < deadline);
-                std::thread::sleep(POLL);
-            };
-            assert_eq!(n0.report_failure(0, "rank 0 too").unwrap(), failure);
-            assert_eq!(n0.count_restart().unwrap(), 1);
-            // Node 1 read the failure: node 0 does not wait out the bound.
-            let t = Instant::now();
-            n0.await_failure_seen(0, &both(), Duration::from_secs(30))
-                .unwrap();
-            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
-            assert_eq!(n0.advance(0).unwrap(), 1);
-            assert_eq!(n0.admit(1, Duration::from_secs(10)).unwrap(), member);
-            n0.mark_done(1).unwrap();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !n0.complete(1, &both(), Duration::from_secs(5)).unwrap() {
-                assert!(Instant::now() < deadline);
-                std::thread::sleep(POLL);
-            }
-        });
-    }
-
-    #[test]
-    fn an_elastic_gang_goes_on_without_a_lost_node_and_a_late_one_waits() {
-        let (s, a, b) = store();
-        let secret = Secret::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap();
-        let c = StoreClient::connect(s.local_addr(), &secret, 0, Duration::from_secs(5)).unwrap();
-        let range = NodeRange::new(2, 3).unwrap();
-        let (n0, n1, n2) = (
-            Gang::new(&a, range, 0, LEASE),
-            Gang::new(&b, range, 1, LEASE),
-            Gang::new(&c, range, 2, LEASE),
-        );
-        let three = Admitted::Member(Membership {
-            nodes: vec![0, 1, 2],
-        });
-        std::thread::scope(|scope| {
-            scope.spawn(|| assert_eq!(n1.admit(0, Duration::from_secs(10)).unwrap(), three));
-            scope.spawn(|| assert_eq!(n2.admit(0, Duration::from_secs(10)).unwrap(), three));
-            assert_eq!(n0.admit(0, Duration::from_secs(10)).unwrap(), three);
-        });
-        // Node 1 renews its lease; node 2's agent is gone after one renewal.
-        let _keep = LeaseKeeper::start(&b, 1).unwrap();
-        c.set(&crate::elastic::lease_key(2), b"1").unwrap();
-        let m3 = Membership {
-            nodes: vec![0, 1, 2],
-        };
-        let t0 = Instant::now();
-        let lost = loop {
-            if let Some(l) = n0.lost_member(&m3).unwrap() {
-                break l;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(10), "node 2 never lost");
-            std::thread::sleep(POLL);
-        };
-        assert_eq!(lost.0, 2);
-        assert!(t0.elapsed() >= LEASE - POLL, "{:?}", t0.elapsed());
-        assert_eq!(n0.advance(0).unwrap(), 1);
-        assert_eq!(
-            n1.await_decision(0, Duration::from_secs(5)).unwrap(),
-            Decision::Restart(1)
-        );
-        // Generation 1 starts on nodes 0 and 1 at once (node 2 is lost), long before the
-        // admission deadline.
-        let t1 = Instant::now();
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                assert_eq!(
-                    n1.admit(1, Duration::from_secs(30)).unwrap(),
-                    Admitted::Member(both())
-                )
-            });
-            assert_eq!(
-                n0.admit(1, Duration::from_secs(30)).unwrap(),
-                Admitted::Member(both())
-            );
-        });
-        assert!(t1.elapsed() < Duration::from_secs(10), "{:?}", t1.elapsed());
-        // Node 2 comes back too late: it is left out and learns of the end of the job.
-        c.set_generation(c.generation().unwrap());
-        assert_eq!(
-            n2.admit(1, Duration::from_secs(5)).unwrap(),
-            Admitted::Excluded(both())
-        );
-        n0.mark_done(1).unwrap();
-        n1.mark_done(1).unwrap();
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while !n1.complete(1, &both(), Duration::ZERO).unwrap() {
-                    assert!(Instant::now() < deadline);
-                    std::thread::sleep(POLL);
-                }
-            });
-            assert!(n0.complete(1, &both(), Duration::from_secs(10)).unwrap());
-        });
-        assert_eq!(
-            n2.await_next(1, Duration::from_secs(10)).unwrap(),
-            Next::Complete
-        );
-        // Fewer than MIN nodes by the deadline: admission fails naming the missing ones.
-        assert_eq!(n0.advance(1).unwrap(), 2);
-        let e = n0
-            .admit(2, Duration::from_millis(300))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("generation 2") && e.contains("[1, 2]"), "{e}");
-    }
-}
+#[path = "gang_tests.rs"]
+mod tests;

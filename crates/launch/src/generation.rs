@@ -78,7 +78,7 @@ pub(crate) fn spawn_generation(
             rules.period().as_millis().to_string(),
         ));
     }
-    if let Some(f) = fault.filter(|_| g == 0) {
+    if let Some(f) = fault {
         env.push((ENV_CHAOS.into(), f.to_string()));
     }
     let common = env.len();
@@ -151,6 +151,7 @@ pub(crate) fn watch_generation(
         .map(|w| WorkerWatch::new(w.rank, now))
         .collect();
     let mut marked_done = false;
+    let mut straggler_said = false;
     loop {
         let now = Instant::now();
         if now >= job_deadline {
@@ -248,6 +249,24 @@ pub(crate) fn watch_generation(
             );
             return Ok(Outcome::Failed {
                 what: gang.report_failure(g, &lost)?,
+                detected: now,
+                last_step: last_step(&watches),
+            });
+        }
+        if cfg.node_rank == 0
+            && cfg.straggler == crate::straggler::Policy::Exclude
+            && let Some((node, what)) = crate::straggler::to_exclude(
+                gang,
+                g,
+                &members.nodes,
+                cfg.nproc,
+                cfg.min_nnodes,
+                &mut straggler_said,
+            )?
+        {
+            gang.exclude(node);
+            return Ok(Outcome::Failed {
+                what: gang.report_failure(g, &what)?,
                 detected: now,
                 last_step: last_step(&watches),
             });

@@ -8,6 +8,7 @@
 //! admitted, with a deadline; completion messages from an older generation are not trusted).
 //!
 //! - [`agent`]: the restart loop of one node;
+//! - [`agree`]: agreement at admission (run configurations compared, duplicate ranks refused);
 //! - [`gang`]: coordination of the nodes' agents through the rendezvous store;
 //! - [`elastic`]: `--nnodes MIN:MAX`, generation membership and node leases;
 //! - [`heartbeat`]: the worker's heartbeat thread and the beat format;
@@ -15,6 +16,8 @@
 //! - [`process`]: spawning and stopping worker processes (and their logs);
 //! - [`srun`]: one task per rank under Slurm, without an agent;
 //! - [`metrics`] and [`http`]: the job's live figures, served as a Prometheus endpoint;
+//! - [`straggler`]: `--straggler warn|exclude`, what the job does with a slow rank;
+//! - [`supervision`]: a worker's link to its agent (heartbeat, chaos, SIGTERM, stragglers);
 //! - [`chaos`]: injected faults for recovery tests;
 //! - [`env`](mod@env): worker identity, Slurm and torchrun-style environments;
 //! - [`exit`]: the exit-code table (success, failed, pre-empted, refused);
@@ -26,6 +29,7 @@
 //! neither join nor disturb the next.
 
 pub mod agent;
+pub mod agree;
 pub mod chaos;
 pub mod elastic;
 pub mod env;
@@ -38,6 +42,8 @@ pub mod http;
 pub mod metrics;
 pub mod process;
 pub mod srun;
+pub mod straggler;
+pub mod supervision;
 pub mod term;
 pub mod watchdog;
 
@@ -50,5 +56,6 @@ pub use exit::{EXIT_PREEMPTED, EXIT_REFUSED, Exit, Preempted};
 pub use heartbeat::Heartbeat;
 pub use process::WorkerCommand;
 pub use srun::SrunRank;
+pub use supervision::Supervision;
 pub use term::Termination;
 pub use watchdog::WatchRules;

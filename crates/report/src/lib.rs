@@ -107,6 +107,8 @@ pub fn read(path: &Path) -> Result<RunData> {
                 steps.insert(s.step, s);
             }
             Record::Summary(s) => summary = Some(s),
+            // Named stragglers and the goodput ledger are not plotted (yet).
+            Record::Straggler(_) | Record::Goodput(_) => {}
         }
     }
     if steps.is_empty() {

@@ -9,6 +9,8 @@
 //! - [`tensor`]: Megatron tensor parallelism of a block (column/row-parallel linears, f/g operators).
 //! - [`expert`]: expert parallelism (MoE router, capacity, all-to-all dispatch/combine).
 //! - [`forecast`]: the planner's prediction of a step beside the measured one.
+//! - [`goodput`]: the job's goodput ledger from its metrics, beside the planner's.
+//! - [`straggler`]: per-rank arrival skew at the step's collectives; slow ranks named.
 //! - [`run`]: the one run loop every layout's engine runs under, and its typed [`run::RunConfig`].
 pub mod checkpoint;
 pub mod config;
@@ -16,6 +18,7 @@ pub mod ddp;
 pub mod error;
 pub mod expert;
 pub mod forecast;
+pub mod goodput;
 mod grad;
 pub mod metrics;
 pub mod metrics_log;
@@ -25,6 +28,7 @@ pub mod planner;
 pub mod run;
 pub mod saved;
 pub mod source;
+pub mod straggler;
 pub mod tensor;
 pub mod trainer;
 pub mod zero;

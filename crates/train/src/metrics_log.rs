@@ -56,6 +56,39 @@ pub enum Record {
     Step(StepRecord),
     /// The run's totals, written last.
     Summary(Summary),
+    /// A rank named slow ([`crate::straggler`]).
+    Straggler(StragglerRecord),
+    /// The job's goodput ledger, written by the launcher at the end ([`crate::goodput`]).
+    Goodput(crate::goodput::Ledger),
+}
+
+/// Appends `r` as one line to the metrics file `path` (which must exist: the run made it).
+pub fn append_record(path: &Path, r: &Record) -> Result<()> {
+    let io = |source| MetricsLogError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut line = serde_json::to_vec(r).map_err(|e| io(e.into()))?;
+    line.push(b'\n');
+    let mut f = OpenOptions::new().append(true).open(path).map_err(io)?;
+    f.write_all(&line).map_err(io)
+}
+
+/// A straggler named during the run (`{"kind":"straggler","rank":1,"slowdown":3.02,...}`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StragglerRecord {
+    /// The step at which it was named.
+    pub step: u64,
+    /// The slow rank.
+    pub rank: usize,
+    /// How many times the other ranks' median arrival time it took.
+    pub slowdown: f64,
+    /// Its arrival time at that step, seconds.
+    pub arrival_s: f64,
+    /// The other ranks' median arrival time at that step, seconds.
+    pub others_s: f64,
+    /// Restart generation of the job.
+    pub generation: u64,
 }
 
 /// What a run is, for every record: the same on every step.
@@ -314,6 +347,18 @@ impl MetricsLog {
     pub fn write_step(&mut self, r: &StepRecord) -> Result<()> {
         self.totals.add(r);
         self.write(&Record::Step(r.clone()))
+    }
+
+    /// Writes the record of a straggler named at this point of the run.
+    pub fn straggler(&mut self, st: &crate::straggler::Straggler) -> Result<()> {
+        self.write(&Record::Straggler(StragglerRecord {
+            step: st.step,
+            rank: st.rank,
+            slowdown: st.slowdown,
+            arrival_s: st.arrival_s,
+            others_s: st.others_s,
+            generation: self.run.generation,
+        }))
     }
 
     /// The summary of the steps written so far, timed from [`MetricsLog::open`].

@@ -280,6 +280,22 @@ impl Outcome {
     }
 }
 
+/// Every host's outcome and output, for a failed assertion's message.
+pub fn report(out: &[Outcome]) -> String {
+    let mut report = String::new();
+    for (i, o) in out.iter().enumerate() {
+        report += &format!(
+            "--- host {i}: {:?} after {:.1} s, timed out {}\n{}\n{}\n",
+            o.status,
+            o.elapsed.as_secs_f64(),
+            o.timed_out,
+            o.stdout,
+            o.stderr
+        );
+    }
+    report
+}
+
 fn scratch_file(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!(
         "flotilla-netns-{}-{}-{tag}",

@@ -12,6 +12,7 @@
 //! a checkpoint directory the ranks then agree whether any was asked to stop (a pre-emption:
 //! [`Observer::stop_requested`]); if so, that step is saved and the run returns
 //! [`Ended::Stopped`].
+pub mod agreement;
 pub mod config;
 pub mod engine;
 pub mod eval;
@@ -60,6 +61,9 @@ pub trait Observer {
     fn stop_requested(&mut self) -> bool {
         false
     }
+    /// The ranks named `st` slow (called on the lead rank only, once per straggler): the
+    /// launcher's straggler policy acts on it (`--straggler`).
+    fn straggler(&mut self, _st: &crate::straggler::Straggler) {}
 }
 
 /// How a run ended.
@@ -152,6 +156,7 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
     let mut tracer = (cfg.trace.as_deref())
         .map(|dir| trace::Tracer::start(dir, rank, cfg.generation))
         .transpose()?;
+    let mut stragglers = crate::straggler::StragglerWatch::new();
     for _ in first..steps {
         let began = Instant::now();
         obs.starting();
@@ -209,6 +214,13 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
             t.step(&s, began, saved.as_ref().map(|(s, _)| s.pause))?;
         }
         obs.completed(&s).map_err(crate::TrainError::Observer)?;
+        if let Some(st) = stragglers.step(world_group.as_ref(), &s)? {
+            crate::straggler::record(&st, world_group.as_ref(), metrics.as_mut())?;
+            if lead {
+                obs.line(&st.line());
+                obs.straggler(&st);
+            }
+        }
         // After the last step the run ends as usual (its final save and outputs follow).
         if cfg.checkpoint.is_some()
             && s.step < steps

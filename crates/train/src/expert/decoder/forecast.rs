@@ -54,13 +54,13 @@ impl MoeTrainer {
         }
         let mut params = self.params.clone();
         let mut opt = AdamW::new(c.adamw, params.len())?;
-        let all = [0..params.len()];
+        let all = std::slice::from_ref(&(0..params.len()));
         let (mut update, mut copy) = (Vec::with_capacity(REPS), Vec::with_capacity(REPS));
         let mut staging = vec![0f32; params.len()];
         let len = params.len().max(1) as f64;
         for rep in 0..=REPS {
             let t = Instant::now();
-            opt.step(&self.th, &mut params, &self.grads, 0.0, &all)?;
+            opt.step(&self.th, &mut params, &self.grads, 0.0, all)?;
             let dt = t.elapsed().as_secs_f64();
             let t = Instant::now();
             staging.copy_from_slice(&params);

@@ -1,0 +1,103 @@
+//! A worker's link to its agent ([`Supervision`]): its heartbeat, the chaos fault it may
+//! strike itself with, its SIGTERM handler, and where it reports a straggler. The training
+//! run loop drives it through the binary's observer at every step boundary.
+use std::time::Duration;
+
+use crate::straggler::Report;
+use crate::{Fault, Heartbeat, Preempted, Result, Termination};
+use comm::group::Rendezvous;
+
+/// A worker's link to its agent: its heartbeat, and the chaos fault it may have been handed.
+#[derive(Default)]
+pub struct Supervision {
+    /// The heartbeat thread, if the agent watches heartbeats.
+    pub hb: Option<Heartbeat>,
+    /// The chaos fault this worker may have to strike itself with.
+    pub fault: Option<Fault>,
+    /// Global rank.
+    pub rank: usize,
+    /// The SIGTERM handler, installed when the run has a checkpoint directory to save in.
+    pub term: Option<Termination>,
+    /// The job's store, where a named straggler is reported to the agents (under an agent).
+    pub rdv: Option<Rendezvous>,
+}
+
+impl Supervision {
+    /// A process's supervision with no agent: only its SIGTERM handler, if any.
+    pub fn preemptible(term: Option<Termination>) -> Self {
+        Supervision {
+            term,
+            ..Supervision::default()
+        }
+    }
+
+    /// How a run that stopped after `stopped` (None: it completed) ends the command: a stop
+    /// on SIGTERM is the pre-emption error (exit 75), with the time its checkpoint took
+    /// against `grace`.
+    pub fn ended(
+        term: Option<Termination>,
+        stopped: Option<u64>,
+        grace: Duration,
+    ) -> std::result::Result<(), Preempted> {
+        match stopped {
+            Some(step) => {
+                let since = term.and_then(|t| t.requested());
+                Err(Preempted::after_step(step, since, grace))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Training starts (again) at `step`.
+    pub fn resumed(&self, step: u64) {
+        if let Some(hb) = &self.hb {
+            hb.resumed(step);
+        }
+    }
+
+    /// The next step starts.
+    pub fn starting(&self) {
+        if let Some(hb) = &self.hb {
+            hb.started();
+        }
+    }
+
+    /// `step` is complete after `compute` of work (its time not waiting for others): tell the
+    /// agent, then let chaos strike if it is due (a `slow@` fault stretches the step here, so
+    /// the rank arrives late at the step's exchange of arrival times).
+    pub fn completed(&self, step: u64, compute: Duration) -> Result<()> {
+        if let Some(d) = (self.fault.as_ref()).and_then(|f| f.slow_delay(self.rank, step, compute))
+        {
+            std::thread::sleep(d);
+        }
+        if let Some(hb) = &self.hb {
+            hb.completed(step);
+        }
+        if let Some(f) = &self.fault {
+            let flush = || {
+                if let Some(hb) = &self.hb {
+                    hb.flush(step, Duration::from_secs(5));
+                }
+            };
+            f.strike(self.rank, step, flush, Duration::from_secs(3600))?;
+        }
+        Ok(())
+    }
+
+    /// The lead rank named rank `r` slow: reported to the agents, whose `--straggler` policy
+    /// acts on it (a failed report is only logged: the straggler is named either way).
+    pub fn straggler(&self, r: &Report) {
+        if let Some(rdv) = &self.rdv
+            && let Err(e) = crate::straggler::report(rdv, r)
+        {
+            eprintln!("flotilla: reporting the straggler to the agents: {e}");
+        }
+    }
+
+    /// The loop is over (final save and barrier follow).
+    pub fn finishing(&self) {
+        if let Some(hb) = &self.hb {
+            hb.finishing();
+        }
+    }
+}
