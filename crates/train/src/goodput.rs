@@ -231,6 +231,7 @@ mod tests {
             comm_s,
             data_s: 0.0,
             ckpt_pause_s: ckpt,
+            val_loss: None,
             rank: 0,
             world: 2,
             generation,

@@ -54,7 +54,8 @@ impl MoeTrainer {
         }
         let mut params = self.params.clone();
         let mut opt = AdamW::new(c.adamw, params.len())?;
-        let all = std::slice::from_ref(&(0..params.len()));
+        let whole = 0..params.len();
+        let all = std::slice::from_ref(&whole);
         let (mut update, mut copy) = (Vec::with_capacity(REPS), Vec::with_capacity(REPS));
         let mut staging = vec![0f32; params.len()];
         let len = params.len().max(1) as f64;
