@@ -2,12 +2,10 @@
 //!
 //! Two are built in: [`ByteTokenizer`] (one id per UTF-8 byte plus end-of-text, vocabulary 257)
 //! and [`Gpt2Tokenizer`] (GPT-2's byte-level BPE, `r50k_base`, vocabulary 50257). Pick one by
-//! name with [`TokenizerKind`]. With the `hf-tokenizer` feature, `HfTokenizer` loads a Hugging
-//! Face `tokenizer.json`; [`TokenizerSpec`] names any of them (`byte`, `gpt2` or a file path).
+//! name with [`TokenizerKind`]. [`HfTokenizer`] loads a Hugging Face `tokenizer.json`; [`TokenizerSpec`] names any of them (`byte`, `gpt2` or a file path).
 
 mod byte;
 mod gpt2;
-#[cfg(feature = "hf-tokenizer")]
 mod hf;
 mod spec;
 
@@ -16,7 +14,6 @@ use std::str::FromStr;
 
 pub use byte::ByteTokenizer;
 pub use gpt2::Gpt2Tokenizer;
-#[cfg(feature = "hf-tokenizer")]
 pub use hf::HfTokenizer;
 pub use spec::TokenizerSpec;
 
