@@ -62,14 +62,33 @@ fn describe(e: &SafeTensorError, len: usize) -> String {
     }
 }
 
-/// A safetensors file read into memory, with its header parsed and checked
-/// (offsets contiguous, sizes matching shapes and dtypes, file length
-/// matching the header).
+/// A safetensors file, memory-mapped (opened from a path) or in memory, with
+/// its header parsed and checked (offsets contiguous, sizes matching shapes
+/// and dtypes, file length matching the header).
 pub struct TensorFile {
     path: String,
-    bytes: Vec<u8>,
+    bytes: Bytes,
     data_start: usize,
     meta: Metadata,
+}
+
+/// The bytes of a [`TensorFile`]: a read-only mapping of the file, so a
+/// multi-gigabyte shard is paged in tensor by tensor as it is read instead of
+/// being copied whole into memory, or an in-memory image.
+enum Bytes {
+    Owned(Vec<u8>),
+    Mapped(memmap2::Mmap),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Owned(v) => v,
+            Bytes::Mapped(m) => m,
+        }
+    }
 }
 
 impl std::fmt::Debug for TensorFile {
@@ -81,22 +100,42 @@ impl std::fmt::Debug for TensorFile {
     }
 }
 
-/// Largest safetensors file read whole (1 TiB), checked before reading.
+/// Largest safetensors file opened (1 TiB), checked before mapping or reading.
 pub const MAX_TENSOR_FILE_BYTES: u64 = 1 << 40;
 
 impl TensorFile {
-    /// Read and parse the file at `path`: a regular file of at most [`MAX_TENSOR_FILE_BYTES`]
-    /// (a FIFO or a link to a device is refused, not read until memory runs out).
+    /// Map and parse the file at `path`: a regular file of at most [`MAX_TENSOR_FILE_BYTES`]
+    /// (a FIFO or a link to a device is refused). The file is memory-mapped read-only, not
+    /// read whole: tensors are paged in as they are read.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let bytes = fsread::read_bounded(path, MAX_TENSOR_FILE_BYTES, fsread::Links::Follow)
-            .map_err(|e| io_err(show(path), format!("cannot read: {e}")))?;
-        Self::from_bytes(show(path), bytes)
+        let cannot = |e: &dyn std::fmt::Display| io_err(show(path), format!("cannot read: {e}"));
+        let (file, size) =
+            fsread::open_regular(path, fsread::Links::Follow).map_err(|e| cannot(&e))?;
+        if size > MAX_TENSOR_FILE_BYTES {
+            return Err(io_err(
+                show(path),
+                format!("{size} bytes is over the {MAX_TENSOR_FILE_BYTES}-byte cap"),
+            ));
+        }
+        if size == 0 {
+            // An empty file cannot be mapped; its parse error names it.
+            return Self::parse(show(path), Bytes::Owned(Vec::new()));
+        }
+        // SAFETY: the mapping is read-only and private to this value; the file is a regular
+        // file opened read-only. Its contents must not change while it is mapped: a weight
+        // file being rewritten or truncated during a load is outside the contract (as for
+        // every safetensors loader that maps, transformers' included) and faults the reader.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| cannot(&e))?;
+        Self::parse(show(path), Bytes::Mapped(map))
     }
 
     /// Parse an in-memory safetensors image; `label` names it in errors.
     pub fn from_bytes(label: impl Into<String>, bytes: Vec<u8>) -> Result<Self> {
-        let path = label.into();
+        Self::parse(label.into(), Bytes::Owned(bytes))
+    }
+
+    fn parse(path: String, bytes: Bytes) -> Result<Self> {
         let (n, meta) = SafeTensors::read_metadata(&bytes)
             .map_err(|e| io_err(&path, describe(&e, bytes.len())))?;
         Ok(Self {
@@ -357,6 +396,15 @@ impl TensorWriter {
     pub fn add_f32(&mut self, name: &str, shape: &[usize], data: &[f32]) -> Result<()> {
         let bytes = data.iter().flat_map(|x| x.to_le_bytes()).collect();
         self.push(name, Dtype::F32, shape, data.len(), bytes)
+    }
+
+    /// Add a BF16 tensor: each value rounded to the nearest bfloat16 (ties to even).
+    pub fn add_bf16(&mut self, name: &str, shape: &[usize], data: &[f32]) -> Result<()> {
+        let bytes = data
+            .iter()
+            .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes())
+            .collect();
+        self.push(name, Dtype::BF16, shape, data.len(), bytes)
     }
 
     /// Add token ids as an I64 tensor (PyTorch's index dtype).
