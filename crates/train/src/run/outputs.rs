@@ -177,12 +177,23 @@ pub(super) fn write_models(
         lines.push(format!("# saved to {}", dir.display()));
     }
     if let Some(dir) = &cfg.export_hf {
-        model::interop::export_hf(dir, &t.model, &params)
+        model::interop::export_hf_as(dir, &t.model, &params, cfg.export_dtype)
             .ctx(|| format!("exporting to {}", dir.display()))?;
-        write_reference(dir, t, &params)?;
+        // The reference logits are those of the weights as exported.
+        let mut exported = params.clone();
+        cfg.export_dtype.round(&mut exported);
+        write_reference(dir, t, &exported)?;
+        let tokenizer = match cfg.init.tokenizer_dir() {
+            Some(from) => {
+                let n = super::init::copy_tokenizer_files(from, dir)?;
+                format!(", {n} tokenizer file(s) from {}", from.display())
+            }
+            None => String::new(),
+        };
         lines.push(format!(
-            "# exported Hugging Face layout to {} (check: python scripts/hf_check.py {})",
+            "# exported Hugging Face layout to {} ({} weights{tokenizer}; check: python scripts/hf_check.py {})",
             dir.display(),
+            cfg.export_dtype.torch_dtype(),
             dir.display()
         ));
     }
