@@ -22,6 +22,9 @@ package (BPE, wrapped in PreTrainedTokenizerFast, save_pretrained):
    continuation of a prompt equals `flotilla generate --hf EXPORT
    --temperature 0 --ids` token for token; `flotilla generate --hf DIR` on the
    original directory matches Transformers too.
+4. A model trained from scratch with the byte tokenizer exports it as
+   tokenizer.json: AutoTokenizer encodes the prompt byte for byte and
+   Transformers continues it as `flotilla generate --model` does.
 
 Exit status 0 when every check holds, 1 otherwise (the failure on stderr).
 """
@@ -151,19 +154,21 @@ def train(bin_, src, ds, work, name, extra, batch, steps=STEPS):
     return losses(metrics)
 
 
-def greedy_check(bin_, dir_, tok, what):
+def greedy_check(bin_, dir_, want_ids, what, source=None):
+    """Transformers' greedy continuation of PROMPT from dir_ (model and AutoTokenizer, whose
+    prompt ids must be want_ids) against `flotilla generate` on source (default: --hf dir_)."""
     from transformers import AutoTokenizer
 
     hf_tok = AutoTokenizer.from_pretrained(dir_)
     ids = hf_tok(PROMPT, add_special_tokens=False)["input_ids"]
-    if ids != tok(PROMPT, add_special_tokens=False)["input_ids"]:
-        fail(f"{what}: AutoTokenizer encodes the prompt differently from the original tokenizer")
+    if ids != want_ids:
+        fail(f"{what}: AutoTokenizer encodes the prompt as {ids}, expected {want_ids}")
     model = load(dir_)
     with torch.no_grad():
         hf = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=NEW_TOKENS,
                             min_new_tokens=NEW_TOKENS)[0].tolist()
-    out = run([bin_, "generate", "--hf", dir_, "--prompt", PROMPT, "--temperature", "0",
-               "--tokens", str(NEW_TOKENS), "--ids"])
+    out = run([bin_, "generate"] + (source or ["--hf", dir_]) + [
+        "--prompt", PROMPT, "--temperature", "0", "--tokens", str(NEW_TOKENS), "--ids"])
     ours = [int(x) for x in out.split()]
     if ours != hf:
         fail(f"{what}: greedy continuations differ\n flotilla     {ours}\n transformers {hf}")
@@ -207,8 +212,21 @@ def check(bin_, work, kind, tok, text):
     want = "bfloat16" if kind == "llama" else "float32"
     if dtype != want:
         fail(f"{kind}: export's torch_dtype is {dtype}, expected {want}")
-    greedy_check(bin_, export, tok, f"{kind} export ({dtype})")
-    greedy_check(bin_, src, tok, f"{kind} original")
+    want = tok(PROMPT, add_special_tokens=False)["input_ids"]
+    greedy_check(bin_, export, want, f"{kind} export ({dtype})")
+    greedy_check(bin_, src, want, f"{kind} original")
+
+
+def byte_export(bin_, work):
+    """A model trained from scratch with the byte tokenizer: its export carries the byte
+    tokenizer as tokenizer.json, and Transformers continues as `flotilla generate --model`."""
+    export, saved = os.path.join(work, "byte-export"), os.path.join(work, "byte-saved")
+    run([bin_, "train", "--nproc", "1", "--config", "tiny", "--layers", "1", "--d-model", "32",
+         "--heads", "2", "--seq-len", "32", "--batch", "2", "--steps", "5", "--data", "grammar",
+         "--tokenizer", "byte", "--threads", "1", "--peak-gflops", "10", "--no-plan",
+         "--no-progress", "--export-hf", export, "--save", saved])
+    greedy_check(bin_, export, list(PROMPT.encode()), "byte-tokenizer export",
+                 source=["--model", saved])
 
 
 def main():
@@ -224,6 +242,7 @@ def main():
     tok = tokenizer(text)
     for kind in ("gpt2", "llama"):
         check(bin_, work, kind, tok, text)
+    byte_export(bin_, work)
     print("hf_finetune_check: ok")
 
 

@@ -5,6 +5,7 @@
 //! name with [`TokenizerKind`]. [`HfTokenizer`] loads a Hugging Face `tokenizer.json`; [`TokenizerSpec`] names any of them (`byte`, `gpt2` or a file path).
 
 mod byte;
+mod byte_hf;
 mod gpt2;
 mod hf;
 mod spec;

@@ -183,13 +183,7 @@ pub(super) fn write_models(
         let mut exported = params.clone();
         cfg.export_dtype.round(&mut exported);
         write_reference(dir, t, &exported)?;
-        let tokenizer = match cfg.init.tokenizer_dir() {
-            Some(from) => {
-                let n = super::init::copy_tokenizer_files(from, dir)?;
-                format!(", {n} tokenizer file(s) from {}", from.display())
-            }
-            None => String::new(),
-        };
+        let tokenizer = export_tokenizer(cfg, dir)?;
         lines.push(format!(
             "# exported Hugging Face layout to {} ({} weights{tokenizer}; check: python scripts/hf_check.py {})",
             dir.display(),
@@ -198,6 +192,31 @@ pub(super) fn write_models(
         ));
     }
     Ok(lines)
+}
+
+/// The run's tokenizer as Hugging Face files in the export `dir`: those of the `--init-hf`
+/// directory, or the byte tokenizer's; a note on what was written (for the built-in GPT-2
+/// tokenizer, none: it is GPT-2's own, `AutoTokenizer.from_pretrained("gpt2")`).
+fn export_tokenizer(cfg: &RunConfig, dir: &std::path::Path) -> Result<String> {
+    if let Some(from) = cfg.init.tokenizer_dir() {
+        let n = super::init::copy_tokenizer_files(from, dir)?;
+        return Ok(format!(", {n} tokenizer file(s) from {}", from.display()));
+    }
+    match cfg.train.tokenizer_name() {
+        Some(name) if name == data::ByteTokenizer::NAME => {
+            for (file, text) in data::ByteTokenizer::hf_files() {
+                let path = dir.join(file);
+                std::fs::write(&path, text)
+                    .map_err(|source| crate::TrainError::Io { path, source })?;
+            }
+            Ok(", the byte tokenizer as tokenizer.json".into())
+        }
+        Some(name) => Ok(format!(
+            ", no tokenizer files for the {name} tokenizer (gpt2 is GPT-2's own: \
+             AutoTokenizer.from_pretrained(\"gpt2\"))"
+        )),
+        None => Ok(String::new()),
+    }
 }
 
 /// Flotilla's logits for one fixed sequence, next to an HF export, so
