@@ -24,41 +24,58 @@ impl ByteTokenizer {
         let vocab: Map<String, Value> = (0..=255u8)
             .map(|b| (byte_char(b).to_string(), json!(b)))
             .collect();
-        let byte_level = json!({
-            "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true
-        });
-        let tokenizer = json!({
-            "version": "1.0",
-            "truncation": null,
-            "padding": null,
-            "added_tokens": [{
-                "id": ByteTokenizer::EOT, "content": EOT_TEXT, "single_word": false,
-                "lstrip": false, "rstrip": false, "normalized": false, "special": true
-            }],
-            "normalizer": null,
-            "pre_tokenizer": byte_level,
-            "post_processor": null,
-            "decoder": byte_level,
-            "model": {
-                "type": "BPE", "dropout": null, "unk_token": null,
-                "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-                "vocab": vocab, "merges": []
-            }
-        });
-        let config = json!({
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "bos_token": EOT_TEXT,
-            "eos_token": EOT_TEXT,
-            "pad_token": EOT_TEXT,
-            "model_max_length": 1_000_000_000_000_000_000u64,
-            "clean_up_tokenization_spaces": false
-        });
-        [
-            ("tokenizer.json", format!("{tokenizer:#}\n")),
-            ("tokenizer_config.json", format!("{config:#}\n")),
-        ]
+        byte_level_bpe_files(vocab, Vec::new(), ByteTokenizer::EOT)
     }
+}
+
+/// The text of `bytes` in the byte-level alphabet ([`byte_char`]), as a BPE vocabulary or
+/// merge spells it.
+pub(super) fn byte_level_text(bytes: &[u8]) -> String {
+    bytes.iter().map(|&b| byte_char(b)).collect()
+}
+
+/// `tokenizer.json` and `tokenizer_config.json` of a GPT-2-style byte-level BPE: `vocab`
+/// (byte-level text to id), `merges` (`"a b"`, by priority), `<|endoftext|>` as special
+/// token `eot` (also beginning of text and padding), no normalizer or post-processor.
+pub(super) fn byte_level_bpe_files(
+    vocab: Map<String, Value>,
+    merges: Vec<String>,
+    eot: u32,
+) -> [(&'static str, String); 2] {
+    let byte_level = json!({
+        "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true
+    });
+    let tokenizer = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [{
+            "id": eot, "content": EOT_TEXT, "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": true
+        }],
+        "normalizer": null,
+        "pre_tokenizer": byte_level,
+        "post_processor": null,
+        "decoder": byte_level,
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": null,
+            "continuing_subword_prefix": null, "end_of_word_suffix": null,
+            "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "vocab": vocab, "merges": merges
+        }
+    });
+    let config = json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": EOT_TEXT,
+        "eos_token": EOT_TEXT,
+        "pad_token": EOT_TEXT,
+        "model_max_length": 1_000_000_000_000_000_000u64,
+        "clean_up_tokenization_spaces": false
+    });
+    [
+        ("tokenizer.json", format!("{tokenizer:#}\n")),
+        ("tokenizer_config.json", format!("{config:#}\n")),
+    ]
 }
 
 #[cfg(test)]

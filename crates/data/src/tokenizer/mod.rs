@@ -7,6 +7,7 @@
 mod byte;
 mod byte_hf;
 mod gpt2;
+mod gpt2_hf;
 mod hf;
 mod spec;
 
@@ -93,6 +94,18 @@ impl TokenizerKind {
         match self {
             TokenizerKind::Byte => ByteTokenizer::VOCAB,
             TokenizerKind::Gpt2 => Gpt2Tokenizer::VOCAB,
+        }
+    }
+
+    /// The Hugging Face fast tokenizer files (`tokenizer.json`, `tokenizer_config.json`) that
+    /// encode exactly as this kind, for an export that `AutoTokenizer` loads.
+    ///
+    /// # Errors
+    /// As [`TokenizerKind::build`], and GPT-2's conversion ([`Gpt2Tokenizer::hf_files`]).
+    pub fn hf_files(self) -> Result<[(&'static str, String); 2]> {
+        match self {
+            TokenizerKind::Byte => Ok(ByteTokenizer::hf_files()),
+            TokenizerKind::Gpt2 => Gpt2Tokenizer::new()?.hf_files(),
         }
     }
 

@@ -195,28 +195,27 @@ pub(super) fn write_models(
 }
 
 /// The run's tokenizer as Hugging Face files in the export `dir`: those of the `--init-hf`
-/// directory, or the byte tokenizer's; a note on what was written (for the built-in GPT-2
-/// tokenizer, none: it is GPT-2's own, `AutoTokenizer.from_pretrained("gpt2")`).
+/// directory, or the built-in tokenizer's (byte, gpt2) equivalent; a note on what was written.
 fn export_tokenizer(cfg: &RunConfig, dir: &std::path::Path) -> Result<String> {
     if let Some(from) = cfg.init.tokenizer_dir() {
         let n = super::init::copy_tokenizer_files(from, dir)?;
         return Ok(format!(", {n} tokenizer file(s) from {}", from.display()));
     }
-    match cfg.train.tokenizer_name() {
-        Some(name) if name == data::ByteTokenizer::NAME => {
-            for (file, text) in data::ByteTokenizer::hf_files() {
-                let path = dir.join(file);
-                std::fs::write(&path, text)
-                    .map_err(|source| crate::TrainError::Io { path, source })?;
-            }
-            Ok(", the byte tokenizer as tokenizer.json".into())
-        }
-        Some(name) => Ok(format!(
-            ", no tokenizer files for the {name} tokenizer (gpt2 is GPT-2's own: \
-             AutoTokenizer.from_pretrained(\"gpt2\"))"
-        )),
-        None => Ok(String::new()),
+    let Some(name) = cfg.train.tokenizer_name() else {
+        return Ok(String::new());
+    };
+    let Ok(kind) = name.parse::<data::TokenizerKind>() else {
+        // A dataset prepared from a tokenizer.json: its manifest names only the file's hash.
+        return Ok(format!(
+            ", no tokenizer files (the dataset's tokenizer {name} is a tokenizer.json the run \
+             does not hold: copy it next to the export)"
+        ));
+    };
+    for (file, text) in kind.hf_files()? {
+        let path = dir.join(file);
+        std::fs::write(&path, text).map_err(|source| crate::TrainError::Io { path, source })?;
     }
+    Ok(format!(", the {kind} tokenizer as tokenizer.json"))
 }
 
 /// Flotilla's logits for one fixed sequence, next to an HF export, so

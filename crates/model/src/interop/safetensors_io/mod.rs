@@ -8,6 +8,7 @@
 //! [`config_to_metadata`]). Every read checks the tensor's presence, shape and
 //! dtype and names the tensor and file on failure; f16 and bf16 tensors are
 //! widened to f32 on read.
+mod mapped;
 mod metadata;
 #[cfg(test)]
 mod tests;
@@ -17,6 +18,7 @@ pub use metadata::{CONFIG_PREFIX, config_from_metadata, config_to_metadata};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layout::Layout;
+use mapped::Bytes;
 use metadata::config_diff;
 use safetensors::tensor::Metadata;
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
@@ -72,25 +74,6 @@ pub struct TensorFile {
     meta: Metadata,
 }
 
-/// The bytes of a [`TensorFile`]: a read-only mapping of the file, so a
-/// multi-gigabyte shard is paged in tensor by tensor as it is read instead of
-/// being copied whole into memory, or an in-memory image.
-enum Bytes {
-    Owned(Vec<u8>),
-    Mapped(memmap2::Mmap),
-}
-
-impl std::ops::Deref for Bytes {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        match self {
-            Bytes::Owned(v) => v,
-            Bytes::Mapped(m) => m,
-        }
-    }
-}
-
 impl std::fmt::Debug for TensorFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TensorFile")
@@ -109,25 +92,7 @@ impl TensorFile {
     /// read whole: tensors are paged in as they are read.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let cannot = |e: &dyn std::fmt::Display| io_err(show(path), format!("cannot read: {e}"));
-        let (file, size) =
-            fsread::open_regular(path, fsread::Links::Follow).map_err(|e| cannot(&e))?;
-        if size > MAX_TENSOR_FILE_BYTES {
-            return Err(io_err(
-                show(path),
-                format!("{size} bytes is over the {MAX_TENSOR_FILE_BYTES}-byte cap"),
-            ));
-        }
-        if size == 0 {
-            // An empty file cannot be mapped; its parse error names it.
-            return Self::parse(show(path), Bytes::Owned(Vec::new()));
-        }
-        // SAFETY: the mapping is read-only and private to this value; the file is a regular
-        // file opened read-only. Its contents must not change while it is mapped: a weight
-        // file being rewritten or truncated during a load is outside the contract (as for
-        // every safetensors loader that maps, transformers' included) and faults the reader.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| cannot(&e))?;
-        Self::parse(show(path), Bytes::Mapped(map))
+        Self::parse(show(path), mapped::map_file(path)?)
     }
 
     /// Parse an in-memory safetensors image; `label` names it in errors.
