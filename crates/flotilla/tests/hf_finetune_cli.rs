@@ -130,6 +130,41 @@ fn a_bf16_export_halves_the_weights_and_loads_back() {
 }
 
 #[test]
+fn a_checkpoint_wins_over_init_hf_and_resumes_bit_identically() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (hf, ck) = (tmp.path().join("hf"), tmp.path().join("ck"));
+    train(&["--steps", "1", "--export-hf", s(&hf)]);
+    let straight = finetune(&hf, &["--nproc", "1", "--steps", "4", "--log-every", "1"]);
+    assert!(straight.0, "{}\n{}", straight.1, straight.2);
+    let run = |steps: &str| {
+        let (ok, out, err) = finetune(
+            &hf,
+            &[
+                "--nproc",
+                "1",
+                "--steps",
+                steps,
+                "--log-every",
+                "1",
+                "--ckpt-dir",
+                s(&ck),
+            ],
+        );
+        assert!(ok, "{out}\n{err}");
+        out
+    };
+    run("2");
+    let resumed = run("4");
+    assert!(
+        resumed.contains("# initialised from the Hugging Face")
+            && resumed.contains(&format!("# resumed from {} step 2", ck.display())),
+        "{resumed}"
+    );
+    let last = |out: &str| cli::loss_at(out, 4, 4);
+    assert_eq!(last(&resumed), last(&straight.1));
+}
+
+#[test]
 fn init_hf_refusals_name_the_flag_or_file() {
     let tmp = tempfile::tempdir().unwrap();
     let hf = tmp.path().join("hf");
