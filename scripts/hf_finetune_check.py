@@ -186,7 +186,8 @@ def check(bin_, work, kind, tok, text):
     batch = 2
     ref = hf_loss(load(src), first_rows(ds, batch))
     export = os.path.join(work, f"{kind}-export")
-    extra = ["--nproc", "1", "--export-hf", export]
+    saved = os.path.join(work, f"{kind}-saved")
+    extra = ["--nproc", "1", "--export-hf", export, "--save", saved]
     if kind == "llama":
         extra += ["--export-dtype", "bf16"]
     ls = train(bin_, src, ds, work, kind, extra, batch)
@@ -216,6 +217,9 @@ def check(bin_, work, kind, tok, text):
     want = tok(PROMPT, add_special_tokens=False)["input_ids"]
     greedy_check(bin_, export, want, f"{kind} export ({dtype})")
     greedy_check(bin_, src, want, f"{kind} original")
+    if kind == "gpt2":
+        # The f32 export and the --save of the same run continue alike (its tokenizer.json).
+        greedy_check(bin_, export, want, f"{kind} --save", source=["--model", saved])
 
 
 def builtin_export(bin_, work, kind):

@@ -65,7 +65,22 @@ pub fn run(a: Args) -> Result<()> {
         }
         (None, Some(dir)) => {
             let (cfg, params, side) = train::saved::load(dir)?;
-            let tok = match side.tokenizer {
+            let own = dir.join(model::interop::HF_TOKENIZER);
+            let tok: Option<Tok> = match side.tokenizer {
+                // A fine-tune (--init-hf) saves its tokenizer.json beside the model.
+                Some(name) if name.starts_with(HfTokenizer::NAME_PREFIX) => {
+                    let t = HfTokenizer::from_file(&own, None)
+                        .with_context(|| format!("the tokenizer of {}", dir.display()))?;
+                    if t.name() != name {
+                        anyhow::bail!(
+                            "{}: it is {}, but {} records {name}",
+                            own.display(),
+                            t.name(),
+                            train::saved::SIDECAR_FILE
+                        );
+                    }
+                    Some(Box::new(t))
+                }
                 Some(name) => {
                     let kind: TokenizerKind = name.parse().context("tokenizer in flotilla.json")?;
                     Some(kind.build()?)

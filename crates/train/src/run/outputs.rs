@@ -174,6 +174,10 @@ pub(super) fn write_models(
     let mut lines = vec![];
     if let Some(dir) = &cfg.save {
         crate::saved::save(dir, t, &Layout::new(&t.model), &params)?;
+        // `flotilla generate --model` finds a Hugging Face tokenizer next to the model.
+        if let Some(from) = cfg.init.tokenizer_dir() {
+            super::init::copy_tokenizer_files(from, dir)?;
+        }
         lines.push(format!("# saved to {}", dir.display()));
     }
     if let Some(dir) = &cfg.export_hf {
