@@ -131,9 +131,9 @@ pub struct Args {
     /// Save the trained model (Flotilla names, config in the metadata) to this directory.
     #[arg(long)]
     save: Option<PathBuf>,
-    /// Also export it in Hugging Face layout (model.safetensors + config.json, and the
-    /// tokenizer files of --init-hf's directory) to this directory, loadable with
-    /// AutoModelForCausalLM and AutoTokenizer.
+    /// Also export it in Hugging Face layout (model.safetensors + config.json, and the run's
+    /// tokenizer: --init-hf's tokenizer files, or the byte or gpt2 tokenizer as tokenizer.json)
+    /// to this directory, loadable with AutoModelForCausalLM and AutoTokenizer.
     #[arg(long)]
     export_hf: Option<PathBuf>,
     /// Dtype of --export-hf's weights: f32 (exact) or bf16 (half the bytes).
