@@ -56,7 +56,7 @@ pub use prepare::{PrepareConfig, PrepareSummary, prepare};
 pub use sampler::{RankShare, SampleRef, Sampler, SequenceSpace};
 pub use shard::{Shard, ShardInfo, ShardWriter};
 pub use text::{MAX_FILE_BYTES, load_tokens, load_tokens_capped};
-#[cfg(feature = "hf-tokenizer")]
-pub use tokenizer::HfTokenizer;
-pub use tokenizer::{ByteTokenizer, Gpt2Tokenizer, Tokenizer, TokenizerKind, TokenizerSpec};
+pub use tokenizer::{
+    ByteTokenizer, Gpt2Tokenizer, HfTokenizer, Tokenizer, TokenizerKind, TokenizerSpec,
+};
 pub use verify::{VerifyReport, verify_dataset};

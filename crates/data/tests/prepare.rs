@@ -435,6 +435,5 @@ fn parquet_without_the_feature_says_how_to_get_it() {
 #[path = "prepare/parquet_input.rs"]
 mod parquet_input;
 
-#[cfg(feature = "hf-tokenizer")]
 #[path = "prepare/hf_tokenizer.rs"]
 mod hf_tokenizer;

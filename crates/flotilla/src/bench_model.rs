@@ -38,7 +38,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let mut targs = a.train.clone();
     targs.steps += a.untimed;
-    let cfg = targs.build(a.model.build()?, a.model.vocab.is_some())?;
+    let cfg = targs.build(a.model.build()?, a.model.vocab.is_some(), None)?;
     let mut trainer = Trainer::new(cfg.clone())?;
     let th = trainer.threads();
     let mut peaks = Vec::new();

@@ -19,7 +19,7 @@ pub struct Args {
     /// Dataset directory to write (created if needed).
     #[arg(long, short)]
     output: PathBuf,
-    /// Tokenizer: `byte`, `gpt2`, or a Hugging Face tokenizer.json (feature `hf-tokenizer`).
+    /// Tokenizer: `byte`, `gpt2`, or a Hugging Face tokenizer.json.
     #[arg(long, default_value = "gpt2")]
     tokenizer: TokenizerSpec,
     /// End-of-text token of a tokenizer.json (default: `<|endoftext|>`, `</s>` or `<eos>`).

@@ -149,8 +149,14 @@ pub struct TrainArgs {
 
 impl TrainArgs {
     /// The validated training config for `model`. With tokenized data and
-    /// no explicit `--vocab`, the vocabulary becomes the tokenizer's.
-    pub fn build(&self, mut model: ModelConfig, vocab_given: bool) -> Result<TrainConfig> {
+    /// no explicit `--vocab`, the vocabulary becomes the tokenizer's. `seq_len`, when given,
+    /// is the training sequence length (at most the model's maximum; default: the maximum).
+    pub fn build(
+        &self,
+        mut model: ModelConfig,
+        vocab_given: bool,
+        seq_len: Option<usize>,
+    ) -> Result<TrainConfig> {
         let tokenizer: TokenizerKind = self.tokenizer.parse().context("--tokenizer")?;
         if self.loader.given() && !vocab_given {
             let m = data::Manifest::read(&self.loader.datasets[0])
@@ -160,6 +166,15 @@ impl TrainArgs {
             model.vocab = tokenizer.vocab_size();
         }
         let mut c = TrainConfig::new(model, self.steps);
+        if let Some(t) = seq_len {
+            if t > c.model.seq_len {
+                bail!(
+                    "--seq-len {t}: the model's maximum sequence length is {}",
+                    c.model.seq_len
+                );
+            }
+            c.seq_len = t;
+        }
         c.batch = self.batch;
         c.grad_accum = self.grad_accum;
         c.lr = self.lr;

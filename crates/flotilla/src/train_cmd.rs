@@ -10,10 +10,11 @@ use comm::group::{GroupConfig, ProcessGroup};
 use indicatif::{ProgressBar, ProgressStyle};
 use launch::Supervision;
 use launch::http::Live;
+use model::interop::HfDtype;
 use std::path::PathBuf;
 use train::metrics::gemm_gflops;
 use train::pipeline::ScheduleKind;
-use train::run::{LayoutConfig, RunConfig};
+use train::run::{HfInit, Init, LayoutConfig, RunConfig};
 
 /// Options of `flotilla train`.
 #[derive(clap::Args, Debug)]
@@ -155,9 +156,24 @@ pub struct Args {
     /// Save the trained model (Flotilla names, config in the metadata) to this directory.
     #[arg(long)]
     save: Option<PathBuf>,
-    /// Also export it in Hugging Face layout (model.safetensors + config.json) to this directory.
+    /// Also export it in Hugging Face layout (model.safetensors + config.json, and the run's
+    /// tokenizer: --init-hf's tokenizer files, or the byte or gpt2 tokenizer as tokenizer.json)
+    /// to this directory, loadable with AutoModelForCausalLM and AutoTokenizer.
     #[arg(long)]
     export_hf: Option<PathBuf>,
+    /// Dtype of --export-hf's weights: f32 (exact) or bf16 (half the bytes).
+    #[arg(long, default_value = "f32", requires = "export_hf")]
+    export_dtype: HfDtype,
+    /// Fine-tune from a Hugging Face GPT-2 or Llama directory (config.json, and
+    /// model.safetensors or its shards' model.safetensors.index.json; f32, bf16 or f16
+    /// weights). The model's shape and maximum sequence length come from config.json (--seq-len
+    /// may only shorten the training sequences; the shape flags are refused); its
+    /// tokenizer.json, when it has one, is the run's tokenizer (a --dataset must be prepared
+    /// with it), else --tokenizer. Data parallel, ZeRO and --tp load it; --pp and --experts are
+    /// refused. A committed checkpoint in --ckpt-dir wins: the run resumes from it instead.
+    #[arg(long, value_name = "DIR",
+        conflicts_with_all = ["config", "layers", "d_model", "heads", "kv_heads", "ffn", "vocab", "untied"])]
+    init_hf: Option<PathBuf>,
     /// Directory of the run's distributed checkpoints. The run saves there and, when it already
     /// holds a committed step, first resumes from the newest one that loads (falling back past
     /// any that fail verification, and saying so).
@@ -226,9 +242,22 @@ pub struct MeshArgs {
 impl Args {
     /// The run configuration these arguments describe (the train config built and checked).
     fn run_config(&self) -> Result<RunConfig> {
-        let train = self
-            .train
-            .build(self.model.build()?, self.model.vocab.is_some())?;
+        let (train, init) = match &self.init_hf {
+            None => {
+                let model = self.model.build()?;
+                let train = self.train.build(model, self.model.vocab.is_some(), None)?;
+                (train, Init::Seed)
+            }
+            Some(dir) => {
+                let hf =
+                    HfInit::open(dir).with_context(|| format!("--init-hf {}", dir.display()))?;
+                let train = (self.train)
+                    .build(hf.model.clone(), true, self.model.seq_len)
+                    .with_context(|| format!("--init-hf {}", dir.display()))?;
+                hf.check_data(&train.data)?;
+                (train, Init::HuggingFace(hf))
+            }
+        };
         let layout = LayoutConfig {
             tp: self.mesh.tp,
             sp: self.mesh.sp,
@@ -255,6 +284,8 @@ impl Args {
         cfg.forecast = !self.no_plan;
         cfg.save = self.save.clone();
         cfg.export_hf = self.export_hf.clone();
+        cfg.export_dtype = self.export_dtype;
+        cfg.init = init;
         cfg.moe = self.moe.settings()?;
         Ok(cfg)
     }

@@ -162,7 +162,6 @@ fn prepare_reports_a_bad_jsonl_line_with_file_and_line() {
     assert!(!ok && stderr.contains("--shard-size"), "{stderr}");
 }
 
-#[cfg(feature = "hf-tokenizer")]
 #[test]
 fn a_tokenizer_json_dataset_decodes_with_the_same_file_only() {
     let tmp = tempfile::tempdir().unwrap();

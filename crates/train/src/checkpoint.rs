@@ -244,7 +244,21 @@ impl Trainer {
     pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
         check_state_tensors(ckpt, self.whole_layout())?;
         let run = saved_run(ckpt, self.config())?;
-        let mut state = read_whole_state(ckpt, self.whole_layout())?;
+        let state = read_whole_state(ckpt, self.whole_layout())?;
+        self.load_whole_state(state, run.optimizer_step, run.step)?;
+        self.reset_source(run.loader.as_ref(), run.rows)
+    }
+
+    /// Replaces the state with the whole model's `[parameters, first moments, second moments]`
+    /// (each [`Trainer::whole_layout`]'s length) and the step counters: a tensor-parallel rank
+    /// keeps its shards, ZeRO its part, bf16 its rounded copy. A checkpoint's restore and a
+    /// fine-tuning start ([`crate::run::init`]) both load through it.
+    pub(crate) fn load_whole_state(
+        &mut self,
+        mut state: [Vec<f32>; 3],
+        optimizer_step: u64,
+        step: u64,
+    ) -> Result<()> {
         if let Some(t) = &self.tensor {
             for buf in state.iter_mut() {
                 let mut mine = vec![0f32; t.layout.total];
@@ -253,8 +267,7 @@ impl Trainer {
             }
         }
         let [master, m, v] = state;
-        self.load_state(master, m, v, run.optimizer_step, run.step)?;
-        self.reset_source(run.loader.as_ref(), run.rows)
+        self.load_state(master, m, v, optimizer_step, step)
     }
 
     /// The whole model's layout: the tensors a checkpoint of this trainer holds (a

@@ -104,6 +104,22 @@ impl TrainConfig {
         }
     }
 
+    /// The name of the tokenizer that made the run's tokens (byte, gpt2, or a dataset's
+    /// manifest's, e.g. `hf:<hash>`), or `None` for the Markov corpus.
+    pub fn tokenizer_name(&self) -> Option<String> {
+        match &self.data {
+            DataSpec::Markov { .. } => None,
+            DataSpec::Grammar { tokenizer, .. } | DataSpec::Text { tokenizer, .. } => {
+                Some(tokenizer.to_string())
+            }
+            // The tokenizer the dataset was prepared with, as its manifest names it.
+            DataSpec::Dataset { dirs, .. } => dirs
+                .first()
+                .and_then(|d| data::Manifest::read(d).ok())
+                .map(|m| m.tokenizer),
+        }
+    }
+
     /// Check every setting; the error names the first bad field.
     pub fn validate(&self) -> Result<()> {
         self.model.validate()?;

@@ -6,7 +6,7 @@
 //! file is checked against the sidecar's checksum before it is parsed, so a damaged byte
 //! anywhere in it (header, metadata or weights) is refused naming the file instead of loading
 //! different weights. Saves from before the checksum have none and load unchecked.
-use crate::config::{DataSpec, TrainConfig};
+use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
 use model::config::ModelConfig;
 use model::layout::Layout;
@@ -51,19 +51,8 @@ pub fn save(dir: &Path, cfg: &TrainConfig, layout: &Layout, params: &[f32]) -> R
     let model_path = dir.join(MODEL_FILE);
     model::interop::save_flotilla(&model_path, &cfg.model, layout, params)?;
     let written = data::fsread::read_bounded(&model_path, model::interop::MAX_TENSOR_FILE_BYTES)?;
-    let tokenizer = match &cfg.data {
-        DataSpec::Markov { .. } => None,
-        DataSpec::Grammar { tokenizer, .. } | DataSpec::Text { tokenizer, .. } => {
-            Some(tokenizer.to_string())
-        }
-        // The tokenizer the dataset was prepared with, as its manifest names it.
-        DataSpec::Dataset { dirs, .. } => dirs
-            .first()
-            .and_then(|d| data::Manifest::read(d).ok())
-            .map(|m| m.tokenizer),
-    };
     let side = Sidecar {
-        tokenizer,
+        tokenizer: cfg.tokenizer_name(),
         steps: cfg.steps,
         seed: cfg.seed,
         model_bytes: Some(written.len() as u64),

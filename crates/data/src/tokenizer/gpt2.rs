@@ -17,7 +17,7 @@ static R50K: OnceLock<std::result::Result<CoreBPE, String>> = OnceLock::new();
 /// GPT-2's tokenizer: 50 000 BPE merges over 256 byte tokens plus end-of-text (50256).
 #[derive(Clone, Copy)]
 pub struct Gpt2Tokenizer {
-    bpe: &'static CoreBPE,
+    pub(super) bpe: &'static CoreBPE,
 }
 
 impl Gpt2Tokenizer {

@@ -1,4 +1,4 @@
-//! A Hugging Face `tokenizer.json`, loaded through the `tokenizers` crate (feature `hf-tokenizer`).
+//! A Hugging Face `tokenizer.json`, loaded through the `tokenizers` crate.
 
 use std::path::Path;
 

@@ -2,12 +2,12 @@
 //!
 //! Two are built in: [`ByteTokenizer`] (one id per UTF-8 byte plus end-of-text, vocabulary 257)
 //! and [`Gpt2Tokenizer`] (GPT-2's byte-level BPE, `r50k_base`, vocabulary 50257). Pick one by
-//! name with [`TokenizerKind`]. With the `hf-tokenizer` feature, `HfTokenizer` loads a Hugging
-//! Face `tokenizer.json`; [`TokenizerSpec`] names any of them (`byte`, `gpt2` or a file path).
+//! name with [`TokenizerKind`]. [`HfTokenizer`] loads a Hugging Face `tokenizer.json`; [`TokenizerSpec`] names any of them (`byte`, `gpt2` or a file path).
 
 mod byte;
+mod byte_hf;
 mod gpt2;
-#[cfg(feature = "hf-tokenizer")]
+mod gpt2_hf;
 mod hf;
 mod spec;
 
@@ -16,7 +16,6 @@ use std::str::FromStr;
 
 pub use byte::ByteTokenizer;
 pub use gpt2::Gpt2Tokenizer;
-#[cfg(feature = "hf-tokenizer")]
 pub use hf::HfTokenizer;
 pub use spec::TokenizerSpec;
 
@@ -95,6 +94,18 @@ impl TokenizerKind {
         match self {
             TokenizerKind::Byte => ByteTokenizer::VOCAB,
             TokenizerKind::Gpt2 => Gpt2Tokenizer::VOCAB,
+        }
+    }
+
+    /// The Hugging Face fast tokenizer files (`tokenizer.json`, `tokenizer_config.json`) that
+    /// encode exactly as this kind, for an export that `AutoTokenizer` loads.
+    ///
+    /// # Errors
+    /// As [`TokenizerKind::build`], and GPT-2's conversion ([`Gpt2Tokenizer::hf_files`]).
+    pub fn hf_files(self) -> Result<[(&'static str, String); 2]> {
+        match self {
+            TokenizerKind::Byte => Ok(ByteTokenizer::hf_files()),
+            TokenizerKind::Gpt2 => Gpt2Tokenizer::new()?.hf_files(),
         }
     }
 

@@ -8,7 +8,7 @@ use super::{Tokenizer, TokenizerKind};
 use crate::error::{DataError, Result};
 
 /// A tokenizer as a user names it: `byte`, `gpt2`, or the path of a Hugging Face
-/// `tokenizer.json` (loaded by `HfTokenizer`, which needs the `hf-tokenizer` feature).
+/// `tokenizer.json` (loaded by [`super::HfTokenizer`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenizerSpec {
     /// A built-in tokenizer.
@@ -23,8 +23,7 @@ impl TokenizerSpec {
     ///
     /// # Errors
     /// [`DataError::InvalidOption`] for `eot` with a built-in kind;
-    /// [`DataError::FeatureDisabled`] for a file in a build without `hf-tokenizer`; otherwise
-    /// as [`TokenizerKind::build`] or `HfTokenizer::from_file`.
+    /// As [`TokenizerKind::build`] or [`super::HfTokenizer::from_file`].
     pub fn build(&self, eot: Option<&str>) -> Result<Box<dyn Tokenizer + Send + Sync>> {
         match self {
             TokenizerSpec::Builtin(kind) => match eot {
@@ -42,17 +41,8 @@ impl TokenizerSpec {
     }
 }
 
-#[cfg(feature = "hf-tokenizer")]
 fn build_file(path: &Path, eot: Option<&str>) -> Result<Box<dyn Tokenizer + Send + Sync>> {
     Ok(Box::new(super::HfTokenizer::from_file(path, eot)?))
-}
-
-#[cfg(not(feature = "hf-tokenizer"))]
-fn build_file(path: &Path, _eot: Option<&str>) -> Result<Box<dyn Tokenizer + Send + Sync>> {
-    Err(DataError::FeatureDisabled {
-        what: format!("the tokenizer file {}", path.display()),
-        feature: "hf-tokenizer",
-    })
 }
 
 impl fmt::Display for TokenizerSpec {

@@ -14,7 +14,10 @@
 pub mod hf;
 pub mod safetensors_io;
 
-pub use hf::{HfArch, config_from_hf_json, export_hf, hf_arch, hf_config_json, import_hf};
+pub use hf::{
+    HF_CONFIG, HF_TOKENIZER, HF_TOKENIZER_FILES, HfArch, HfDtype, config_from_hf_json, export_hf,
+    export_hf_as, hf_arch, hf_config_json, import_hf, read_hf_config,
+};
 pub use safetensors_io::{
     CONFIG_PREFIX, MAX_TENSOR_FILE_BYTES, REFERENCE_FILE, TensorFile, TensorWriter,
     config_from_metadata, config_to_metadata, load_flotilla, load_flotilla_file,

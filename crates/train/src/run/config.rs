@@ -10,6 +10,8 @@ use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
 use crate::pipeline::ScheduleKind;
 use crate::run::expert::{MoeSettings, check_moe};
+use crate::run::init::{Init, check_layout as check_init};
+use model::interop::HfDtype;
 
 /// Gradient bucket size of data-parallel runs (see [`crate::ddp`]), 1 MiB.
 pub const DEFAULT_BUCKET_BYTES: usize = 1 << 20;
@@ -135,6 +137,10 @@ pub struct RunConfig {
     pub save: Option<PathBuf>,
     /// Export the trained model in Hugging Face layout to this directory.
     pub export_hf: Option<PathBuf>,
+    /// The dtype of the exported weights.
+    pub export_dtype: HfDtype,
+    /// Where the parameters start (the seed, or a Hugging Face directory to fine-tune).
+    pub init: Init,
     /// The launcher's restart generation this run belongs to (0 for a first run).
     pub generation: u64,
     /// Train the MoE decoder with expert parallelism instead of the dense model (None: dense).
@@ -161,6 +167,8 @@ impl RunConfig {
             forecast: false,
             save: None,
             export_hf: None,
+            export_dtype: HfDtype::F32,
+            init: Init::Seed,
             generation: 0,
             moe: None,
             eval_every: 0,
@@ -182,6 +190,7 @@ impl RunConfig {
             ));
         }
         super::eval::check(self)?;
+        check_init(&self.init, self.layout.pp, self.moe.is_some())?;
         if let Some(s) = &self.moe {
             return check_moe(self, s, world);
         }

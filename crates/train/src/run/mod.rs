@@ -17,6 +17,7 @@ pub mod config;
 pub mod engine;
 pub mod eval;
 pub mod expert;
+pub mod init;
 pub mod mesh;
 mod outputs;
 pub mod report;
@@ -30,6 +31,7 @@ use comm::group::ProcessGroup;
 pub use config::{LayoutConfig, RunConfig};
 pub use engine::Engine;
 pub use expert::{ExpertEngine, MoeSettings};
+pub use init::{HfInit, Init};
 
 use crate::checkpoint::{CheckpointConfig, Checkpointer, SaveSummary, run_id};
 use crate::error::{Context, Result};
@@ -132,6 +134,10 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
         }
         _ => None,
     };
+    // Before the checkpoint directory is opened: a resume replaces these weights.
+    if let Some(line) = init::apply(&cfg.init, &cfg.train.model, &mut engine)? {
+        say(line);
+    }
     let mut saver = open_saver(cfg, &mut engine, world_group.as_ref(), &mut say)?;
     let first = engine.steps_done();
     obs.resumed(first, steps);

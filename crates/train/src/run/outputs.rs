@@ -174,19 +174,52 @@ pub(super) fn write_models(
     let mut lines = vec![];
     if let Some(dir) = &cfg.save {
         crate::saved::save(dir, t, &Layout::new(&t.model), &params)?;
+        // `flotilla generate --model` finds a Hugging Face tokenizer next to the model.
+        if let Some(from) = cfg.init.tokenizer_dir() {
+            super::init::copy_tokenizer_files(from, dir)?;
+        }
         lines.push(format!("# saved to {}", dir.display()));
     }
     if let Some(dir) = &cfg.export_hf {
-        model::interop::export_hf(dir, &t.model, &params)
+        model::interop::export_hf_as(dir, &t.model, &params, cfg.export_dtype)
             .ctx(|| format!("exporting to {}", dir.display()))?;
-        write_reference(dir, t, &params)?;
+        // The reference logits are those of the weights as exported.
+        let mut exported = params.clone();
+        cfg.export_dtype.round(&mut exported);
+        write_reference(dir, t, &exported)?;
+        let tokenizer = export_tokenizer(cfg, dir)?;
         lines.push(format!(
-            "# exported Hugging Face layout to {} (check: python scripts/hf_check.py {})",
+            "# exported Hugging Face layout to {} ({} weights{tokenizer}; check: python scripts/hf_check.py {})",
             dir.display(),
+            cfg.export_dtype.torch_dtype(),
             dir.display()
         ));
     }
     Ok(lines)
+}
+
+/// The run's tokenizer as Hugging Face files in the export `dir`: those of the `--init-hf`
+/// directory, or the built-in tokenizer's (byte, gpt2) equivalent; a note on what was written.
+fn export_tokenizer(cfg: &RunConfig, dir: &std::path::Path) -> Result<String> {
+    if let Some(from) = cfg.init.tokenizer_dir() {
+        let n = super::init::copy_tokenizer_files(from, dir)?;
+        return Ok(format!(", {n} tokenizer file(s) from {}", from.display()));
+    }
+    let Some(name) = cfg.train.tokenizer_name() else {
+        return Ok(String::new());
+    };
+    let Ok(kind) = name.parse::<data::TokenizerKind>() else {
+        // A dataset prepared from a tokenizer.json: its manifest names only the file's hash.
+        return Ok(format!(
+            ", no tokenizer files (the dataset's tokenizer {name} is a tokenizer.json the run \
+             does not hold: copy it next to the export)"
+        ));
+    };
+    for (file, text) in kind.hf_files()? {
+        let path = dir.join(file);
+        std::fs::write(&path, text).map_err(|source| crate::TrainError::Io { path, source })?;
+    }
+    Ok(format!(", the {kind} tokenizer as tokenizer.json"))
 }
 
 /// Flotilla's logits for one fixed sequence, next to an HF export, so

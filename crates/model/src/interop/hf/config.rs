@@ -1,6 +1,6 @@
 //! `config.json`: writing the Hugging Face config for a Flotilla config, and
 //! parsing one back into a validated [`ModelConfig`].
-use super::{HfArch, hf_arch, refuse};
+use super::{HfArch, HfDtype, hf_arch, refuse};
 use crate::config::{Activation, ModelConfig, Norm, Positions};
 use crate::error::{ModelError, Result};
 use crate::interop::safetensors_io::io_err;
@@ -17,7 +17,15 @@ const GPT2_EOT: usize = 50256;
 /// `cfg.bias`. Both: `tie_word_embeddings`, `torch_dtype` float32.
 /// Returned as pretty-printed JSON text ending in a newline.
 pub fn hf_config_json(cfg: &ModelConfig) -> Result<String> {
-    let value = hf_config_value(cfg)?;
+    hf_config_json_as(cfg, HfDtype::F32)
+}
+
+/// [`hf_config_json`] with `torch_dtype` naming `dtype`.
+pub(super) fn hf_config_json_as(cfg: &ModelConfig, dtype: HfDtype) -> Result<String> {
+    let mut value = hf_config_value(cfg)?;
+    if let Some(o) = value.as_object_mut() {
+        o.insert("torch_dtype".into(), dtype.torch_dtype().into());
+    }
     let mut text = serde_json::to_string_pretty(&value).map_err(|e| ModelError::Config {
         field: "config",
         value: format!("{cfg:?}"),

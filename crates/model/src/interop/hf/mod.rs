@@ -57,6 +57,19 @@ pub const HF_WEIGHTS: &str = "model.safetensors";
 pub const HF_INDEX: &str = "model.safetensors.index.json";
 /// Name of the config file.
 pub const HF_CONFIG: &str = "config.json";
+/// Name of a Hugging Face fast tokenizer's file.
+pub const HF_TOKENIZER: &str = "tokenizer.json";
+/// The files of a saved Hugging Face tokenizer (`save_pretrained`), those present copied by an
+/// export so that `AutoTokenizer.from_pretrained` loads the exported directory.
+pub const HF_TOKENIZER_FILES: [&str; 7] = [
+    HF_TOKENIZER,
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+];
 
 /// The Hugging Face model class a config maps to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -160,11 +173,64 @@ pub fn hf_arch(cfg: &ModelConfig) -> Result<HfArch> {
     }
 }
 
+/// The dtype of the weights [`export_hf_as`] writes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HfDtype {
+    /// Little-endian f32, exact (`torch_dtype` float32).
+    #[default]
+    F32,
+    /// bfloat16, each weight rounded to nearest even (`torch_dtype` bfloat16): half the bytes.
+    Bf16,
+}
+
+impl HfDtype {
+    /// The `torch_dtype` of `config.json`.
+    pub fn torch_dtype(self) -> &'static str {
+        match self {
+            HfDtype::F32 => "float32",
+            HfDtype::Bf16 => "bfloat16",
+        }
+    }
+
+    /// Rounds `values` as storing them in this dtype does (bf16: to nearest even), so that a
+    /// computation on them sees the exported weights.
+    pub fn round(self, values: &mut [f32]) {
+        if self == HfDtype::Bf16 {
+            for x in values {
+                *x = half::bf16::from_f32(*x).to_f32();
+            }
+        }
+    }
+}
+
+impl std::str::FromStr for HfDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "f32" | "float32" | "fp32" => Ok(HfDtype::F32),
+            "bf16" | "bfloat16" => Ok(HfDtype::Bf16),
+            other => Err(format!("{other:?}: expected f32 or bf16")),
+        }
+    }
+}
+
 /// Write `cfg`'s model with parameters `params` (Flotilla's flat layout) to
 /// the Hugging Face directory `dir` (created if needed): `model.safetensors`
 /// (f32, HF names and layouts, `format = pt` metadata) and `config.json`.
 /// `transformers`' `from_pretrained(dir)` loads it.
 pub fn export_hf(dir: impl AsRef<Path>, cfg: &ModelConfig, params: &[f32]) -> Result<()> {
+    export_hf_as(dir, cfg, params, HfDtype::F32)
+}
+
+/// [`export_hf`] with the weights stored as `dtype` (and `config.json`'s
+/// `torch_dtype` saying so).
+pub fn export_hf_as(
+    dir: impl AsRef<Path>,
+    cfg: &ModelConfig,
+    params: &[f32],
+    dtype: HfDtype,
+) -> Result<()> {
     let dir = dir.as_ref();
     let arch = hf_arch(cfg)?;
     let layout = Layout::new(cfg);
@@ -175,14 +241,18 @@ pub fn export_hf(dir: impl AsRef<Path>, cfg: &ModelConfig, params: &[f32]) -> Re
             got: params.len(),
         });
     }
-    let text = hf_config_json(cfg)?;
+    let text = config::hf_config_json_as(cfg, dtype)?;
     std::fs::create_dir_all(dir)
         .map_err(|e| io_err(show(dir), format!("cannot create directory: {e}")))?;
     let mut w = TensorWriter::new(dir.join(HF_WEIGHTS));
     w.set_metadata("format", "pt");
     for t in plan(cfg, &layout, arch, "transformer.") {
         let e = &layout.entries[t.entry];
-        w.add_f32(&t.hf, &t.shape, &cut(&t, &params[e.range()], &e.shape))?;
+        let v = cut(&t, &params[e.range()], &e.shape);
+        match dtype {
+            HfDtype::F32 => w.add_f32(&t.hf, &t.shape, &v)?,
+            HfDtype::Bf16 => w.add_bf16(&t.hf, &t.shape, &v)?,
+        }
     }
     w.write()?;
     let path = dir.join(HF_CONFIG);
@@ -274,6 +344,16 @@ impl Source {
     }
 }
 
+/// The architecture and model config of the Hugging Face directory `dir`,
+/// from its `config.json` alone (a regular file of at most 64 MiB; no weight
+/// is read): what [`import_hf`] will load, known before loading it.
+pub fn read_hf_config(dir: impl AsRef<Path>) -> Result<(HfArch, ModelConfig)> {
+    let cpath = dir.as_ref().join(HF_CONFIG);
+    let text =
+        read_json_text(&cpath).map_err(|e| io_err(show(&cpath), format!("cannot read: {e}")))?;
+    config_from_hf_json(&show(&cpath), &text)
+}
+
 /// Read a Hugging Face `GPT2LMHeadModel` or `LlamaForCausalLM` directory
 /// (`config.json` plus `model.safetensors` or an index of shards) into a
 /// Flotilla config and flat parameters. Every tensor is checked for shape
@@ -284,10 +364,7 @@ impl Source {
 /// if stored, must equal the embedding.
 pub fn import_hf(dir: impl AsRef<Path>) -> Result<(ModelConfig, Vec<f32>)> {
     let dir = dir.as_ref();
-    let cpath = dir.join(HF_CONFIG);
-    let text =
-        read_json_text(&cpath).map_err(|e| io_err(show(&cpath), format!("cannot read: {e}")))?;
-    let (arch, cfg) = config_from_hf_json(&show(&cpath), &text)?;
+    let (arch, cfg) = read_hf_config(dir)?;
     let src = Source::open(dir)?;
     let prefix = if arch == HfArch::Gpt2
         && src.file("transformer.wte.weight").is_none()

@@ -66,6 +66,46 @@ fn round_trip_is_exact() {
 }
 
 #[test]
+fn a_bf16_export_imports_as_the_rounded_weights() {
+    for (i, cfg) in configs().into_iter().enumerate() {
+        let d = tmp(&format!("bf16-{i}"));
+        let p = params(&cfg);
+        export_hf_as(&d, &cfg, &p, HfDtype::Bf16).unwrap();
+        let f = TensorFile::open(d.join(HF_WEIGHTS)).unwrap();
+        assert!(f.names().iter().all(|n| f.dtype(n).unwrap() == "BF16"));
+        assert_eq!(
+            read_hf_config(&d).unwrap(),
+            (hf_arch(&cfg).unwrap(), cfg.clone())
+        );
+        let text = std::fs::read_to_string(d.join(HF_CONFIG)).unwrap();
+        assert!(text.contains("\"torch_dtype\": \"bfloat16\""), "{text}");
+        let (c2, p2) = import_hf(&d).unwrap();
+        assert_eq!(c2, cfg);
+        let mut want = p.clone();
+        HfDtype::Bf16.round(&mut want);
+        assert!(
+            want.iter().zip(&p).any(|(a, b)| a != b),
+            "rounding changes some"
+        );
+        assert!(
+            p2.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "config {i}"
+        );
+        std::fs::remove_dir_all(d).unwrap();
+    }
+    assert_eq!("bfloat16".parse::<HfDtype>(), Ok(HfDtype::Bf16));
+    assert_eq!("F32".parse::<HfDtype>(), Ok(HfDtype::F32));
+    assert!(
+        "f16"
+            .parse::<HfDtype>()
+            .unwrap_err()
+            .contains("f32 or bf16")
+    );
+}
+
+#[test]
 fn plans_cover_every_parameter_once() {
     for cfg in configs() {
         let layout = Layout::new(&cfg);

@@ -8,6 +8,7 @@
 //! [`config_to_metadata`]). Every read checks the tensor's presence, shape and
 //! dtype and names the tensor and file on failure; f16 and bf16 tensors are
 //! widened to f32 on read.
+mod mapped;
 mod metadata;
 #[cfg(test)]
 mod tests;
@@ -17,6 +18,7 @@ pub use metadata::{CONFIG_PREFIX, config_from_metadata, config_to_metadata};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::layout::Layout;
+use mapped::Bytes;
 use metadata::config_diff;
 use safetensors::tensor::Metadata;
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
@@ -62,12 +64,12 @@ fn describe(e: &SafeTensorError, len: usize) -> String {
     }
 }
 
-/// A safetensors file read into memory, with its header parsed and checked
-/// (offsets contiguous, sizes matching shapes and dtypes, file length
-/// matching the header).
+/// A safetensors file, memory-mapped (opened from a path) or in memory, with
+/// its header parsed and checked (offsets contiguous, sizes matching shapes
+/// and dtypes, file length matching the header).
 pub struct TensorFile {
     path: String,
-    bytes: Vec<u8>,
+    bytes: Bytes,
     data_start: usize,
     meta: Metadata,
 }
@@ -81,22 +83,24 @@ impl std::fmt::Debug for TensorFile {
     }
 }
 
-/// Largest safetensors file read whole (1 TiB), checked before reading.
+/// Largest safetensors file opened (1 TiB), checked before mapping or reading.
 pub const MAX_TENSOR_FILE_BYTES: u64 = 1 << 40;
 
 impl TensorFile {
-    /// Read and parse the file at `path`: a regular file of at most [`MAX_TENSOR_FILE_BYTES`]
-    /// (a FIFO or a link to a device is refused, not read until memory runs out).
+    /// Map and parse the file at `path`: a regular file of at most [`MAX_TENSOR_FILE_BYTES`]
+    /// (a FIFO or a link to a device is refused). The file is memory-mapped read-only, not
+    /// read whole: tensors are paged in as they are read.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let bytes = fsread::read_bounded(path, MAX_TENSOR_FILE_BYTES, fsread::Links::Follow)
-            .map_err(|e| io_err(show(path), format!("cannot read: {e}")))?;
-        Self::from_bytes(show(path), bytes)
+        Self::parse(show(path), mapped::map_file(path)?)
     }
 
     /// Parse an in-memory safetensors image; `label` names it in errors.
     pub fn from_bytes(label: impl Into<String>, bytes: Vec<u8>) -> Result<Self> {
-        let path = label.into();
+        Self::parse(label.into(), Bytes::Owned(bytes))
+    }
+
+    fn parse(path: String, bytes: Bytes) -> Result<Self> {
         let (n, meta) = SafeTensors::read_metadata(&bytes)
             .map_err(|e| io_err(&path, describe(&e, bytes.len())))?;
         Ok(Self {
@@ -357,6 +361,15 @@ impl TensorWriter {
     pub fn add_f32(&mut self, name: &str, shape: &[usize], data: &[f32]) -> Result<()> {
         let bytes = data.iter().flat_map(|x| x.to_le_bytes()).collect();
         self.push(name, Dtype::F32, shape, data.len(), bytes)
+    }
+
+    /// Add a BF16 tensor: each value rounded to the nearest bfloat16 (ties to even).
+    pub fn add_bf16(&mut self, name: &str, shape: &[usize], data: &[f32]) -> Result<()> {
+        let bytes = data
+            .iter()
+            .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes())
+            .collect();
+        self.push(name, Dtype::BF16, shape, data.len(), bytes)
     }
 
     /// Add token ids as an I64 tensor (PyTorch's index dtype).
