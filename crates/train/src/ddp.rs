@@ -79,20 +79,7 @@ impl GradBuckets {
 
     /// Plans buckets of at least `bucket_bytes` over `layout`'s gradient buffer for `group`.
     pub fn new(group: ProcessGroup, layout: &Layout, bucket_bytes: usize) -> Self {
-        let buckets = plan_buckets(layout, bucket_bytes);
-        let spare = buckets
-            .iter()
-            .map(|b| Vec::with_capacity(b.len()))
-            .collect();
-        GradBuckets {
-            group,
-            buckets,
-            inflight: Vec::new(),
-            spare,
-            ready_from: layout.total,
-            failed: None,
-            options: OpOptions::default(),
-        }
+        Self::over(group, plan_buckets(layout, bucket_bytes), layout.total)
     }
 
     /// Buckets over explicit `buckets` (each one contiguous range, in the order the backward

@@ -108,15 +108,8 @@ fn resident_state_matches_the_formulas() {
 }
 
 #[test]
-fn bad_stage_and_bf16_are_refused() {
+fn a_bad_stage_is_refused() {
     assert!(Stage::from_number(4).is_err());
-    let out = run_threads(2, GroupConfig::default(), |g| {
-        let mut c = tiny(2, 1);
-        c.bf16 = true;
-        Ok(Trainer::zero(c, g, Stage::One, 1 << 20).is_err())
-    })
-    .unwrap();
-    assert!(out.into_iter().all(|r| r.unwrap()));
 }
 
 #[test]

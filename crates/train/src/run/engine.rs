@@ -62,7 +62,7 @@ impl Engine {
             let hybrid = l.hybrid_groups(group.size())?;
             let t = match (Stage::from_number(l.zero)?, hybrid) {
                 (Some(stage), Some(sizes)) => {
-                    let groups = hybrid_groups(&group, sizes)?;
+                    let groups = hybrid_subgroups(&group, sizes)?;
                     Trainer::hybrid(train, groups, stage, l.bucket_bytes)?
                 }
                 (Some(stage), None) => Trainer::zero(train, group, stage, l.bucket_bytes)?,
@@ -235,7 +235,7 @@ fn not_sync() -> crate::TrainError {
 /// This rank's (shard group, replica groups' group) of a hybrid-sharded run over `world`:
 /// shard groups of `shard` consecutive ranks (one host's, where hosts hold whole groups), the
 /// rank with the same index in each of the `replicate` groups. Collective over `world`.
-fn hybrid_groups(
+fn hybrid_subgroups(
     world: &ProcessGroup,
     (shard, replicate): (usize, usize),
 ) -> Result<(ProcessGroup, ProcessGroup)> {
