@@ -39,7 +39,7 @@ pub struct ModelArgs {
     #[arg(long, value_parser = positive_usize())]
     pub seq_len: Option<usize>,
     /// Give the LM head its own (V, C) matrix instead of reusing the token embedding (the
-    /// GPT-2 presets tie them; the MoE decoder, --experts, has its own head).
+    /// GPT-2 presets tie them).
     #[arg(long)]
     pub untied: bool,
 }

@@ -1,7 +1,8 @@
-//! `flotilla train`'s mixture-of-experts options, mapped to [`train::run::MoeSettings`].
+//! `flotilla train`'s mixture-of-experts options, mapped to the model's
+//! [`model::config::MoeSpec`] and the layout's expert-parallel degree.
 use crate::flag_range::number_in;
 use anyhow::{Result, bail};
-use train::run::MoeSettings;
+use model::config::MoeSpec;
 
 /// Experts per token when --top-k is not given.
 const DEFAULT_TOP_K: u8 = 2;
@@ -13,9 +14,8 @@ const DEFAULT_AUX_LOSS_COEF: f64 = 0.01;
 /// Mixture-of-experts options of `flotilla train`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct MoeArgs {
-    /// Experts per block: every block's feed-forward becomes E experts of --ffn width behind a
-    /// router (the MoE decoder: GPT-2's block, LM head untied, so give --untied), trained with
-    /// expert parallelism over the data-parallel ranks. 0: the dense model.
+    /// Experts per block: every block's feed-forward becomes E experts, each the block's MLP
+    /// (--ffn wide, its activation and biases), behind a router. 0: the dense model.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=4096))]
     experts: u32,
     /// Experts each token is sent to: 1 (Switch) or 2 (Mixtral) [default: 2; needs --experts].
@@ -29,15 +29,16 @@ pub struct MoeArgs {
     /// needs --experts].
     #[arg(long, value_parser = aux_loss_coef)]
     aux_loss_coef: Option<f64>,
-    /// Expert-parallel degree: the experts split over P ranks, which must be the data-parallel
-    /// ranks (nproc x nnodes) and divide --experts [default: 1; needs --experts].
+    /// Expert-parallel degree: the experts split over P ranks of the data-parallel axis: 1 or
+    /// the data-parallel degree, dividing --experts [default: 1; needs --experts].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     ep: Option<u32>,
 }
 
 impl MoeArgs {
-    /// The run's MoE settings (None: dense); a MoE flag without --experts is refused by name.
-    pub fn settings(&self) -> Result<Option<MoeSettings>> {
+    /// The model's experts (None: dense) and the expert-parallel degree; a MoE flag without
+    /// --experts is refused by name.
+    pub fn settings(&self) -> Result<(Option<MoeSpec>, usize)> {
         if self.experts == 0 {
             let given = [
                 (self.top_k.is_some(), "--top-k"),
@@ -50,15 +51,15 @@ impl MoeArgs {
                     "{flag} needs --experts E (a mixture-of-experts model); without it the model is dense"
                 );
             }
-            return Ok(None);
+            return Ok((None, 1));
         }
-        Ok(Some(MoeSettings {
+        let spec = MoeSpec {
             experts: self.experts as usize,
             top_k: usize::from(self.top_k.unwrap_or(DEFAULT_TOP_K)),
             capacity_factor: self.capacity_factor.unwrap_or(DEFAULT_CAPACITY_FACTOR),
             aux_weight: self.aux_loss_coef.unwrap_or(DEFAULT_AUX_LOSS_COEF),
-            ep: self.ep.map_or(1, |p| p as usize),
-        }))
+        };
+        Ok((Some(spec), self.ep.map_or(1, |p| p as usize)))
     }
 }
 

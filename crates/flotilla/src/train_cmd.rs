@@ -267,6 +267,7 @@ impl Args {
             bucket_bytes: (self.bucket_mb * (1 << 20) as f64) as usize,
             force_placement: self.mesh.force_placement,
             hybrid: (self.mesh.dp_shard, self.mesh.dp_replicate),
+            ep: 1,
         };
         let mut cfg = RunConfig::new(train, layout);
         // The embedded default job's launcher hands its workers the checkpoint flags.
@@ -286,7 +287,7 @@ impl Args {
         cfg.export_hf = self.export_hf.clone();
         cfg.export_dtype = self.export_dtype;
         cfg.init = init;
-        cfg.moe = self.moe.settings()?;
+        (cfg.train.model.moe, cfg.layout.ep) = self.moe.settings()?;
         Ok(cfg)
     }
 }

@@ -8,7 +8,7 @@
 //! - `--save`s a model that `flotilla generate` loads, and (dense models) `--export-hf`s a
 //!   directory that Hugging Face Transformers loads with our logits (`scripts/hf_check.py`, when
 //!   `FLOTILLA_HF_CHECK_PYTHON` names a Python with torch and transformers; CI sets it); an MoE
-//!   export is refused with the reason;
+//!   model's Hugging Face export is refused with the reason;
 //! - is run again under `--chaos kill@random`, recovers, and saves the same bytes as the
 //!   undisturbed run (its twin);
 //! - resumes from its last checkpoint under a different layout, which trains on.
@@ -49,7 +49,7 @@ const MODEL: &[&str] = &[
     "1",
 ];
 
-/// The MoE feed-forward of the MoE layouts (its head untied: the MoE decoder's own).
+/// The MoE feed-forward of the MoE layouts (4 experts, top-2; the head untied).
 const MOE: &[&str] = &[
     "--experts",
     "4",
@@ -220,14 +220,14 @@ fn matrix_row(c: &Cell) {
     }
     let common = ["--steps", &steps, "--ckpt-every", "2"];
 
-    // The plain run: every output at once (an MoE model has no saved-model or Hugging Face
-    // format: both are refused, below).
+    // The plain run: every output at once (an MoE model has no Hugging Face format: its
+    // export is refused, below).
     let (ck, metrics, saved, hf) = (p("ck"), p("m.jsonl"), p("saved"), p("hf"));
     let mut extra = common.to_vec();
     extra.extend_from_slice(&["--ckpt-dir", s(&ck), "--max-restarts", "0"]);
-    extra.extend_from_slice(&["--metrics", s(&metrics)]);
+    extra.extend_from_slice(&["--metrics", s(&metrics), "--save", s(&saved)]);
     if !c.moe {
-        extra.extend_from_slice(&["--save", s(&saved), "--export-hf", s(&hf)]);
+        extra.extend_from_slice(&["--export-hf", s(&hf)]);
     }
     let out = train_ok(&layout, &extra);
     let last = format!("step {STEPS:>6}/{STEPS} loss ");
@@ -239,19 +239,21 @@ fn matrix_row(c: &Cell) {
         "the forecast line:\n{out}"
     );
     check_metrics(&metrics, c.world);
+    check_generate(&saved);
     if c.moe {
-        for flag in ["--save", "--export-hf"] {
-            let mut refused = layout.clone();
-            refused.extend_from_slice(&["--steps", "1", flag, s(&hf)]);
-            let (ok, _, err) = train(&refused, &[]);
-            assert!(
-                !ok && err.contains(flag) && err.contains("MoE export is not built"),
-                "{flag} of an MoE model is refused with the reason:\n{err}"
-            );
-            assert!(!hf.exists(), "a refused export wrote {}", hf.display());
-        }
+        assert!(
+            out.contains("# moe: 4 experts, top-2"),
+            "the routing line:\n{out}"
+        );
+        let mut refused = layout.clone();
+        refused.extend_from_slice(&["--steps", "1", "--export-hf", s(&hf)]);
+        let (ok, _, err) = train(&refused, &[]);
+        assert!(
+            !ok && err.contains("--export-hf") && err.contains("no export there"),
+            "--export-hf of an MoE model is refused with the reason:\n{err}"
+        );
+        assert!(!hf.exists(), "a refused export wrote {}", hf.display());
     } else {
-        check_generate(&saved);
         assert!(hf.join("config.json").is_file() && hf.join("model.safetensors").is_file());
         hf_check(&hf);
     }
@@ -260,10 +262,7 @@ fn matrix_row(c: &Cell) {
     // last checkpoint: parameters, moments, run state).
     let (ck2, saved2) = (p("ck2"), p("saved2"));
     let mut extra = common.to_vec();
-    extra.extend_from_slice(&["--ckpt-dir", s(&ck2)]);
-    if !c.moe {
-        extra.extend_from_slice(&["--save", s(&saved2)]);
-    }
+    extra.extend_from_slice(&["--ckpt-dir", s(&ck2), "--save", s(&saved2)]);
     extra.extend_from_slice(&["--chaos", "kill@random", "--chaos-seed", "7"]);
     extra.extend_from_slice(&["--max-restarts", "3"]);
     let chaos = train_ok(&layout, &extra);
@@ -272,14 +271,12 @@ fn matrix_row(c: &Cell) {
         pieces(&ck2) == pieces(&ck),
         "the recovered run's last checkpoint differs from its twin's:\n{chaos}"
     );
-    if !c.moe {
-        let twin = std::fs::read(saved.join("model.safetensors")).unwrap();
-        let killed = std::fs::read(saved2.join("model.safetensors")).unwrap();
-        assert!(
-            killed == twin,
-            "the recovered run's parameters differ from its twin's:\n{chaos}"
-        );
-    }
+    let twin = std::fs::read(saved.join("model.safetensors")).unwrap();
+    let killed = std::fs::read(saved2.join("model.safetensors")).unwrap();
+    assert!(
+        killed == twin,
+        "the recovered run's parameters differ from its twin's:\n{chaos}"
+    );
 
     // The plain run's checkpoint resumed under another layout, two more steps.
     let mut into: Vec<&str> = c.resume_into.to_vec();
@@ -310,7 +307,7 @@ fn matrix_row(c: &Cell) {
 
 // Each layout trains 8 rows a step: --batch rows per micro-batch per replica (2 for the dense
 // models: part of the configuration a checkpoint must match), times the micro-batches
-// (--grad-accum), times the data-parallel replicas. The MoE engine's batch is the global one.
+// (--grad-accum), times the data-parallel replicas.
 const DP4: &[&str] = &["--nproc", "4", "--batch", "2"];
 const DP2_ZERO3: &[&str] = &[
     "--nproc",
@@ -391,8 +388,17 @@ const PP2_TP2_SP: &[&str] = &[
     "--grad-accum",
     "4",
 ];
-const DP2_EP2: &[&str] = &["--nproc", "2", "--ep", "2", "--batch", "4"];
-const EP1: &[&str] = &["--nproc", "1", "--batch", "8"];
+const DP2_EP2: &[&str] = &[
+    "--nproc",
+    "2",
+    "--ep",
+    "2",
+    "--batch",
+    "2",
+    "--grad-accum",
+    "2",
+];
+const EP1: &[&str] = &["--nproc", "1", "--batch", "2", "--grad-accum", "4"];
 
 #[test]
 fn dp4() {

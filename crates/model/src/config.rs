@@ -33,6 +33,21 @@ pub enum Positions {
     },
 }
 
+/// A mixture-of-experts feed-forward in every block (000 专家并行): E experts, each the block's
+/// MLP (`ffn` wide, the block's activation and biases), of which a router sends each token to
+/// `top_k`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeSpec {
+    /// E, experts per block.
+    pub experts: usize,
+    /// k, experts per token: 1 or 2.
+    pub top_k: usize,
+    /// Capacity factor: per-expert capacity ⌈factor · N · k / E⌉ over the routing group (F49).
+    pub capacity_factor: f64,
+    /// Weight of the load-balancing loss in the objective.
+    pub aux_weight: f64,
+}
+
 /// A decoder configuration; [`ModelConfig::validate`] names any bad field.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -64,6 +79,8 @@ pub struct ModelConfig {
     pub norm_eps: f64,
     /// Dropout probability; only 0 is supported (training is deterministic).
     pub dropout: f64,
+    /// A mixture-of-experts feed-forward in place of every block's MLP (None: dense).
+    pub moe: Option<MoeSpec>,
 }
 
 impl ModelConfig {
@@ -85,6 +102,7 @@ impl ModelConfig {
             bias: true,
             norm_eps: 1e-5,
             dropout: 0.0,
+            moe: None,
         }
     }
 
@@ -115,6 +133,7 @@ impl ModelConfig {
             bias: false,
             norm_eps: 1e-5,
             dropout: 0.0,
+            moe: None,
         }
     }
 
@@ -218,7 +237,26 @@ impl ModelConfig {
                 "only 0 is supported (training is deterministic)",
             );
         }
+        if let Some(m) = self.moe_layer() {
+            m.validate()?;
+        }
         Ok(())
+    }
+
+    /// The MoE layer every block runs as its feed-forward (None: a dense MLP): the spec's
+    /// routing with experts `d_model` wide in and out, `ffn` hidden, the block's activation and
+    /// biases.
+    pub fn moe_layer(&self) -> Option<crate::moe::MoeConfig> {
+        self.moe.map(|m| crate::moe::MoeConfig {
+            experts: m.experts,
+            top_k: m.top_k,
+            channels: self.d_model,
+            hidden: self.ffn,
+            capacity_factor: m.capacity_factor,
+            aux_weight: m.aux_weight,
+            activation: self.activation,
+            bias: self.bias,
+        })
     }
 
     /// Checks that the blocks split into `tp` equal tensor-parallel shards (000 §2.15: whole
@@ -272,14 +310,20 @@ impl ModelConfig {
 
     /// Model FLOPs per trained token: `6 N + 12 L T C` (forward and backward;
     /// N excludes the position table, the tied embedding counts once as the
-    /// LM head) — the nanoGPT/PaLM estimate the peer benchmark uses.
+    /// LM head) — the nanoGPT/PaLM estimate the peer benchmark uses. `n_params` is the whole
+    /// model's count; with experts N counts the parameters a token is active in: each block's
+    /// router and k of its E experts (`N = n_params − L · (E − k) · P_e`, P_e one expert's).
     pub fn flops_per_token(&self, n_params: usize) -> f64 {
         let wpe = if self.positions == Positions::Learned {
             self.seq_len * self.d_model
         } else {
             0
         };
-        6.0 * (n_params - wpe) as f64 + 12.0 * (self.layers * self.seq_len * self.d_model) as f64
+        let idle = self.moe_layer().map_or(0, |m| {
+            self.layers * (m.experts - m.top_k.min(m.experts)) * m.expert_len()
+        });
+        let active = n_params.saturating_sub(wpe + idle);
+        6.0 * active as f64 + 12.0 * (self.layers * self.seq_len * self.d_model) as f64
     }
 }
 

@@ -70,3 +70,29 @@ pub fn rand_vec(seed: u64, len: usize, scale: f64) -> Vec<f64> {
         .map(|_| (r.uniform() * 2.0 - 1.0) * scale)
         .collect()
 }
+
+/// Checks a whole model's gradient tensor by tensor: for every entry of `layout`,
+/// `max |analytic − numeric| <= tol · max |numeric|` (at least 1e-3; a per-element ratio is
+/// meaningless where the true gradient is ~0, e.g. the key bias, whose gradient vanishes by
+/// softmax shift invariance). Panics naming the first tensor that fails.
+pub fn assert_tensors_match(
+    layout: &crate::layout::Layout,
+    analytic: &[f64],
+    numeric: &[f64],
+    tol: f64,
+) {
+    for e in &layout.entries {
+        let r = e.range();
+        let scale = r
+            .clone()
+            .map(|i| numeric[i].abs())
+            .fold(0.0, f64::max)
+            .max(1e-3);
+        let err = compare(&analytic[r.clone()], &numeric[r], scale);
+        assert!(
+            err.max_abs <= tol * scale,
+            "{}: gradient check failed: {err:?} (scale {scale:.3e})",
+            e.name
+        );
+    }
+}

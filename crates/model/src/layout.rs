@@ -58,6 +58,9 @@ pub struct ParamEntry {
     pub kind: ParamKind,
     /// How tensor parallelism divides it.
     pub split: Split,
+    /// The expert it belongs to (its global index), for an expert's tensor: stored only on the
+    /// rank of the expert-parallel group holding that expert.
+    pub expert: Option<usize>,
 }
 
 impl ParamEntry {
@@ -99,6 +102,9 @@ pub struct BlockLayout {
     pub fcp_w: Range<usize>,
     /// MLP output bias (C).
     pub fcp_b: Option<Range<usize>>,
+    /// With experts in place of the MLP (its four ranges then empty): the MoE layer's buffer,
+    /// the router (E, C) then this rank's experts ([`crate::moe::MoeLayout`]).
+    pub moe: Option<Range<usize>>,
     /// Elements in one block.
     pub size: usize,
 }
@@ -144,6 +150,8 @@ struct Builder {
     at: usize,
     /// The tensor-parallel degree the shapes are divided by (1: whole).
     tp: usize,
+    /// The expert the next tensors belong to.
+    expert: Option<usize>,
 }
 
 impl Builder {
@@ -178,6 +186,7 @@ impl Builder {
             layer,
             kind,
             split,
+            expert: self.expert,
         };
         let r = e.range();
         self.at = r.end;
@@ -186,7 +195,45 @@ impl Builder {
     }
 }
 
+/// Block `l`'s MoE layer ([`crate::moe::MoeLayout`]): the router (E, C), then every expert
+/// `e`, `h.{l}.moe.experts.{e}.fc.weight` (Fin, C), `.fc.bias`, `.proj.weight` (C, F),
+/// `.proj.bias`. Returns the layer's range.
+fn push_experts(b: &mut Builder, m: crate::moe::MoeConfig, l: usize) -> Range<usize> {
+    let (c, f, fin) = (m.channels, m.hidden, m.hidden_in());
+    let p = |s: String| format!("h.{l}.moe.{s}");
+    let start = b.at;
+    b.push(
+        p("router.weight".into()),
+        vec![m.experts, c],
+        Some(l),
+        ParamKind::Matrix,
+    );
+    for e in 0..m.experts {
+        b.expert = Some(e);
+        let x = |s: &str| p(format!("experts.{e}.{s}"));
+        b.push(x("fc.weight"), vec![fin, c], Some(l), ParamKind::Matrix);
+        if m.bias {
+            b.push(x("fc.bias"), vec![fin], Some(l), ParamKind::Bias);
+        }
+        b.push(
+            x("proj.weight"),
+            vec![c, f],
+            Some(l),
+            ParamKind::ResidualMatrix,
+        );
+        if m.bias {
+            b.push(x("proj.bias"), vec![c], Some(l), ParamKind::Bias);
+        }
+    }
+    b.expert = None;
+    start..b.at
+}
+
+/// `r` relative to `base` (an empty range, a block's missing MLP, stays `0..0`).
 fn rel(r: Range<usize>, base: usize) -> Range<usize> {
+    if r.is_empty() {
+        return 0..0;
+    }
     r.start - base..r.end - base
 }
 
@@ -213,6 +260,7 @@ impl Layout {
             entries: Vec::new(),
             at: 0,
             tp,
+            expert: None,
         };
         let hd = cfg.heads * cfg.head_dim();
         let kvd = cfg.kv_heads * cfg.head_dim();
@@ -268,32 +316,38 @@ impl Layout {
             let ln2_w = b.push(p("ln2.weight"), vec![c], Some(l), ParamKind::NormWeight);
             let ln2_b = layer_norm_bias
                 .then(|| b.push(p("ln2.bias"), vec![c], Some(l), ParamKind::NormBias));
-            let fc_w = b.push_split(
-                p("mlp.fc.weight"),
-                vec![cfg.ffn_in_dim(), c],
-                Some(l),
-                ParamKind::Matrix,
-                fc_runs.clone(),
-            );
-            let fc_b = cfg.bias.then(|| {
-                b.push_split(
-                    p("mlp.fc.bias"),
-                    vec![cfg.ffn_in_dim()],
-                    Some(l),
-                    ParamKind::Bias,
-                    fc_runs.clone(),
-                )
-            });
-            let fcp_w = b.push_split(
-                p("mlp.proj.weight"),
-                vec![c, cfg.ffn],
-                Some(l),
-                ParamKind::ResidualMatrix,
-                Split::Cols,
-            );
-            let fcp_b = cfg
-                .bias
-                .then(|| b.push(p("mlp.proj.bias"), vec![c], Some(l), ParamKind::Bias));
+            let (fc_w, fc_b, fcp_w, fcp_b, moe) = match cfg.moe_layer() {
+                Some(m) => (0..0, None, 0..0, None, Some(push_experts(&mut b, m, l))),
+                None => {
+                    let fc_w = b.push_split(
+                        p("mlp.fc.weight"),
+                        vec![cfg.ffn_in_dim(), c],
+                        Some(l),
+                        ParamKind::Matrix,
+                        fc_runs.clone(),
+                    );
+                    let fc_b = cfg.bias.then(|| {
+                        b.push_split(
+                            p("mlp.fc.bias"),
+                            vec![cfg.ffn_in_dim()],
+                            Some(l),
+                            ParamKind::Bias,
+                            fc_runs.clone(),
+                        )
+                    });
+                    let fcp_w = b.push_split(
+                        p("mlp.proj.weight"),
+                        vec![c, cfg.ffn],
+                        Some(l),
+                        ParamKind::ResidualMatrix,
+                        Split::Cols,
+                    );
+                    let fcp_b = cfg
+                        .bias
+                        .then(|| b.push(p("mlp.proj.bias"), vec![c], Some(l), ParamKind::Bias));
+                    (fc_w, fc_b, fcp_w, fcp_b, None)
+                }
+            };
             blocks.push(base..b.at);
             if block.is_none() {
                 let r = |x: Range<usize>| rel(x, base);
@@ -310,6 +364,7 @@ impl Layout {
                     fc_b: fc_b.map(r),
                     fcp_w: r(fcp_w),
                     fcp_b: fcp_b.map(r),
+                    moe: moe.map(r),
                     size: b.at - base,
                 });
             }
@@ -358,6 +413,45 @@ impl Layout {
             total: whole.total,
             entries,
         }
+    }
+
+    /// The experts' tensors: every block's experts (not its router), adjacent ranges merged.
+    /// Rank r of an expert-parallel group owns only its experts' parts of them; the rest stay
+    /// zero on it.
+    pub fn expert_ranges(&self) -> Vec<Range<usize>> {
+        let mut out: Vec<Range<usize>> = Vec::new();
+        for e in self.entries.iter().filter(|e| e.expert.is_some()) {
+            match out.last_mut() {
+                Some(last) if last.end == e.offset => last.end = e.range().end,
+                _ => out.push(e.range()),
+            }
+        }
+        out
+    }
+
+    /// The ranges of the experts rank `rank` of an `ep`-way group owns (adjacent merged).
+    pub fn owned_expert_ranges(&self, ep: usize, rank: usize) -> Vec<Range<usize>> {
+        let mut out: Vec<Range<usize>> = Vec::new();
+        let owns = |x: usize| match self.experts() {
+            Some(n) => x / (n / ep.max(1)).max(1) == rank,
+            None => false,
+        };
+        for e in self.entries.iter().filter(|e| e.expert.is_some_and(owns)) {
+            match out.last_mut() {
+                Some(last) if last.end == e.offset => last.end = e.range().end,
+                _ => out.push(e.range()),
+            }
+        }
+        out
+    }
+
+    /// Experts per block (None: a dense model).
+    pub fn experts(&self) -> Option<usize> {
+        self.entries
+            .iter()
+            .filter_map(|e| e.expert)
+            .max()
+            .map(|e| e + 1)
     }
 
     /// The entry called `name`.

@@ -33,6 +33,7 @@ pub mod init;
 pub mod interop;
 pub mod layout;
 pub mod model;
+pub mod moe;
 pub mod profile;
 pub mod sample;
 pub mod stage;

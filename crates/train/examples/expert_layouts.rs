@@ -1,6 +1,7 @@
 //! Tokens/s of expert parallelism on this machine beside the planner's prediction (issue 8):
-//! the MoE decoder (`train::expert::decoder`; 4 layers, C = 256, 4 heads, 8 experts of FFN 512,
-//! top-2, capacity factor 1.25, vocabulary 4096, 128 tokens a row) trained on one process with
+//! the one model with experts in every block (GPT-2's block, 4 layers, C = 256, 4 heads, 8
+//! experts of FFN 512, top-2, capacity factor 1.25, vocabulary 4096, tied, 128 tokens a row;
+//! [`train::Trainer::expert_parallel`]) trained on one process with
 //! the whole global batch of 16 rows (EP 1) and on EP 2 (two ranks as threads, 8 rows each,
 //! 4 experts each, two all-to-alls per layer each way). The planner (`plan::step::evaluate`)
 //! gets this machine's GEMM rate as the peak and the group's shared-memory link, and the
@@ -15,45 +16,36 @@ use std::time::Instant;
 use comm::group::GroupConfig;
 use comm::local::run_threads;
 use model::Threads;
-use model::optim::AdamWConfig;
+use model::config::{ModelConfig, MoeSpec};
 use plan::layout::Layout;
 
 #[path = "support/this_machine.rs"]
 mod this_machine;
-use train::DataSpec;
-use train::expert::{MoeConfig, MoeModelConfig, MoeTrainConfig, MoeTrainer};
+use train::{DataSpec, TrainConfig, Trainer};
 
 /// Rows of every global batch.
 const GLOBAL_ROWS: usize = 16;
 /// Tokens per row.
 const SEQ: usize = 128;
 
-fn config(ep: usize) -> MoeTrainConfig {
-    MoeTrainConfig {
-        model: MoeModelConfig {
-            vocab: 4096,
-            seq_len: SEQ,
-            layers: 4,
-            heads: 4,
-            moe: MoeConfig {
-                experts: 8,
-                top_k: 2,
-                channels: 256,
-                hidden: 512,
-                capacity_factor: 1.25,
-                aux_weight: 0.01,
-            },
-            norm_eps: 1e-5,
-        },
-        batch: GLOBAL_ROWS / ep,
-        seq_len: SEQ,
-        lr: 1e-3,
-        adamw: AdamWConfig::default(),
-        grad_clip: Some(1.0),
-        seed: 1,
-        threads: 1,
-        data: DataSpec::Markov { branching: 4 },
-    }
+fn config(ep: usize) -> TrainConfig {
+    let mut m = ModelConfig::gpt2(4, 4, 256, SEQ, 4096);
+    m.ffn = 512;
+    m.moe = Some(MoeSpec {
+        experts: 8,
+        top_k: 2,
+        capacity_factor: 1.25,
+        aux_weight: 0.01,
+    });
+    let mut c = TrainConfig::new(m, 0);
+    c.batch = GLOBAL_ROWS / ep;
+    c.seq_len = SEQ;
+    c.lr = 1e-3;
+    c.grad_clip = Some(1.0);
+    c.seed = 1;
+    c.threads = 1;
+    c.data = DataSpec::Markov { branching: 4 };
+    c
 }
 
 /// Mean seconds of the steps after the first on `ep` ranks (rank 0's), and the group's
@@ -62,7 +54,11 @@ fn measure(ep: usize, steps: usize) -> Result<(f64, (f64, f64)), Box<dyn std::er
     let out = run_threads(ep, GroupConfig::default(), move |g| {
         let link = g.topology().params(comm::transport::LinkKind::Shm);
         let err = |e: train::TrainError| comm::CommError::InvalidArgument(e.to_string());
-        let mut t = MoeTrainer::new(config(ep), g).map_err(err)?;
+        let mut t = match ep {
+            1 => Trainer::new(config(ep)),
+            _ => Trainer::expert_parallel(config(ep), g, 1 << 20),
+        }
+        .map_err(err)?;
         let mut secs = Vec::with_capacity(steps);
         for _ in 0..steps {
             let t0 = Instant::now();

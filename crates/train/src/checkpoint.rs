@@ -27,6 +27,7 @@ use serde_json::json;
 
 use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
+use crate::expert::share_pieces;
 use crate::trainer::{StepStats, Trainer};
 use crate::zero::state::{StatePiece, flat_boxes};
 use model::layout::{Layout, ParamEntry};
@@ -37,8 +38,8 @@ mod fallback;
 mod run_state;
 
 pub(crate) use collective::{
-    check_state_tensors, check_tensor_metas, newest_committed, read_state_range, read_whole_state,
-    save_collectively, saved_run, saved_run_hashed,
+    check_state_tensors, newest_committed, read_state_range, read_whole_state, save_collectively,
+    saved_run,
 };
 pub(crate) use fallback::clear_leftovers;
 pub use fallback::resume_collectively;
@@ -180,7 +181,8 @@ impl Trainer {
             };
         }
         if self.tensor.is_none() {
-            return rows_pieces(&self.checkpoint_tensors(), rank, world);
+            let owners = self.expert_owners();
+            return share_pieces(&self.checkpoint_tensors(), &owners, rank, world);
         }
         let n = layout.entries.len();
         let bufs = [self.master_params(), m, v];
@@ -265,6 +267,10 @@ impl Trainer {
                 t.layout.shard_params(buf, &mut mine)?;
                 *buf = mine;
             }
+        }
+        // Another rank's experts stay at zero here (their owner holds them).
+        if let Some(p) = &self.experts {
+            state.iter_mut().for_each(|buf| p.zero_others(buf));
         }
         let [master, m, v] = state;
         self.load_state(master, m, v, optimizer_step, step)
@@ -440,13 +446,14 @@ impl Checkpointer {
             Some((step, meta)) if self.saver.is_some() => {
                 let after = self.after_write(meta);
                 let (rank, world) = (self.rank, self.world);
+                let owners = trainer.expert_owners();
                 let saver = self.saver.as_mut().expect("checked above");
                 let before = Instant::now();
                 saver.wait(SAVE_TIMEOUT)?;
                 let previous = before.elapsed();
                 let (stats, bytes, waited) = trainer.step_with_staging(|views| {
                     let metas: Vec<TensorMeta> = views.iter().map(|(m, _)| m.clone()).collect();
-                    let pieces = rows_pieces(views, rank, world);
+                    let pieces = share_pieces(views, &owners, rank, world);
                     let pieces = piece_refs(&metas, &pieces);
                     saver
                         .save(step, &pieces, after)
@@ -571,23 +578,6 @@ impl Checkpointer {
         self.wait()?;
         Ok(summary)
     }
-}
-
-/// This rank's [`ckpt::rank_rows`] of each of `views`' tensors, with their bytes, naming the
-/// tensor by its index in `views` (tensors of which it owns no rows are left out).
-pub(crate) fn rows_pieces<'a>(
-    views: &[(TensorMeta, &'a [u8])],
-    rank: u32,
-    world: u32,
-) -> Vec<StatePiece<'a>> {
-    views
-        .iter()
-        .enumerate()
-        .filter_map(|(i, (m, bytes))| {
-            let (s, bytes) = row_piece(m, bytes, rank, world)?;
-            Some((i, s, bytes))
-        })
-        .collect()
 }
 
 /// Rank `rank` of `world`'s [`ckpt::rank_rows`] of the tensor `m` whose whole bytes are

@@ -9,8 +9,9 @@ use model::optim::{check_finite, clip_coef, clip_grad_norm, grad_norm, scale_gra
 
 use crate::ddp::GradBuckets;
 use crate::error::Result;
+use crate::expert::{BlockGroups, ExpertPart};
 use crate::source::Source;
-use crate::tensor::{Alone, BlockComm, TpGroup, TpPart};
+use crate::tensor::{BlockComm, TpPart};
 
 /// The [`GradStep`] of a trainer's fields. A macro, not a method: a method would borrow the
 /// whole trainer, while the staging thread of `step_with_staging` holds other fields.
@@ -25,6 +26,7 @@ macro_rules! grad_step {
             grads: &mut $t.grads,
             sync: $t.sync.as_mut(),
             tensor: $t.tensor.as_ref(),
+            experts: $t.experts.as_ref(),
         }
     };
 }
@@ -42,6 +44,7 @@ pub(crate) struct GradStep<'a> {
     /// The tensor-parallel part: the blocks sum over its group, the norm counts each element
     /// of the whole model once over it.
     pub(crate) tensor: Option<&'a TpPart>,
+    pub(crate) experts: Option<&'a ExpertPart>,
 }
 
 /// What it produced.
@@ -121,16 +124,13 @@ impl GradStep<'_> {
             grads,
             sync,
             tensor,
+            experts,
         } = self;
         if first {
             grads.fill(0.0);
         }
-        let mut group = tensor.map(TpGroup::of);
-        let mut alone = Alone;
-        let comm: &mut dyn BlockComm<f32> = match &mut group {
-            Some(g) => g,
-            None => &mut alone,
-        };
+        let mut groups = BlockGroups::new(tensor, experts);
+        let comm: &mut dyn BlockComm<f32> = &mut groups;
         let loss = model
             .forward_with(th, params, inputs, Some(targets), comm)?
             .unwrap_or(f64::NAN);
@@ -145,6 +145,12 @@ impl GradStep<'_> {
                 let ready = &mut |range, g: &mut [f32]| s.ready(range, g);
                 model.backward_hooked_with(th, params, grads, ready, comm)?;
                 comm_seconds = s.finish(grads, scale)?.as_secs_f64();
+                // The experts' ranges are in no bucket: only the micro-batch scale.
+                if let Some(p) = experts.filter(|_| count > 1) {
+                    p.all
+                        .iter()
+                        .for_each(|r| grads[r.clone()].iter_mut().for_each(|g| *g *= scale));
+                }
                 loss = s.mean(loss)?;
                 true
             }
@@ -153,8 +159,9 @@ impl GradStep<'_> {
                 false
             }
         };
-        // The blocks' sums over the tensor-parallel group are exposed too.
-        comm_seconds += group.as_ref().map_or(0.0, |g| g.seconds);
+        // The blocks' sums over the tensor-parallel group and the expert exchanges are exposed
+        // too.
+        comm_seconds += groups.seconds();
         if !last {
             return Ok(None);
         }
@@ -162,16 +169,23 @@ impl GradStep<'_> {
             grads.iter_mut().for_each(|g| *g *= scale);
         }
         let _p = model::profile::scope("grad_norm");
-        let norm = match (tensor, clip) {
-            (Some(t), clip) => {
+        let norm = match (tensor, experts, clip) {
+            (None, Some(p), clip) => {
+                let norm = (p.dense_sum_sq(th, grads) + p.sum_sq(th, grads)?).sqrt();
+                if let Some(c) = clip.and_then(|max| clip_coef(norm, max)) {
+                    scale_grads(th, grads, c);
+                }
+                norm
+            }
+            (Some(t), _, clip) => {
                 let norm = t.sum_sq(th, grads)?.sqrt();
                 if let Some(c) = clip.and_then(|max| clip_coef(norm, max)) {
                     scale_grads(th, grads, c);
                 }
                 norm
             }
-            (None, Some(max)) => clip_grad_norm(th, grads, max),
-            (None, None) => grad_norm(th, grads),
+            (None, None, Some(max)) => clip_grad_norm(th, grads, max),
+            (None, None, None) => grad_norm(th, grads),
         };
         check_finite("gradient norm", step, norm)?;
         Ok(Some(GradOut {

@@ -1,9 +1,10 @@
 //! The single-process trainer: forward, backward, clip, AdamW, schedule.
 use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
+use crate::expert::{BlockGroups, ExpertPart};
 use crate::grad::{Accum, GradOut, GradStep, fetch, grad_step};
 use crate::source::Source;
-use crate::tensor::{Alone, BlockComm, TpGroup, TpPart};
+use crate::tensor::{BlockComm, TpPart};
 use crate::zero::{Stage, Window, Zero};
 use model::Threads;
 use model::init::init_params;
@@ -59,13 +60,13 @@ pub struct StateMemory {
 pub struct Trainer {
     cfg: TrainConfig,
     th: Threads,
-    model: Model<f32>,
+    pub(crate) model: Model<f32>,
     /// The whole model's parameters (f32; under ZeRO-3 only the units gathered at the moment).
-    params: Window,
+    pub(crate) params: Window,
     /// The whole model's gradients (under ZeRO-2/3 only the buckets not yet reduced).
-    grads: Window,
+    pub(crate) grads: Window,
     opt: AdamW,
-    bf16: Option<Bf16Store>,
+    pub(crate) bf16: Option<Bf16Store>,
     decay: Vec<Range<usize>>,
     source: Source,
     inputs: Vec<u32>,
@@ -78,11 +79,14 @@ pub struct Trainer {
     /// whose cursor is not a whole number of this run's global batches).
     rows_base: u64,
     /// Data-parallel gradient buckets, when this is one rank of several.
-    sync: Option<GradBuckets>,
+    pub(crate) sync: Option<GradBuckets>,
     /// The ZeRO engine, when this is one rank of a sharded data-parallel run.
     zero: Option<Box<Zero>>,
     /// The tensor-parallel part, when the model is split over a TP group ([`crate::tensor`]).
     pub(crate) tensor: Option<TpPart>,
+    /// The expert-parallel part, when the experts are split over the data-parallel ranks
+    /// ([`crate::expert`]).
+    pub(crate) experts: Option<ExpertPart>,
 }
 
 impl Trainer {
@@ -227,6 +231,7 @@ impl Trainer {
             sync,
             zero,
             tensor,
+            experts: None,
             th,
             model,
             cfg,
@@ -542,12 +547,8 @@ impl Trainer {
         let count = self.cfg.grad_accum.max(1);
         let z = self.zero.as_mut().expect("a ZeRO trainer");
         let (mut loss_sum, mut data_seconds) = (0.0, 0.0);
-        let mut group = self.tensor.as_ref().map(TpGroup::of);
-        let mut alone = Alone;
-        let comm: &mut dyn BlockComm<f32> = match &mut group {
-            Some(g) => g,
-            None => &mut alone,
-        };
+        let mut groups = BlockGroups::new(self.tensor.as_ref(), self.experts.as_ref());
+        let comm: &mut dyn BlockComm<f32> = &mut groups;
         for i in 0..count {
             data_seconds += fetch(&mut self.source, &mut self.inputs, &mut self.targets)?;
             self.drawn += 1;
@@ -565,7 +566,7 @@ impl Trainer {
         }
         let loss = z.mean(loss_sum / count as f64)?;
         let lr = self.cfg.schedule.lr_at(self.cfg.lr, self.step);
-        let tp_seconds = group.map_or(0.0, |g| g.seconds);
+        let tp_seconds = groups.seconds();
         let (norm, comm) = z.update(
             &self.th,
             &mut self.params,
@@ -619,12 +620,8 @@ impl Trainer {
     /// Mean loss over `batches` fresh batches without updating anything.
     pub fn eval_loss(&mut self, batches: usize) -> Result<f64> {
         let mut sum = 0.0;
-        let mut group = self.tensor.as_ref().map(TpGroup::of);
-        let mut alone = Alone;
-        let comm: &mut dyn BlockComm<f32> = match &mut group {
-            Some(g) => g,
-            None => &mut alone,
-        };
+        let mut groups = BlockGroups::new(self.tensor.as_ref(), self.experts.as_ref());
+        let comm: &mut dyn BlockComm<f32> = &mut groups;
         for _ in 0..batches {
             self.source
                 .next_batch(&mut self.inputs, &mut self.targets)?;

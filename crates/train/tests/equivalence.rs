@@ -24,10 +24,8 @@ use comm::algo::Algo;
 use comm::group::{GroupConfig, ProcessGroup};
 use comm::local::run_threads;
 use comm::mesh::{DeviceMesh, MeshShape};
-use model::config::ModelConfig;
-use model::optim::AdamWConfig;
+use model::config::{ModelConfig, MoeSpec};
 use serde::{Deserialize, Serialize};
-use train::expert::{MoeConfig, MoeModelConfig, MoeModelLayout, MoeTrainConfig, MoeTrainer};
 use train::pipeline::{PipelineStage, ScheduleKind};
 use train::zero::Stage;
 use train::{DataSpec, TrainConfig, Trainer};
@@ -239,54 +237,44 @@ fn pipeline_sp_run(
     })
 }
 
-/// A 2-layer MoE decoder (C = 32, 4 heads, E = 4, top-2) on `ep` ranks sharing a global batch
-/// of 4 rows.
+/// A 2-layer GPT-2 with experts (C = 32, 4 heads, E = 4 experts of F = 64, top-2, capacity
+/// factor 1 so some assignments are dropped) with `gpt2`'s schedule and data, `batch` rows per
+/// rank.
+fn moe(batch: usize) -> TrainConfig {
+    let mut c = gpt2(batch, 1);
+    let mut m = ModelConfig::gpt2(2, 4, 32, 16, 64);
+    m.ffn = 64;
+    m.moe = Some(MoeSpec {
+        experts: 4,
+        top_k: 2,
+        capacity_factor: 1.0,
+        aux_weight: 0.01,
+    });
+    c.model = m;
+    c.grad_clip = Some(0.5);
+    c
+}
+
+/// The model with experts on `ep` ranks sharing a global batch of 4 rows (the experts split
+/// over them), or on one process.
 fn moe_run(ep: usize) -> Run {
-    let model = MoeModelConfig {
-        vocab: 64,
-        seq_len: 16,
-        layers: 2,
-        heads: 4,
-        moe: MoeConfig {
-            experts: 4,
-            top_k: 2,
-            channels: 32,
-            hidden: 64,
-            capacity_factor: 1.0,
-            aux_weight: 0.01,
-        },
-        norm_eps: 1e-5,
-    };
-    let cfg = MoeTrainConfig {
-        model,
-        batch: 4 / ep,
-        seq_len: 16,
-        lr: 3e-3,
-        adamw: AdamWConfig::default(),
-        grad_clip: Some(0.5),
-        seed: 7,
-        threads: 1,
-        data: DataSpec::Markov { branching: 4 },
-    };
-    let out = run_threads(ep, fixed(), move |g| {
-        let mut t = MoeTrainer::new(cfg.clone(), g).expect("moe trainer");
+    if ep == 1 {
+        return trainer_run(moe(4), 1, 0);
+    }
+    ranks(ep, move |g| {
+        let mut t = Trainer::expert_parallel(moe(4 / ep), g, 16 << 10).expect("ep trainer");
         let (mut losses, mut norms) = (vec![], vec![]);
         for _ in 0..STEPS {
             let s = t.step().expect("step");
             losses.push(s.loss);
-            norms.push(s.norm);
+            norms.push(s.grad_norm);
         }
-        Ok((losses, norms, t.params().to_vec()))
+        Run {
+            losses,
+            norms,
+            params: t.whole_params().expect("gather"),
+        }
     })
-    .expect("threads");
-    let ranks: Vec<_> = out.into_iter().map(|r| r.expect("rank")).collect();
-    let shards: Vec<Vec<f32>> = ranks.iter().map(|r| r.2.clone()).collect();
-    let (losses, norms, _) = ranks.into_iter().next().expect("rank 0");
-    Run {
-        losses,
-        norms,
-        params: MoeModelLayout::gather(model, &shards).expect("gather"),
-    }
 }
 
 /// Every layout of the net: name, the run, and the name of the run it must match within
@@ -503,6 +491,7 @@ fn layouts() -> Vec<Layout> {
         // Mixture of experts.
         ("moe ep1", Box::new(|| moe_run(1)), None),
         ("moe ep2", Box::new(|| moe_run(2)), Some("moe ep1")),
+        ("moe ep4", Box::new(|| moe_run(4)), Some("moe ep1")),
     ]
 }
 

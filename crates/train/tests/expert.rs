@@ -4,13 +4,79 @@
 #[path = "support/common.rs"]
 mod common;
 use comm::group::GroupConfig;
+use comm::group::ProcessGroup;
 use comm::local::run_threads;
 use model::Threads;
+use model::config::Activation;
 use model::gradcheck::{compare, dot, numeric_grad, rand_vec};
 use model::optim::{AdamW, AdamWConfig};
 use std::sync::Arc;
 use train::expert::dispatch::a2a_bytes_one_way;
-use train::expert::{EpMoeLayer, MoeConfig, MoeLayer, MoeLayout, MoeStats};
+use train::expert::{ExpertGroup, Experts, Local, MoeConfig, MoeLayout, MoeStats, Objective};
+
+/// The layer alone on one process (ep = 1): every exchange a copy.
+#[derive(Debug)]
+struct MoeLayer<T>(Experts<T>);
+
+impl<T: model::Real> MoeLayer<T> {
+    fn new(cfg: MoeConfig) -> model::Result<Self> {
+        Experts::new(cfg, (1, 0), Objective::Sum).map(Self)
+    }
+    fn layout(&self) -> &MoeLayout {
+        self.0.layout()
+    }
+    fn forward(&mut self, th: &Threads, p: &[T], x: &[T]) -> model::Result<(Vec<T>, MoeStats)> {
+        self.0.forward(&mut Local, th, p, x)
+    }
+    fn backward(&mut self, th: &Threads, p: &[T], g: &mut [T], dy: &[T]) -> model::Result<Vec<T>> {
+        self.0.backward(&mut Local, th, p, g, dy)
+    }
+}
+
+/// One rank of an EP group's layer (the layer's objective summed over the ranks).
+struct EpMoeLayer {
+    experts: Experts<f32>,
+    group: ProcessGroup,
+}
+
+impl EpMoeLayer {
+    fn new(cfg: MoeConfig, group: ProcessGroup) -> model::Result<Self> {
+        let experts = Experts::new(cfg, (group.size(), group.rank()), Objective::Sum)?;
+        Ok(Self { experts, group })
+    }
+    fn forward(
+        &mut self,
+        th: &Threads,
+        p: &[f32],
+        x: &[f32],
+    ) -> model::Result<(Vec<f32>, MoeStats)> {
+        self.experts
+            .forward(&mut ExpertGroup::new(&self.group), th, p, x)
+    }
+    fn backward(
+        &mut self,
+        th: &Threads,
+        p: &[f32],
+        g: &mut [f32],
+        dy: &[f32],
+    ) -> model::Result<Vec<f32>> {
+        self.experts
+            .backward(&mut ExpertGroup::new(&self.group), th, p, g, dy)
+    }
+}
+
+/// The whole layer's buffer from every rank's (rank order): the router from rank 0 (the ranks
+/// hold the same), each expert from its owner.
+fn gather(cfg: MoeConfig, bufs: &[Vec<f32>]) -> Vec<f32> {
+    let mut out = bufs[0].clone();
+    for (r, b) in bufs.iter().enumerate() {
+        let l = MoeLayout::new(cfg, bufs.len(), r).unwrap();
+        for le in 0..l.local_experts() {
+            out[l.expert(le)].copy_from_slice(&b[l.expert(le)]);
+        }
+    }
+    out
+}
 
 fn cfg(experts: usize, top_k: usize, c: usize, f: usize, cf: f64, aux: f64) -> MoeConfig {
     MoeConfig {
@@ -20,6 +86,8 @@ fn cfg(experts: usize, top_k: usize, c: usize, f: usize, cf: f64, aux: f64) -> M
         hidden: f,
         capacity_factor: cf,
         aux_weight: aux,
+        activation: Activation::Gelu,
+        bias: true,
     }
 }
 
@@ -211,7 +279,7 @@ fn bad_settings_are_refused_by_name() {
     assert!(e.contains("forward"), "{e}");
     // In a 3-rank group the layer refuses 4 experts, naming the field.
     let errs = run_threads(3, GroupConfig::default(), move |g| {
-        Ok(EpMoeLayer::<f32>::new(ok, g).err().map(|e| e.to_string()))
+        Ok(EpMoeLayer::new(ok, g).err().map(|e| e.to_string()))
     })
     .unwrap();
     for r in errs {
@@ -265,9 +333,9 @@ fn inputs(cfg: MoeConfig) -> Inputs {
 type RankOut = (Vec<Vec<f32>>, Vec<f32>, Vec<f32>, Vec<f32>, MoeStats);
 
 /// A layer's forward: (params, x) -> (y, stats).
-type FwdFn<'a> = dyn FnMut(&[f32], &[f32]) -> train::error::Result<(Vec<f32>, MoeStats)> + 'a;
+type FwdFn<'a> = dyn FnMut(&[f32], &[f32]) -> model::Result<(Vec<f32>, MoeStats)> + 'a;
 /// A layer's backward: (params, grads, dy) -> dx.
-type BwdFn<'a> = dyn FnMut(&[f32], &mut [f32], &[f32]) -> train::error::Result<Vec<f32>> + 'a;
+type BwdFn<'a> = dyn FnMut(&[f32], &mut [f32], &[f32]) -> model::Result<Vec<f32>> + 'a;
 
 /// `steps` AdamW steps of `Σ dy ⊙ y + aux_weight · aux` on this rank's slice.
 fn rank_steps(
@@ -277,7 +345,7 @@ fn rank_steps(
     x: &[f32],
     dy: &[f32],
     steps: usize,
-) -> train::error::Result<RankOut> {
+) -> model::Result<RankOut> {
     let th = Threads::single();
     let cfg = AdamWConfig::default();
     let mut opt = AdamW::new(cfg, p.len())?;
@@ -324,9 +392,9 @@ fn run_ep_cuts(inp: &Arc<Inputs>, cuts: &[usize], steps: usize) -> Run {
             let r = g.rank();
             let th = Threads::single();
             let rows = cuts[r] * C..cuts[r + 1] * C;
-            let layer = EpMoeLayer::<f32>::new(inp.cfg, g).map(std::cell::RefCell::new);
+            let layer = EpMoeLayer::new(inp.cfg, g).map(std::cell::RefCell::new);
             Ok(layer.and_then(|layer| {
-                let p = layer.borrow().layout().shard(&inp.p)?;
+                let p = inp.p.clone();
                 rank_steps(
                     &mut |p, x| layer.borrow_mut().forward(&th, p, x),
                     &mut |p, gr, dy| layer.borrow_mut().backward(&th, p, gr, dy),
@@ -353,8 +421,8 @@ fn run_ep_cuts(inp: &Arc<Inputs>, cuts: &[usize], steps: usize) -> Run {
     Run {
         y,
         dx: cat(&|o| &o.1),
-        g: MoeLayout::gather(inp.cfg, &gs).unwrap(),
-        p: MoeLayout::gather(inp.cfg, &ps).unwrap(),
+        g: gather(inp.cfg, &gs),
+        p: gather(inp.cfg, &ps),
         stats: outs.into_iter().map(|o| o.4).collect(),
     }
 }
@@ -507,8 +575,8 @@ fn mismatched_rank_configs_are_refused() {
             ..base
         };
         let th = Threads::single();
-        let res = EpMoeLayer::<f32>::new(mc, g).and_then(|mut layer| {
-            let p = vec![0.01f32; layer.layout().len()];
+        let res = EpMoeLayer::new(mc, g).and_then(|mut layer| {
+            let p = vec![0.01f32; layer.experts.layout().len()];
             layer.forward(&th, &p, &[0.5; 4 * C])
         });
         Ok(res.err().map(|e| e.to_string()))

@@ -1,158 +1,150 @@
-//! The MoE trainer under the one run loop's features (issue 27): the learning-rate schedule
-//! (a cosine with warmup: the rate of every step is the schedule's), and synchronous
-//! checkpoints in which each EP rank writes only what it owns: EP 2 saved at step 3 and
-//! resumed to step 6 is bit-identical to the straight 6-step run; the same checkpoint resumed
-//! by EP 1 on the same global batch continues within float summation order; another config
-//! is refused.
+//! Expert parallelism in the one trainer ([`Trainer::expert_parallel`]): the model's blocks
+//! carry experts split over the data-parallel ranks. EP = 2 matches one process on the same
+//! global batch (top-1 and top-2, with and without drops); its asynchronous checkpoints
+//! resume it bit-identically and one process continues them; each expert is written by its
+//! owner only.
+#[path = "support/common.rs"]
+mod common;
+
 use comm::group::GroupConfig;
 use comm::local::run_threads;
-use model::optim::{AdamWConfig, Schedule};
-use std::path::PathBuf;
-use train::DataSpec;
-use train::expert::{
-    MoeConfig, MoeModelConfig, MoeModelLayout, MoeStepStats, MoeTrainConfig, MoeTrainer,
-};
+use common::{max_rel_diff, rel};
+use model::config::{ModelConfig, MoeSpec};
+use train::{CheckpointConfig, Checkpointer, DataSpec, TrainConfig, Trainer};
 
 const GLOBAL_ROWS: usize = 4;
-const LR: f32 = 3e-3;
-const COSINE: Schedule = Schedule::Cosine {
-    warmup: 2,
-    total: 6,
-    min_lr_ratio: 0.1,
-};
 
-fn model_cfg() -> MoeModelConfig {
-    MoeModelConfig {
-        vocab: 64,
-        seq_len: 16,
-        layers: 2,
-        heads: 4,
-        moe: MoeConfig {
-            experts: 4,
-            top_k: 2,
-            channels: 32,
-            hidden: 64,
-            capacity_factor: 1.0,
-            aux_weight: 0.01,
-        },
-        norm_eps: 1e-5,
-    }
+/// A 2-layer GPT-2 (C = 32, 4 heads) with 4 experts of F = 64 per block.
+fn cfg(batch: usize, steps: u64, top_k: usize, capacity_factor: f64) -> TrainConfig {
+    let mut m = ModelConfig::gpt2(2, 4, 32, 16, 64);
+    m.ffn = 64;
+    m.moe = Some(MoeSpec {
+        experts: 4,
+        top_k,
+        capacity_factor,
+        aux_weight: 0.01,
+    });
+    let mut c = TrainConfig::new(m, steps);
+    c.batch = batch;
+    c.seq_len = 16;
+    c.lr = 3e-3;
+    c.threads = 1;
+    c.seed = 7;
+    c.grad_clip = Some(0.5);
+    c.data = DataSpec::Markov { branching: 4 };
+    c
 }
 
-fn train_cfg(ep: usize) -> MoeTrainConfig {
-    MoeTrainConfig {
-        model: model_cfg(),
-        batch: GLOBAL_ROWS / ep,
-        seq_len: 16,
-        lr: LR,
-        adamw: AdamWConfig {
-            weight_decay: 0.1,
-            ..AdamWConfig::default()
-        },
-        grad_clip: Some(0.5),
-        seed: 11,
-        threads: 1,
-        data: DataSpec::Markov { branching: 4 },
-    }
+/// Per-step losses, the last step's routing (dropped, routed) and the whole parameters.
+type Out = (Vec<f64>, (usize, usize), Vec<f32>);
+
+fn routing(t: &Trainer) -> (usize, usize) {
+    let s = t.model().moe_stats();
+    (
+        s.iter().map(|s| s.dropped_assignments).sum(),
+        s.iter().map(|s| s.routed.iter().sum::<usize>()).sum(),
+    )
 }
 
-/// What one `ep`-rank run does: resume from `from` if given, train `steps`, save into `to`
-/// if given; rank 0's step stats and the gathered parameters.
-fn run(
-    ep: usize,
-    steps: usize,
-    from: Option<PathBuf>,
-    to: Option<PathBuf>,
-) -> (Vec<MoeStepStats>, Vec<f32>) {
+fn one_process(c: TrainConfig) -> Out {
+    let mut t = Trainer::new(c.clone()).unwrap();
+    let losses = (0..c.steps).map(|_| t.step().unwrap().loss).collect();
+    (losses, routing(&t), t.params().to_vec())
+}
+
+fn ep_run(ep: usize, c: TrainConfig) -> Out {
     let out = run_threads(ep, GroupConfig::default(), move |g| {
-        let mut t = MoeTrainer::new(train_cfg(ep), g)
-            .and_then(|t| t.with_schedule(COSINE))
-            .expect("trainer")
-            .with_decay_all(true);
-        if let Some(dir) = &from {
-            assert_eq!(t.resume(dir).expect("resume"), Some(3));
-            assert_eq!(t.steps_done(), 3);
-        }
-        let stats: Vec<_> = (0..steps).map(|_| t.step().expect("step")).collect();
-        if let Some(dir) = &to {
-            assert_eq!(t.save_checkpoint(dir, "moe-test").expect("save"), 3);
-        }
-        Ok((stats, t.params().to_vec()))
+        let mut t = Trainer::expert_parallel(c.clone(), g, 16 << 10).unwrap();
+        let losses: Vec<f64> = (0..c.steps).map(|_| t.step().unwrap().loss).collect();
+        let r = routing(&t);
+        Ok((losses, r, t.whole_params().unwrap()))
     })
-    .expect("threads");
-    let ranks: Vec<_> = out.into_iter().map(|r| r.expect("rank")).collect();
-    let shards: Vec<Vec<f32>> = ranks.iter().map(|(_, p)| p.clone()).collect();
-    let whole = MoeModelLayout::gather(model_cfg(), &shards).expect("gather");
-    (ranks[0].0.clone(), whole)
-}
-
-#[test]
-fn the_learning_rate_follows_a_cosine_schedule() {
-    let (stats, _) = run(2, 6, None, None);
-    for (i, s) in stats.iter().enumerate() {
-        let want = COSINE.lr_at(LR, i as u64);
-        println!("step {i}: lr {} (schedule {want}), loss {}", s.lr, s.loss);
-        assert_eq!(s.lr, want, "step {i}");
+    .unwrap();
+    let outs: Vec<Out> = out.into_iter().map(|r| r.unwrap()).collect();
+    for o in &outs[1..] {
+        assert_eq!(o.0, outs[0].0, "ranks report the same losses");
+        assert_eq!(o.2, outs[0].2, "ranks assemble the same model");
     }
-    assert_eq!(stats[0].lr, 0.0, "warmup starts at 0");
-    assert_eq!(stats[2].lr, LR, "the peak after warmup");
-    assert!(stats[5].lr < stats[3].lr && stats[5].lr > 0.1 * LR);
+    outs.into_iter().next().unwrap()
 }
 
 #[test]
-fn ep2_save_and_resume_is_bit_identical_and_ep1_continues_it() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ck");
-    let (straight, straight_params) = run(2, 6, None, None);
-    let (first, _) = run(2, 3, None, Some(dir.clone()));
-    // Each rank wrote its own file (its experts, its rows of the replicated tensors).
-    let step_dir = std::fs::read_dir(&dir)
+fn ep2_matches_one_process_with_top1_top2_and_drops() {
+    for (k, cf) in [(1, 1.0), (2, 1.0), (2, 4.0)] {
+        let (one, one_r, one_p) = one_process(cfg(GLOBAL_ROWS, 3, k, cf));
+        let (two, two_r, two_p) = ep_run(2, cfg(GLOBAL_ROWS / 2, 3, k, cf));
+        for (s, (a, b)) in two.iter().zip(&one).enumerate() {
+            assert!(rel(*a, *b) < 1e-5, "top-{k} cf {cf} step {s}: {a} vs {b}");
+        }
+        // Capacity is global over the group, in global token order: the same drops.
+        assert_eq!(two_r, one_r, "top-{k} cf {cf}: (dropped, routed)");
+        let d = max_rel_diff(&two_p, &one_p);
+        assert!(d < 1e-5, "top-{k} cf {cf}: parameters differ by {d:.2e}");
+        println!("top-{k} cf {cf}: routing {two_r:?}, parameters within {d:.1e}");
+    }
+}
+
+/// Two ranks train `c` with experts split over them, checkpointing every 2 steps into `dir`
+/// (asynchronous) after resuming from it; returns the whole parameters.
+fn ep2_with_checkpoints(c: TrainConfig, dir: std::path::PathBuf) -> Vec<f32> {
+    let out = run_threads(2, GroupConfig::default(), move |g| {
+        let (rank, size) = (g.rank() as u32, g.size() as u32);
+        let mut t = Trainer::expert_parallel(c.clone(), g, 16 << 10).unwrap();
+        Checkpointer::resume(&dir, &mut t).unwrap();
+        let ck = CheckpointConfig {
+            dir: dir.clone(),
+            every: 2,
+            asynchronous: true,
+            auto_mtbf: None,
+        };
+        let mut ck = Checkpointer::new(ck, "moe")
+            .unwrap()
+            .with_shard(rank, size)
+            .unwrap();
+        while t.steps_done() < c.steps {
+            ck.step(&mut t).unwrap();
+        }
+        ck.finish(&mut t).unwrap();
+        t.group().unwrap().barrier().unwrap();
+        Ok(t.whole_params().unwrap())
+    })
+    .unwrap();
+    out.into_iter().next().unwrap().unwrap()
+}
+
+#[test]
+fn ep2_checkpoints_resume_bit_identically_and_one_process_continues_them() {
+    // No drops (capacity factor 4) and no aux loss, so one process accumulating two
+    // micro-batches of the global batch has the group's objective (capacity and the aux loss
+    // are per routing batch).
+    let ep2 = |steps| {
+        let mut c = cfg(GLOBAL_ROWS / 2, steps, 2, 4.0);
+        if let Some(m) = c.model.moe.as_mut() {
+            m.aux_weight = 0.0;
+        }
+        c
+    };
+    let straight = ep_run(2, ep2(5)).2;
+    let dir = tempfile::tempdir().unwrap();
+    ep2_with_checkpoints(ep2(3), dir.path().to_path_buf());
+    let c = ckpt::Checkpoint::open(dir.path(), 3, ckpt::Verify::AllPieces).unwrap();
+    assert_eq!(c.manifest().world_size, 2);
+    let resumed = ep2_with_checkpoints(ep2(5), dir.path().to_path_buf());
+    assert_eq!(resumed, straight, "EP2 3 + save + resume + 2 vs 5 straight");
+    // One process (the same rows per micro-batch, two micro-batches a step) resumes the EP2
+    // checkpoint of step 3.
+    let dir3 = tempfile::tempdir().unwrap();
+    ep2_with_checkpoints(ep2(3), dir3.path().to_path_buf());
+    let mut c1 = ep2(5);
+    c1.grad_accum = 2;
+    let mut one = Trainer::new(c1).unwrap();
+    let (step, _) = Checkpointer::resume(dir3.path(), &mut one)
         .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.is_dir())
-        .expect("a step directory");
-    let files = std::fs::read_dir(&step_dir).unwrap().count();
-    assert!(files >= 2, "{files} entries in {}", step_dir.display());
-    let (rest, params) = run(2, 3, Some(dir.clone()), None);
-    let resumed: Vec<f64> = first.iter().chain(&rest).map(|s| s.loss).collect();
-    let want: Vec<f64> = straight.iter().map(|s| s.loss).collect();
-    println!("straight {want:?}\nresumed  {resumed:?}");
-    assert_eq!(resumed, want, "EP2 3 + save + resume + 3 vs 6 straight");
-    assert!(
-        params == straight_params,
-        "parameters differ after the resume"
-    );
-    // EP 1 on the same global batch continues the EP 2 checkpoint.
-    let (ep1, ep1_params) = run(1, 3, Some(dir), None);
-    for (a, b) in ep1.iter().zip(&straight[3..]) {
-        let rel = (a.loss - b.loss).abs() / b.loss;
-        println!("ep1 resumed loss {} vs {} ({rel:.2e})", a.loss, b.loss);
-        assert!(rel < 1e-5);
+        .unwrap();
+    assert_eq!(step, 3);
+    while one.steps_done() < 5 {
+        one.step().unwrap();
     }
-    let scale = straight_params.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let diff = ep1_params
-        .iter()
-        .zip(&straight_params)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    println!(
-        "ep1 resumed params within {:.2e} of the largest",
-        diff / scale
-    );
-    assert!(diff / scale < 1e-5);
-}
-
-#[test]
-fn another_config_is_refused() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ck");
-    run(2, 3, None, Some(dir.clone()));
-    let out = run_threads(1, GroupConfig::default(), move |g| {
-        let mut cfg = train_cfg(1);
-        cfg.seed = 12;
-        let mut t = MoeTrainer::new(cfg, g).expect("trainer");
-        Ok(t.resume(&dir).map_err(|e| e.to_string()))
-    })
-    .expect("threads");
-    let e = out.into_iter().next().unwrap().unwrap().unwrap_err();
-    assert!(e.contains("config"), "{e}");
+    let d = max_rel_diff(one.params(), &straight);
+    assert!(d < 1e-5, "one process after EP2's step 3: {d:.2e}");
 }

@@ -9,9 +9,8 @@
 //! after each row-parallel one (`Block::row_linear`: the sum, or the reduce-scatter; backward
 //! [`enter`] again: identity, or the all-gather of the output gradient's rows).
 use super::{Block, BlockActs, BlockComm, BlockScratch, Dims, linear_weight_grads};
-use crate::config::Activation;
 use crate::error::Result;
-use crate::kernels::activation::{GeluKind, gelu_bwd, gelu_fwd, swiglu_bwd, swiglu_fwd};
+use crate::kernels::activation::{ffn_act_bwd, ffn_act_fwd};
 use crate::kernels::attention::{attention_bwd, attention_fwd};
 use crate::kernels::matmul::matmul_bwd_input;
 use crate::kernels::residual::add_acc;
@@ -117,6 +116,24 @@ impl Block {
         Ok(())
     }
 
+    /// The feed-forward half's norm, `a.ln2 = norm(a.res2)` (this rank's rows), whichever the
+    /// feed-forward (the MLP or the experts).
+    pub(super) fn ln2_forward<T: Real>(
+        &self,
+        th: &Threads,
+        d: &Dims,
+        p: &[T],
+        a: &mut BlockActs<'_, T>,
+    ) {
+        let l = &self.layout;
+        timed!(
+            "norm.fwd",
+            self.norm_fwd(
+                th, d, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p, &l.ln2_w, &l.ln2_b
+            )
+        );
+    }
+
     /// The feed-forward half: `out = a.res2 + fcp(act(fc(ln2(a.res2))))` (this rank's rows),
     /// saving its activations in `a`; `s` lends its gather buffer.
     ///
@@ -135,25 +152,17 @@ impl Block {
     ) -> Result<()> {
         let l = &self.layout;
         let (n, c) = (d.n, d.c);
-        timed!(
-            "norm.fwd",
-            self.norm_fwd(
-                th, d, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p, &l.ln2_w, &l.ln2_b
-            )
-        );
+        self.ln2_forward(th, d, p, a);
         // f; fc column-parallel over this block's F units.
         let ln2 = enter(a.ln2, s.wide, comm)?;
         timed!(
             "matmul.fwd",
             self.linear(th, p, &l.fc_w, &l.fc_b, a.fch, ln2, n, c, d.fin)
         );
-        let _p = scope("activation.fwd");
-        match self.activation {
-            Activation::Gelu => gelu_fwd(th, a.act, a.fch, GeluKind::Erf),
-            Activation::GeluTanh => gelu_fwd(th, a.act, a.fch, GeluKind::Tanh),
-            Activation::SwiGlu => swiglu_fwd(th, a.act, a.fch, n, d.f),
-        }
-        drop(_p);
+        timed!(
+            "activation.fwd",
+            ffn_act_fwd(th, a.act, a.fch, self.activation, n, d.f)
+        );
         self.row_linear(
             th,
             p,
@@ -199,13 +208,10 @@ impl Block {
             "matmul.bwd_weight",
             linear_weight_grads(th, g, &l.fcp_w, &l.fcp_b, dout, a.act, n, d.f, c)
         );
-        let _p = scope("activation.bwd");
-        match self.activation {
-            Activation::Gelu => gelu_bwd(th, s.dfch, a.fch, s.dact, GeluKind::Erf),
-            Activation::GeluTanh => gelu_bwd(th, s.dfch, a.fch, s.dact, GeluKind::Tanh),
-            Activation::SwiGlu => swiglu_bwd(th, s.dfch, s.dact, a.fch, n, d.f),
-        }
-        drop(_p);
+        timed!(
+            "activation.bwd",
+            ffn_act_bwd(th, s.dfch, s.dact, a.fch, self.activation, n, d.f)
+        );
         timed!(
             "matmul.bwd_input",
             matmul_bwd_input(

@@ -23,11 +23,13 @@ use crate::kernels::matmul::{matmul_bwd_weight, matmul_fwd};
 use crate::kernels::norm::{layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd};
 use crate::kernels::rope::RopeTable;
 use crate::layout::BlockLayout;
+use crate::moe::{ExpertComm, Experts};
 use crate::profile::timed;
 use crate::real::Real;
 use crate::threads::Threads;
 use std::ops::Range;
 
+mod experts;
 mod halves;
 
 /// Where a block meets the other ranks holding parts of it: Megatron's communication points
@@ -87,6 +89,13 @@ pub trait BlockComm<T> {
         rows.copy_from_slice(whole);
         Ok(())
     }
+
+    /// The expert-parallel group a mixture-of-experts feed-forward exchanges its rows over
+    /// (Megatron's expert dispatch and combine): None for a block alone on its rank (every
+    /// exchange a copy).
+    fn experts(&mut self) -> Option<&mut dyn ExpertComm<T>> {
+        None
+    }
 }
 
 /// The [`BlockComm`] of a whole block on one process: no group, nothing to sum.
@@ -145,8 +154,11 @@ pub struct Dims {
 }
 
 impl Dims {
-    /// The dimensions of `cfg` at batch `b` and length `t`.
+    /// The dimensions of `cfg` at batch `b` and length `t`. With experts in place of the MLP
+    /// `f` and `fin` are 0: the experts keep their own activations
+    /// ([`crate::moe::Experts`]).
     pub fn new(cfg: &ModelConfig, b: usize, t: usize) -> Self {
+        let dense = cfg.moe.is_none();
         Self {
             b,
             t,
@@ -157,8 +169,8 @@ impl Dims {
             k: cfg.kv_heads,
             d: cfg.head_dim(),
             qkv: cfg.qkv_dim(),
-            f: cfg.ffn,
-            fin: cfg.ffn_in_dim(),
+            f: if dense { cfg.ffn } else { 0 },
+            fin: if dense { cfg.ffn_in_dim() } else { 0 },
             v: cfg.vocab,
         }
     }
@@ -265,6 +277,9 @@ pub struct BlockActs<'a, T> {
     pub fch: &'a mut [T],
     /// activation output (N, F).
     pub act: &'a mut [T],
+    /// The block's experts, which keep their own activations, when its feed-forward is a
+    /// mixture of experts (set by the caller after [`BlockActs::carve`]).
+    pub experts: Option<&'a mut Experts<T>>,
 }
 
 impl<'a, T> BlockActs<'a, T> {
@@ -285,6 +300,7 @@ impl<'a, T> BlockActs<'a, T> {
             ln2_rstd: k.take(r),
             fch: k.take(n * d.fin),
             act: k.take(n * d.f),
+            experts: None,
         }
     }
 }
@@ -444,7 +460,10 @@ impl Block {
         comm: &mut dyn BlockComm<T>,
     ) -> Result<()> {
         self.attention_forward(th, d, p, rope, a, s, x, comm)?;
-        self.mlp_forward(th, d, p, a, s, out, comm)
+        match self.layout.moe {
+            Some(_) => self.moe_forward(th, d, p, a, out, comm),
+            None => self.mlp_forward(th, d, p, a, s, out, comm),
+        }
     }
 
     /// A row-parallel linear and `g`: `out = Σ_group inp · Wᵀ + b`, `inp` (n, c). Whole, the
@@ -507,7 +526,10 @@ impl Block {
         dx: &mut [T],
         comm: &mut dyn BlockComm<T>,
     ) -> Result<()> {
-        self.mlp_backward(th, d, p, g, a, s, dx, comm)?;
+        match self.layout.moe {
+            Some(_) => self.moe_backward(th, d, p, g, a, dx, comm)?,
+            None => self.mlp_backward(th, d, p, g, a, s, dx, comm)?,
+        }
         self.attention_backward(th, d, p, g, rope, a, s, x, dx, comm)
     }
 

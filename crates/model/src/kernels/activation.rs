@@ -237,3 +237,40 @@ fn swiglu_bwd_row<T: Real>(dgate: &mut [T], dup: &mut [T], gate: &[T], up: &[T],
         *dg = d * u * (sig + silu * (T::one() - sig));
     }
 }
+
+/// A feed-forward's nonlinearity forward, whichever the config names: `act = act(fch)` with
+/// act (N, F) and fch (N, F), or (N, 2F) for SwiGLU. The one dispatch the block's MLP and the
+/// experts share.
+pub fn ffn_act_fwd<T: Real>(
+    th: &Threads,
+    act: &mut [T],
+    fch: &[T],
+    activation: crate::config::Activation,
+    n: usize,
+    f: usize,
+) {
+    use crate::config::Activation;
+    match activation {
+        Activation::Gelu => gelu_fwd(th, act, fch, GeluKind::Erf),
+        Activation::GeluTanh => gelu_fwd(th, act, fch, GeluKind::Tanh),
+        Activation::SwiGlu => swiglu_fwd(th, act, fch, n, f),
+    }
+}
+
+/// Backward of [`ffn_act_fwd`], overwriting `dfch` from `dact` (N, F).
+pub fn ffn_act_bwd<T: Real>(
+    th: &Threads,
+    dfch: &mut [T],
+    dact: &[T],
+    fch: &[T],
+    activation: crate::config::Activation,
+    n: usize,
+    f: usize,
+) {
+    use crate::config::Activation;
+    match activation {
+        Activation::Gelu => gelu_bwd(th, dfch, fch, dact, GeluKind::Erf),
+        Activation::GeluTanh => gelu_bwd(th, dfch, fch, dact, GeluKind::Tanh),
+        Activation::SwiGlu => swiglu_bwd(th, dfch, dact, fch, n, f),
+    }
+}

@@ -10,6 +10,7 @@ use crate::error::{ModelError, Result};
 use crate::kernels::loss::{cross_entropy_fwd, mean_loss};
 use crate::kernels::rope::RopeTable;
 use crate::layout::{Layout, Unit};
+use crate::moe::{Experts, Objective};
 use crate::profile::timed;
 use crate::real::Real;
 use crate::threads::Threads;
@@ -139,6 +140,8 @@ pub struct Model<T: Real> {
     /// The next unit of the forward and of the backward in progress.
     pub(crate) next_fwd: Option<Unit>,
     pub(crate) next_bwd: Option<Unit>,
+    /// Each block's experts with their activations (empty for a dense model).
+    experts: Vec<Experts<T>>,
 }
 
 impl<T: Real> Model<T> {
@@ -176,7 +179,14 @@ impl<T: Real> Model<T> {
         recompute: Vec<bool>,
         (tp, sequence): (usize, bool),
     ) -> Result<Self> {
-        Self::build(cfg, (batch, seq_len), recompute, (tp, sequence), false)
+        Self::parts(
+            cfg,
+            (batch, seq_len),
+            recompute,
+            (tp, sequence),
+            (1, 0),
+            false,
+        )
     }
 
     /// [`Model::split`] reading its parameters at the whole model's addresses: each block's
@@ -190,18 +200,50 @@ impl<T: Real> Model<T> {
         recompute: Vec<bool>,
         (tp, sequence): (usize, bool),
     ) -> Result<Self> {
-        Self::build(cfg, (batch, seq_len), recompute, (tp, sequence), true)
+        Self::parts(
+            cfg,
+            (batch, seq_len),
+            recompute,
+            (tp, sequence),
+            (1, 0),
+            true,
+        )
     }
 
-    fn build(
+    /// The general constructor: [`Model::split`] (or, `in_place`, [`Model::split_in_place`])
+    /// on rank `ep_rank` of an `ep`-way expert-parallel group: each block's mixture of experts
+    /// computes that rank's `E / ep` experts and exchanges rows over the
+    /// [`BlockComm::experts`] group. The buffers keep the whole layout (every expert's place;
+    /// the rank reads and writes only its own experts' ranges,
+    /// [`Layout::owned_expert_ranges`]). Its gradients are one data-parallel replica's share
+    /// ([`crate::moe::Objective::Mean`]): the replicas' mean of the dense and router
+    /// gradients, and each expert's as it stands, are those of the mean loss. Refuses what
+    /// [`Layout::split`] refuses, `ep` not dividing the experts, and experts under sequence
+    /// parallelism.
+    pub fn parts(
         cfg: &ModelConfig,
         (batch, seq_len): (usize, usize),
         recompute: Vec<bool>,
         (tp, sequence): (usize, bool),
+        (ep, ep_rank): (usize, usize),
         in_place: bool,
     ) -> Result<Self> {
         cfg.validate()?;
         cfg.check_split(tp)?;
+        if sequence && cfg.moe.is_some() {
+            return Err(ModelError::Config {
+                field: "sequence parallel",
+                value: format!("tp {tp}"),
+                reason: "a mixture-of-experts feed-forward under sequence parallelism is not                          built (the experts run on every rank's whole rows)"
+                    .into(),
+            });
+        }
+        let experts = match cfg.moe_layer() {
+            Some(m) => (0..cfg.layers)
+                .map(|_| Experts::new(m, (ep, ep_rank), Objective::Mean))
+                .collect::<Result<Vec<_>>>()?,
+            None => Vec::new(),
+        };
         if recompute.len() != cfg.layers {
             return Err(ModelError::Shape {
                 what: "recompute (one flag per block)",
@@ -223,9 +265,10 @@ impl<T: Real> Model<T> {
                 reason: format!("a batch's sequence length must be in 1..={}", cfg.seq_len),
             });
         }
+        let layout = Layout::split(cfg, tp)?;
         let layout = match in_place {
-            true => Layout::split(cfg, tp)?.placed_in(&Layout::new(cfg)),
-            false => Layout::split(cfg, tp)?,
+            true => layout.placed_in(&Layout::new(cfg)),
+            false => layout,
         };
         let mut dims = Dims::new(cfg, batch, seq_len).split(tp);
         if sequence {
@@ -273,7 +316,17 @@ impl<T: Real> Model<T> {
             rope,
             recompute,
             acts,
+            experts,
         })
+    }
+
+    /// Each block's routing metrics from the last forward (empty for a dense model or before a
+    /// forward).
+    pub fn moe_stats(&self) -> Vec<crate::moe::MoeStats> {
+        self.experts
+            .iter()
+            .filter_map(|e| e.stats().cloned())
+            .collect()
     }
 
     /// The config.
@@ -567,6 +620,7 @@ impl<T: Real> Model<T> {
             ])
             .expect("arena regions are disjoint");
         let mut a = BlockActs::carve(inner, &self.dims);
+        a.experts = self.experts.get_mut(l);
         let mut s = BlockScratch::carve(&mut self.scratch, &self.dims);
         let p = &params[self.layout.blocks[l].clone()];
         let rope = self.rope.as_ref();
@@ -586,7 +640,8 @@ impl<T: Real> Model<T> {
             .arena
             .get_disjoint_mut([self.acts.input(l), self.acts.inner[l].clone()])
             .expect("arena regions are disjoint");
-        let a = BlockActs::carve(inner, &self.dims);
+        let mut a = BlockActs::carve(inner, &self.dims);
+        a.experts = self.experts.get_mut(l);
         let mut s = BlockScratch::carve(&mut self.scratch, &self.dims);
         let r = self.layout.blocks[l].clone();
         self.block.backward(

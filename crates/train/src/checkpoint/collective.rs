@@ -22,10 +22,9 @@ pub(crate) fn saved_run(ckpt: &Checkpoint, cfg: &TrainConfig) -> Result<SavedRun
     saved_run_hashed(ckpt, &config_hash(cfg), cfg.batch)
 }
 
-/// [`saved_run`] against the config hash `want` of an engine that hashes more than the
-/// training config (the MoE engine's settings); `batch` rows per rank only read checkpoints
+/// [`saved_run`] against the config hash `want`; `batch` rows per rank only read checkpoints
 /// older than the global row cursor.
-pub(crate) fn saved_run_hashed(ckpt: &Checkpoint, want: &str, batch: usize) -> Result<SavedRun> {
+fn saved_run_hashed(ckpt: &Checkpoint, want: &str, batch: usize) -> Result<SavedRun> {
     let resume = |reason: String| TrainError::Resume {
         step: ckpt.step(),
         reason,
@@ -142,9 +141,8 @@ pub(crate) fn check_state_tensors(ckpt: &Checkpoint, layout: &Layout) -> Result<
     check_tensor_metas(ckpt, &state_metas(layout))
 }
 
-/// Checks that `ckpt` holds exactly the tensors `want` in their shapes and dtypes, as
-/// [`check_state_tensors`] does for a dense layout.
-pub(crate) fn check_tensor_metas(ckpt: &Checkpoint, want: &[ckpt::TensorMeta]) -> Result<()> {
+/// Checks that `ckpt` holds exactly the tensors `want` in their shapes and dtypes.
+fn check_tensor_metas(ckpt: &Checkpoint, want: &[ckpt::TensorMeta]) -> Result<()> {
     let resume = |reason: String| TrainError::Resume {
         step: ckpt.step(),
         reason,

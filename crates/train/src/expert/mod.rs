@@ -1,332 +1,278 @@
-//! Expert parallelism: a mixture-of-experts feed-forward layer whose
-//! experts are sharded over an EP group (000 §专家并行 L2493–2523, Fig 5.15;
-//! F49 capacity, F50 all-to-all volume, F59 all-to-all cost).
+//! Expert parallelism over the training engines (000 §专家并行 L2493–2523, Fig 5.15; F49
+//! capacity, F50 all-to-all volume, F59 all-to-all cost): the model crate's mixture of experts
+//! ([`model::moe`], one block's feed-forward) run over an EP group.
 //!
-//! Legend: N = tokens on this rank, C = channels, F = expert hidden width,
-//! E = experts, k = experts per token (1 or 2), ep = EP group size,
-//! El = E / ep experts per rank, R = rows an expert rank computes.
-//!
-//! ```text
-//!  x ─ router ─ softmax ─ top-k ─ capacity ─[a2a dispatch]─ experts ─[a2a combine]─ Σ gate·ye ─ y
-//! dx ←──────── router bwd ←──── gate bwd ←──[a2a]────────── expert bwd ←─[a2a]───── dy
-//! ```
-//!
-//! Rules (the single-process [`MoeLayer`] and the EP [`EpMoeLayer`] apply
-//! the same ones, so EP = p on p slices of a batch equals EP = 1 on the
-//! whole batch, within float summation order):
-//!
-//! - **Gate.** k = 1: the gate is the top probability (Switch). k = 2: the
-//!   two top probabilities renormalised to sum to 1 (Mixtral; equal to a
-//!   softmax over the two top logits). Ties go to the lowest expert index.
-//! - **Capacity** per expert = ⌈capacity_factor · N_global · k / E⌉ (F49),
-//!   applied per expert *globally*: an expert's assignments are taken in
-//!   global token order (rank r's tokens come after ranks < r's), and
-//!   those past the capacity are dropped. A dropped assignment contributes
-//!   zero (the residual outside the layer carries the token); the other
-//!   choice of a top-2 token keeps its gate (no renormalisation after a
-//!   drop).
-//! - **Aux loss** (Switch Transformer): `aux = E · Σ_e f_e · P_e` with
-//!   `f_e` = assignments routed to e (all k choices, before capacity) /
-//!   (N_global · k), so Σ f = 1 and a perfect balance gives aux = 1, and
-//!   `P_e` = mean router probability of e. Only the `P_e` term carries a
-//!   gradient (into the router); it enters the objective as
-//!   `aux_weight · aux`.
-//!
-//! - [`gate`]: the router's kernels (softmax, top-k, gate, aux loss) and
-//!   their backwards.
-//! - [`dispatch`]: which assignments are kept, and where rows go in the
-//!   all-to-alls.
-//! - [`layer`]: the expert MLPs and [`MoeLayer`] / [`EpMoeLayer`].
-//! - [`decoder`]: a decoder with an MoE feed-forward in every block ([`MoeModel`]),
-//!   trained with expert parallelism ([`MoeTrainer`]).
-use crate::error::{Result, TrainError};
+//! - [`ExpertGroup`]: the dispatch / combine exchange ([`ExpertComm`]) over a process group.
+//! - [`BlockGroups`]: a rank's block communication ([`BlockComm`]): its tensor-parallel group
+//!   (or none) and its EP group (or none), so one block kernel sequence serves every layout.
+//! - [`ExpertPart`]: what expert parallelism adds to an engine's rank. Its flat buffers keep
+//!   the whole model's addresses: every expert has its place on every rank, the rank owns only
+//!   its `E / ep` experts' ranges ([`Layout::owned_expert_ranges`]) and keeps the others at
+//!   zero (their gradients are never written, so AdamW leaves them at zero). So the
+//!   data-parallel reductions skip the experts' ranges (with `ep` = the data-parallel degree
+//!   every rank owns different experts), the global norm adds the owners' sums of squares over
+//!   the group, a checkpoint takes each expert from its owner, and the whole model is the
+//!   group's sum over the experts' ranges.
 use std::ops::Range;
+use std::time::Instant;
 
-pub mod decoder;
-pub mod dispatch;
-pub mod gate;
-pub mod layer;
+use comm::dtype::{Element, ReduceOp};
+use comm::group::ProcessGroup;
+use model::Threads;
+use model::block::BlockComm;
+use model::layout::Layout;
+use model::optim::grad_sum_sq;
 
-pub use decoder::{
-    MoeModel, MoeModelConfig, MoeModelLayout, MoeStepStats, MoeTrainConfig, MoeTrainer,
+use crate::error::Result;
+use crate::tensor::{Alone, TpGroup, TpPart, sum_in_rank_order};
+
+mod trainer;
+
+pub use model::moe::{
+    ExpertComm, Experts, Local, MoeConfig, MoeLayout, MoeStats, Objective, dispatch, gate,
 };
-pub use dispatch::{EpComm, LocalComm};
-pub use layer::{EpMoeLayer, MoeLayer};
+pub(crate) use trainer::share_pieces;
 
-fn bad(
-    field: &'static str,
-    value: impl std::fmt::Display,
-    reason: impl Into<String>,
-) -> TrainError {
-    TrainError::Config {
-        field,
-        value: value.to_string(),
-        reason: reason.into(),
+/// [`ExpertComm`] over an EP process group, timing its exchanges.
+pub struct ExpertGroup<'a> {
+    /// The EP group.
+    pub group: &'a ProcessGroup,
+    /// Seconds spent in its collectives.
+    pub seconds: f64,
+}
+
+impl<'a> ExpertGroup<'a> {
+    /// The exchange over `group`.
+    pub fn new(group: &'a ProcessGroup) -> Self {
+        Self {
+            group,
+            seconds: 0.0,
+        }
+    }
+
+    fn timed(
+        &mut self,
+        op: impl FnOnce(&ProcessGroup) -> comm::Result<()>,
+    ) -> std::result::Result<(), model::ModelError> {
+        let t = Instant::now();
+        let r = op(self.group);
+        self.seconds += t.elapsed().as_secs_f64();
+        r.map_err(|e| model::ModelError::Comm(Box::new(e)))
     }
 }
 
-/// Shape and routing settings of one MoE layer.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct MoeConfig {
-    /// E, the number of experts, >= 1.
-    pub experts: usize,
-    /// k, experts per token: 1 (Switch) or 2 (Mixtral, GShard); <= E.
-    pub top_k: usize,
-    /// C, the model width (input and output of every expert), >= 1.
-    pub channels: usize,
-    /// F, each expert's hidden width, >= 1.
-    pub hidden: usize,
-    /// Capacity factor (000 L2521: 1.25–1.5), finite and > 0; see
-    /// [`MoeConfig::capacity`].
-    pub capacity_factor: f64,
-    /// Weight of the auxiliary load-balancing loss in the objective
-    /// (000 L2521: 0.01–0.1), finite and >= 0; 0 disables its gradient.
-    pub aux_weight: f64,
-}
-
-impl MoeConfig {
-    /// Check every field, naming the first bad one.
-    pub fn validate(&self) -> Result<()> {
-        if self.experts == 0 {
-            return Err(bad("experts", self.experts, "must be >= 1"));
-        }
-        if !(self.top_k == 1 || self.top_k == 2) {
-            return Err(bad("top_k", self.top_k, "must be 1 or 2"));
-        }
-        if self.top_k > self.experts {
-            return Err(bad(
-                "top_k",
-                self.top_k,
-                format!("must be <= experts ({})", self.experts),
-            ));
-        }
-        if self.channels == 0 {
-            return Err(bad("channels", self.channels, "must be >= 1"));
-        }
-        if self.hidden == 0 {
-            return Err(bad("hidden", self.hidden, "must be >= 1"));
-        }
-        if !(self.capacity_factor.is_finite() && self.capacity_factor > 0.0) {
-            return Err(bad(
-                "capacity_factor",
-                self.capacity_factor,
-                "must be finite and > 0",
-            ));
-        }
-        if !(self.aux_weight.is_finite() && self.aux_weight >= 0.0) {
-            return Err(bad(
-                "aux_weight",
-                self.aux_weight,
-                "must be finite and >= 0",
-            ));
-        }
-        Ok(())
+impl<T: Element> ExpertComm<T> for ExpertGroup<'_> {
+    fn size(&self) -> usize {
+        self.group.size()
     }
-
-    /// Per-expert capacity for `tokens` tokens in the routing group:
-    /// ⌈capacity_factor · tokens · k / E⌉ (F49).
-    pub fn capacity(&self, tokens: usize) -> usize {
-        (self.capacity_factor * (tokens * self.top_k) as f64 / self.experts as f64).ceil() as usize
+    fn rank(&self) -> usize {
+        self.group.rank()
     }
-
-    /// Parameters of one expert: fc (F, C) + (F), fcp (C, F) + (C).
-    pub fn expert_len(&self) -> usize {
-        2 * self.hidden * self.channels + self.hidden + self.channels
+    fn all_gather_i64(&mut self, input: &[i64], output: &mut [i64]) -> model::Result<()> {
+        self.timed(|g| g.all_gather(input, output))
     }
-
-    /// Check that `ep` ranks can share the experts evenly.
-    pub fn check_ep(&self, ep: usize) -> Result<()> {
-        if ep == 0 || !self.experts.is_multiple_of(ep) {
-            return Err(bad(
-                "experts",
-                self.experts,
-                format!(
-                    "experts % ep == 0 is required, but experts ({}) % ep ({ep}) = {}",
-                    self.experts,
-                    self.experts.checked_rem(ep).unwrap_or(self.experts)
-                ),
-            ));
-        }
-        Ok(())
+    fn all_reduce_sum(&mut self, buf: &mut [T]) -> model::Result<()> {
+        self.timed(|g| g.all_reduce(buf, ReduceOp::Sum))
+    }
+    fn all_reduce_sum_i64(&mut self, buf: &mut [i64]) -> model::Result<()> {
+        self.timed(|g| g.all_reduce(buf, ReduceOp::Sum))
+    }
+    fn all_to_all_v(
+        &mut self,
+        input: &[T],
+        send: &[usize],
+        output: &mut [T],
+        recv: &[usize],
+    ) -> model::Result<()> {
+        self.timed(|g| g.all_to_all_v(input, send, output, recv))
     }
 }
 
-/// Where each tensor lies in a rank's flat parameter buffer:
-/// router `Wg` (E, C) first, then the rank's El experts one after another,
-/// each `fc_w` (F, C), `fc_b` (F), `fcp_w` (C, F), `fcp_b` (C).
-///
-/// With ep = 1 this is the whole layer; rank r of ep holds experts
-/// `r·El .. (r+1)·El`, and concatenating the ranks' expert parts (after one
-/// router) gives the ep = 1 buffer ([`MoeLayout::gather`]).
-#[derive(Clone, Debug, PartialEq)]
-pub struct MoeLayout {
-    /// The layer's settings.
-    pub cfg: MoeConfig,
-    /// EP group size.
-    pub ep: usize,
-    /// This rank in the EP group.
-    pub rank: usize,
+/// A rank's block communication over its groups: the tensor-parallel group its blocks are
+/// split over (none: whole blocks) and the EP group its experts exchange rows over (none: each
+/// rank computes every expert). One [`BlockComm`] for every layout.
+pub struct BlockGroups<'a> {
+    /// The tensor-parallel group.
+    pub tp: Option<TpGroup<'a>>,
+    /// The expert exchange.
+    pub experts: Option<ExpertGroup<'a>>,
 }
 
-/// Offsets of one expert's tensors inside its slice of the buffer.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ExpertParams {
-    /// fc weight (F, C).
-    pub fc_w: Range<usize>,
-    /// fc bias (F).
-    pub fc_b: Range<usize>,
-    /// fcp weight (C, F).
-    pub fcp_w: Range<usize>,
-    /// fcp bias (C).
-    pub fcp_b: Range<usize>,
-}
-
-impl MoeLayout {
-    /// The layout of `rank` in an `ep`-way group (refuses ep not dividing E
-    /// or a rank outside the group).
-    pub fn new(cfg: MoeConfig, ep: usize, rank: usize) -> Result<Self> {
-        cfg.validate()?;
-        cfg.check_ep(ep)?;
-        if rank >= ep {
-            return Err(bad("rank", rank, format!("must be < ep ({ep})")));
-        }
-        Ok(Self { cfg, ep, rank })
-    }
-
-    /// El, experts on this rank.
-    pub fn local_experts(&self) -> usize {
-        self.cfg.experts / self.ep
-    }
-
-    /// Global indices of this rank's experts.
-    pub fn expert_range(&self) -> Range<usize> {
-        let el = self.local_experts();
-        self.rank * el..(self.rank + 1) * el
-    }
-
-    /// The router weight Wg (E, C).
-    pub fn router(&self) -> Range<usize> {
-        0..self.cfg.experts * self.cfg.channels
-    }
-
-    /// The whole slice of local expert `le` (0..El).
-    pub fn expert(&self, le: usize) -> Range<usize> {
-        let start = self.router().end + le * self.cfg.expert_len();
-        start..start + self.cfg.expert_len()
-    }
-
-    /// Offsets of an expert's tensors relative to [`MoeLayout::expert`].
-    pub fn expert_params(&self) -> ExpertParams {
-        let (c, f) = (self.cfg.channels, self.cfg.hidden);
-        ExpertParams {
-            fc_w: 0..f * c,
-            fc_b: f * c..f * c + f,
-            fcp_w: f * c + f..2 * f * c + f,
-            fcp_b: 2 * f * c + f..2 * f * c + f + c,
+impl<'a> BlockGroups<'a> {
+    /// The groups of a rank with tensor-parallel part `tp` and expert part `experts`.
+    pub fn new(tp: Option<&'a TpPart>, experts: Option<&'a ExpertPart>) -> Self {
+        Self {
+            tp: tp.map(TpGroup::of),
+            experts: experts.map(|p| ExpertGroup::new(&p.group)),
         }
     }
 
-    /// Parameters of this rank.
-    pub fn len(&self) -> usize {
-        self.router().end + self.local_experts() * self.cfg.expert_len()
+    /// Seconds spent in the blocks' collectives (tensor-parallel sums and expert exchanges).
+    pub fn seconds(&self) -> f64 {
+        self.tp.as_ref().map_or(0.0, |g| g.seconds)
+            + self.experts.as_ref().map_or(0.0, |e| e.seconds)
+    }
+}
+
+impl<T: Element> BlockComm<T> for BlockGroups<'_> {
+    fn splits(&self) -> bool {
+        self.tp.is_some()
+    }
+    fn sum(&mut self, buf: &mut [T]) -> model::Result<()> {
+        match &mut self.tp {
+            Some(g) => g.sum(buf),
+            None => Alone.sum(buf),
+        }
+    }
+    fn sequence(&self) -> bool {
+        self.tp
+            .as_ref()
+            .is_some_and(|g| BlockComm::<T>::sequence(g))
+    }
+    fn part(&self) -> (usize, usize) {
+        self.tp.as_ref().map_or((0, 1), |g| BlockComm::<T>::part(g))
+    }
+    fn gather(&mut self, rows: &[T], whole: &mut [T]) -> model::Result<()> {
+        match &mut self.tp {
+            Some(g) => g.gather(rows, whole),
+            None => Alone.gather(rows, whole),
+        }
+    }
+    fn scatter(&mut self, whole: &mut [T], rows: &mut [T]) -> model::Result<()> {
+        match &mut self.tp {
+            Some(g) => g.scatter(whole, rows),
+            None => Alone.scatter(whole, rows),
+        }
+    }
+    fn experts(&mut self) -> Option<&mut dyn ExpertComm<T>> {
+        self.experts.as_mut().map(|e| e as &mut dyn ExpertComm<T>)
+    }
+}
+
+/// What expert parallelism adds to an engine's rank: its EP group and the experts' ranges of
+/// the flat buffers (see the module doc).
+pub struct ExpertPart {
+    /// The EP group: `ep` data-parallel replicas splitting the experts.
+    pub group: ProcessGroup,
+    /// Every expert's range (merged), owned or not.
+    pub all: Vec<Range<usize>>,
+    /// This rank's experts' ranges.
+    pub owned: Vec<Range<usize>>,
+}
+
+impl ExpertPart {
+    /// The part of rank `group.rank()` of the EP `group` over buffers laid out as `layout` (the
+    /// model's: every expert at its whole-model address).
+    pub fn new(layout: &Layout, group: ProcessGroup) -> Self {
+        Self {
+            all: layout.expert_ranges(),
+            owned: layout.owned_expert_ranges(group.size(), group.rank()),
+            group,
+        }
     }
 
-    /// Whether the rank holds no parameters (never: the router is replicated).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// ep.
+    pub fn ep(&self) -> usize {
+        self.group.size()
     }
 
-    /// This rank's buffer cut from the ep = 1 buffer `full`.
-    pub fn shard<T: Copy>(&self, full: &[T]) -> Result<Vec<T>> {
-        let whole = MoeLayout::new(self.cfg, 1, 0)?;
-        check_len("full moe parameters", whole.len(), full.len())?;
-        let el = self.local_experts();
-        let mut out = full[self.router()].to_vec();
-        out.extend_from_slice(
-            &full[whole.expert(self.rank * el).start..whole.expert((self.rank + 1) * el - 1).end],
-        );
-        Ok(out)
+    /// `ranges` with every expert's range cut out (the parts a data-parallel reduction sums).
+    pub fn dense_parts(&self, ranges: &[Range<usize>]) -> Vec<Range<usize>> {
+        cut_out(ranges, &self.all)
     }
 
-    /// The ep = 1 buffer from every rank's buffer (rank order); the router
-    /// is taken from rank 0 (replicas are equal after an all-reduce).
-    pub fn gather<T: Copy>(cfg: MoeConfig, shards: &[Vec<T>]) -> Result<Vec<T>> {
-        let ep = shards.len();
-        cfg.check_ep(ep)?;
-        let mut out = Vec::new();
-        for (r, s) in shards.iter().enumerate() {
-            let l = MoeLayout::new(cfg, ep, r)?;
-            check_len("moe parameter shard", l.len(), s.len())?;
-            if r == 0 {
-                out.extend_from_slice(&s[l.router()]);
+    /// `buckets` (a data-parallel reduction's, in the backward's descending order) with every
+    /// expert's range cut out, still descending: the pieces of one bucket last to first.
+    pub fn dense_buckets(&self, buckets: &[Range<usize>]) -> Vec<Range<usize>> {
+        buckets
+            .iter()
+            .flat_map(|b| {
+                let mut pieces = cut_out(std::slice::from_ref(b), &self.all);
+                pieces.reverse();
+                pieces
+            })
+            .collect()
+    }
+
+    /// Zeroes the experts this rank does not own (after a whole-model initialisation or load).
+    pub fn zero_others(&self, buf: &mut [f32]) {
+        let owned = &self.owned;
+        for r in &self.all {
+            for piece in cut_out(std::slice::from_ref(r), owned) {
+                buf[piece].fill(0.0);
             }
-            out.extend_from_slice(&s[l.router().end..]);
         }
-        Ok(out)
+    }
+
+    /// Σ over the group of the squares of this rank's experts' gradients, added in rank order
+    /// (the same bits on every rank).
+    pub fn sum_sq(&self, th: &Threads, grads: &[f32]) -> Result<f64> {
+        let mine = self
+            .owned
+            .iter()
+            .fold(0.0, |a, r| a + grad_sum_sq(th, &grads[r.clone()]));
+        sum_in_rank_order(&self.group, mine)
+    }
+
+    /// Sum of squares of `grads` outside the experts' ranges.
+    pub fn dense_sum_sq(&self, th: &Threads, grads: &[f32]) -> f64 {
+        self.dense_parts(std::slice::from_ref(&(0..grads.len())))
+            .into_iter()
+            .fold(0.0, |a, r| a + grad_sum_sq(th, &grads[r]))
+    }
+
+    /// Fills every expert's range of `buf` from its owner (a collective over the group): each
+    /// rank holds zeros outside its own, so the group's sum is exact.
+    pub fn complete(&self, buf: &mut [f32]) -> Result<()> {
+        for r in &self.all {
+            self.group.all_reduce(&mut buf[r.clone()], ReduceOp::Sum)?;
+        }
+        Ok(())
+    }
+
+    /// Whether this rank owns the flat element `at` when it lies in an expert's range (None:
+    /// a dense element).
+    pub fn owns(&self, at: usize) -> Option<bool> {
+        self.all
+            .iter()
+            .any(|r| r.contains(&at))
+            .then(|| self.owned.iter().any(|r| r.contains(&at)))
     }
 }
 
-pub(crate) fn check_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
-    if expected != got {
-        return Err(model::ModelError::Shape {
-            what,
-            expected,
-            got,
+/// `ranges` minus `holes` (both sorted, each list disjoint), in order; empty pieces dropped.
+pub fn cut_out(ranges: &[Range<usize>], holes: &[Range<usize>]) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    for r in ranges {
+        let mut at = r.start;
+        for h in holes.iter().filter(|h| h.start < r.end && h.end > r.start) {
+            if h.start > at {
+                out.push(at..h.start);
+            }
+            at = at.max(h.end);
         }
-        .into());
+        if at < r.end {
+            out.push(at..r.end);
+        }
     }
-    Ok(())
+    out
 }
 
-/// Routing metrics of one forward, over the whole EP group (000 Q10:
-/// "report the token-drop rate and max/mean expert load").
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct MoeStats {
-    /// N_global, tokens routed by the group.
-    pub tokens: usize,
-    /// Per-expert capacity used.
-    pub capacity: usize,
-    /// (E) assignments routed to each expert, before capacity (the load).
-    pub routed: Vec<usize>,
-    /// (E) assignments each expert computed (after capacity).
-    pub kept: Vec<usize>,
-    /// Assignments dropped by capacity (Σ routed − Σ kept).
-    pub dropped_assignments: usize,
-    /// Tokens all of whose k assignments were dropped (they pass through the
-    /// layer as zero; only the residual carries them).
-    pub dropped_tokens: usize,
-    /// The auxiliary load-balancing loss, unweighted.
-    pub aux_loss: f64,
-    /// Payload bytes this rank sent through the dispatch and combine
-    /// all-to-alls (its own rows included).
-    pub a2a_bytes: usize,
-    /// The part of `a2a_bytes` that left the rank (F59's (ep−1)/ep share
-    /// under uniform routing).
-    pub a2a_bytes_off_rank: usize,
-}
+#[cfg(test)]
+mod tests {
+    use super::cut_out;
+    use std::ops::Range;
 
-impl MoeStats {
-    /// Largest expert load (assignments routed, before capacity).
-    pub fn max_load(&self) -> usize {
-        self.routed.iter().copied().max().unwrap_or(0)
+    /// One range as a list.
+    fn one(r: Range<usize>) -> Vec<Range<usize>> {
+        std::iter::once(r).collect()
     }
 
-    /// Mean expert load (N_global · k / E).
-    pub fn mean_load(&self) -> f64 {
-        if self.routed.is_empty() {
-            return 0.0;
-        }
-        self.routed.iter().sum::<usize>() as f64 / self.routed.len() as f64
-    }
-
-    /// Skew: max / mean load (1 = perfectly balanced; 000 L2517 reports 3–5×
-    /// without an aux loss). 0 when nothing was routed.
-    pub fn load_skew(&self) -> f64 {
-        let mean = self.mean_load();
-        if mean == 0.0 {
-            0.0
-        } else {
-            self.max_load() as f64 / mean
-        }
+    #[test]
+    fn cutting_out_keeps_the_rest_in_order() {
+        assert_eq!(cut_out(&one(0..10), &[2..4, 6..7]), vec![0..2, 4..6, 7..10]);
+        assert_eq!(cut_out(&[0..10, 12..20], &one(8..14)), vec![0..8, 14..20]);
+        assert_eq!(cut_out(&one(3..5), &one(0..10)), Vec::<Range<usize>>::new());
+        assert_eq!(cut_out(&one(3..5), &[]), one(3..5));
     }
 }

@@ -162,6 +162,12 @@ impl PipelineStage {
         &self.layout
     }
 
+    /// The routing metrics of this stage's blocks from the last forward of its first slot
+    /// (empty for a dense model).
+    pub fn moe_stats(&self) -> Vec<model::moe::MoeStats> {
+        self.slots.first().map_or_else(Vec::new, |s| s.moe_stats())
+    }
+
     /// Data-parallel replicas of the pipeline (1 without a data-parallel group).
     pub fn replicas(&self) -> usize {
         self.dp.as_ref().map_or(1, ProcessGroup::size)

@@ -258,6 +258,11 @@ impl Slot {
         })
     }
 
+    /// Each block's routing metrics from this slot's last forward (empty: dense).
+    pub(super) fn moe_stats(&self) -> Vec<model::moe::MoeStats> {
+        self.model.moe_stats()
+    }
+
     /// The loss of the last forward that reached the head.
     pub(super) fn loss(&self) -> Option<f64> {
         self.model.loss()

@@ -16,7 +16,7 @@ impl RunConfig {
         let fields: [(&str, String); 23] = [
             ("code", format!("flotilla {}", env!("CARGO_PKG_VERSION"))),
             ("model", format!("{:?}", t.model)),
-            ("moe", format!("{:?}", self.moe)),
+            ("ep", format!("{}", self.layout.ep)),
             ("batch", t.batch.to_string()),
             ("grad_accum", t.grad_accum.to_string()),
             ("seq_len", t.seq_len.to_string()),

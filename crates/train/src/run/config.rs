@@ -9,7 +9,7 @@ use crate::checkpoint::CheckpointConfig;
 use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
 use crate::pipeline::ScheduleKind;
-use crate::run::expert::{MoeSettings, check_moe};
+use crate::run::expert::check_moe;
 use crate::run::init::{Init, check_layout as check_init};
 use model::interop::HfDtype;
 
@@ -38,6 +38,9 @@ pub struct LayoutConfig {
     /// Hybrid sharding (HSDP): ZeRO inside groups of `.0` data-parallel ranks, replicated
     /// across `.1` groups (either may be implied by the world); `(None, None)`: off.
     pub hybrid: (Option<usize>, Option<usize>),
+    /// Expert-parallel degree over the data-parallel axis (1: every rank computes every
+    /// expert; needs experts in the model, [`model::config::MoeSpec`]).
+    pub ep: usize,
 }
 
 impl Default for LayoutConfig {
@@ -51,6 +54,7 @@ impl Default for LayoutConfig {
             bucket_bytes: DEFAULT_BUCKET_BYTES,
             force_placement: false,
             hybrid: (None, None),
+            ep: 1,
         }
     }
 }
@@ -143,8 +147,6 @@ pub struct RunConfig {
     pub init: Init,
     /// The launcher's restart generation this run belongs to (0 for a first run).
     pub generation: u64,
-    /// Train the MoE decoder with expert parallelism instead of the dense model (None: dense).
-    pub moe: Option<MoeSettings>,
     /// Measure the validation loss on the held-out split every this many steps and after the
     /// last (0: never; see [`crate::run::eval`]).
     pub eval_every: u64,
@@ -170,7 +172,6 @@ impl RunConfig {
             export_dtype: HfDtype::F32,
             init: Init::Seed,
             generation: 0,
-            moe: None,
             eval_every: 0,
             eval_batches: 4,
             trace: None,
@@ -182,18 +183,9 @@ impl RunConfig {
     /// refused with the reason (for MoE runs, [`check_moe`]).
     pub fn check(&self, world: usize) -> Result<()> {
         self.train.validate()?;
-        if self.moe.is_some() && self.layout.hybrid != (None, None) {
-            return Err(refused(
-                "--dp-shard / --dp-replicate with --experts: hybrid sharding is built for the \
-                 dense model's ZeRO; the MoE engine has no ZeRO yet"
-                    .into(),
-            ));
-        }
         super::eval::check(self)?;
-        check_init(&self.init, self.layout.pp, self.moe.is_some())?;
-        if let Some(s) = &self.moe {
-            return check_moe(self, s, world);
-        }
+        check_init(&self.init, self.layout.pp, self.train.model.moe.is_some())?;
+        check_moe(self, world)?;
         if world > 1
             && self
                 .checkpoint

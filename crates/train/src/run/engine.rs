@@ -2,18 +2,16 @@
 //! owns everything around the step; an engine is built from the [`RunConfig`]'s layout.
 //!
 //! - [`Engine::Data`]: one process, or data parallel with bucketed all-reduce, or ZeRO-1/2/3
-//!   ([`Trainer`]).
+//!   ([`Trainer`]); with experts split over the data-parallel ranks, DP x EP
+//!   ([`Trainer::expert_parallel`]).
 //! - [`Engine::Tensor`]: DP x TP (with ZeRO-1/2/3) on a device mesh ([`Trainer::on_mesh`]).
 //! - [`Engine::Pipeline`]: DP x PP, and DP x PP x TP ([`PipelineStage`]).
-//! - [`Engine::Expert`]: the MoE decoder with expert parallelism over the data-parallel ranks
-//!   ([`ExpertEngine`] around [`crate::expert::MoeTrainer`]).
 use std::path::Path;
 
 use comm::group::ProcessGroup;
 use comm::mesh::{DeviceMesh, MeshShape};
 
 use super::config::{RunConfig, refused};
-use super::expert::ExpertEngine;
 use crate::checkpoint::resume_collectively;
 use crate::error::Result;
 use crate::pipeline::PipelineStage;
@@ -28,8 +26,6 @@ pub enum Engine {
     Tensor(Box<Trainer>),
     /// DP x PP (x TP).
     Pipeline(Box<PipelineStage>),
-    /// MoE with expert parallelism (EP = the data-parallel ranks).
-    Expert(Box<ExpertEngine>),
 }
 
 /// A mesh run's shape and the mesh it runs on (kept for the run's length: the engine's groups
@@ -51,13 +47,19 @@ impl Engine {
     ) -> Result<(Engine, Option<MeshRun>)> {
         let l = &cfg.layout;
         let train = cfg.train.clone();
-        if let Some(s) = &cfg.moe {
-            let e = ExpertEngine::build(cfg, s, group)?;
-            return Ok((Engine::Expert(Box::new(e)), None));
-        }
         let Some(group) = group else {
             return Ok((Engine::Data(Box::new(Trainer::new(train)?)), None));
         };
+        if l.ep > 1 && !l.splits_model() {
+            let t = Trainer::expert_parallel(train, group, l.bucket_bytes)?;
+            return Ok((Engine::Data(Box::new(t)), None));
+        }
+        if l.ep > 1 {
+            return Err(refused(format!(
+                "--ep {} with --pp {}: expert parallelism inside pipeline stages is not built yet",
+                l.ep, l.pp
+            )));
+        }
         if !l.splits_model() {
             let hybrid = l.hybrid_groups(group.size())?;
             let t = match (Stage::from_number(l.zero)?, hybrid) {
@@ -116,7 +118,6 @@ impl Engine {
                     comm_seconds: s.wait_seconds,
                 })
             }
-            Engine::Expert(e) => e.step(),
         }
     }
 
@@ -126,7 +127,6 @@ impl Engine {
             Engine::Data(t) => t.data_metrics().cloned(),
             Engine::Tensor(t) => t.data_metrics().cloned(),
             Engine::Pipeline(p) => p.data_metrics().cloned(),
-            Engine::Expert(e) => e.trainer().data_metrics().cloned(),
         }
     }
 
@@ -136,7 +136,6 @@ impl Engine {
             Engine::Data(t) => t.steps_done(),
             Engine::Tensor(t) => t.steps_done(),
             Engine::Pipeline(p) => p.steps_done(),
-            Engine::Expert(e) => e.steps_done(),
         }
     }
 
@@ -146,35 +145,35 @@ impl Engine {
             Engine::Data(t) => t.state_memory(),
             Engine::Tensor(t) => t.state_memory(),
             Engine::Pipeline(p) => p.state_memory(),
-            Engine::Expert(e) => e.state_memory(),
         }
     }
 
     /// Model FLOPs per trained token (6N + 12LTC) of the whole model; for MoE, N counts the
-    /// parameters a token is active in ([`ExpertEngine::flops_per_token`]).
+    /// parameters a token is active in ([`model::config::ModelConfig::flops_per_token`]).
     pub fn flops_per_token(&self, cfg: &crate::TrainConfig) -> f64 {
-        match self {
-            Engine::Data(t) => return t.flops_per_token(),
-            Engine::Expert(e) => return e.flops_per_token(cfg.seq_len),
-            _ => {}
+        if let Engine::Data(t) = self {
+            return t.flops_per_token();
         }
         let mut c = cfg.model.clone();
         c.seq_len = cfg.seq_len;
         c.flops_per_token(model::layout::Layout::new(&cfg.model).total)
     }
 
+    /// Each block's routing metrics from the last forward (empty for a dense model).
+    pub fn moe_stats(&self) -> Vec<model::moe::MoeStats> {
+        match self {
+            Engine::Data(t) | Engine::Tensor(t) => t.model().moe_stats(),
+            Engine::Pipeline(p) => p.moe_stats(),
+        }
+    }
+
     /// The whole model's parameters, assembled from every rank's part (a collective: every
     /// rank must call it; every rank gets the whole copy).
     pub fn whole_params(&mut self) -> Result<Vec<f32>> {
         match self {
-            Engine::Data(t) => {
-                // ZeRO-3 keeps no whole copy: every rank takes part in gathering one.
-                t.gather_params()?;
-                Ok(t.params().to_vec())
-            }
-            Engine::Tensor(t) => t.whole_params(),
+            // ZeRO-3 keeps no whole copy, nor expert parallelism: every rank takes part.
+            Engine::Data(t) | Engine::Tensor(t) => t.whole_params(),
             Engine::Pipeline(p) => p.gather_params(),
-            Engine::Expert(e) => e.whole_params(),
         }
     }
 
@@ -191,7 +190,6 @@ impl Engine {
             Engine::Data(_) => Err(not_sync()),
             Engine::Tensor(t) => resume_collectively(dir, world, |c| t.restore(c)),
             Engine::Pipeline(p) => resume_collectively(dir, world, |c| p.restore(c)),
-            Engine::Expert(e) => resume_collectively(dir, world, |c| e.trainer().restore(c)),
         }
     }
 
@@ -206,7 +204,6 @@ impl Engine {
             Engine::Data(_) => Err(not_sync()),
             Engine::Tensor(t) => t.save_into(ck, run_id),
             Engine::Pipeline(p) => p.save_into(ck, run_id),
-            Engine::Expert(e) => e.trainer().save_into(ck, run_id),
         }
     }
 
@@ -217,7 +214,6 @@ impl Engine {
             Engine::Data(_) => Err(not_sync()),
             Engine::Tensor(t) => t.save_checkpoint(dir, run_id),
             Engine::Pipeline(p) => p.save_checkpoint(dir, run_id),
-            Engine::Expert(e) => e.trainer().save_checkpoint(dir, run_id),
         }
     }
 }

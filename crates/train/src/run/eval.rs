@@ -35,12 +35,6 @@ pub fn check(cfg: &RunConfig) -> Result<()> {
             "--eval-batches 0: evaluate at least one batch".into(),
         ));
     }
-    if cfg.moe.is_some() {
-        return Err(refused(
-            "--eval-every with --experts: the expert engine's forward-only pass is not built yet"
-                .into(),
-        ));
-    }
     if cfg.layout.pp > 1 {
         return Err(refused(format!(
             "--eval-every with --pp {}: a forward-only pass through the pipeline stages is not \

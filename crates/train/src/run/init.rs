@@ -167,7 +167,7 @@ pub(super) fn apply(
             let zeros = vec![0f32; n];
             t.load_whole_state([params, zeros.clone(), zeros], 0, 0)?;
         }
-        Engine::Pipeline(_) | Engine::Expert(_) => {
+        Engine::Pipeline(_) => {
             return Err(refused(format!(
                 "--init-hf {dir}: this layout does not load Hugging Face weights"
             )));

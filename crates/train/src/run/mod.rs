@@ -30,7 +30,7 @@ use comm::group::ProcessGroup;
 
 pub use config::{LayoutConfig, RunConfig};
 pub use engine::Engine;
-pub use expert::{ExpertEngine, MoeSettings};
+pub use expert::{check_moe, moe_line};
 pub use init::{HfInit, Init};
 
 use crate::checkpoint::{CheckpointConfig, Checkpointer, SaveSummary, run_id};
@@ -303,9 +303,7 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
         planned.as_ref(),
         &measured,
     )?);
-    if let Engine::Expert(e) = &engine {
-        lines.push(e.summary());
-    }
+    lines.extend(moe_line(cfg, &engine));
     if cfg.forecast && measured.steps > 0 {
         let world = world_group.as_ref();
         // A forecast that cannot be made is said, not fatal: the run itself is done.
@@ -314,7 +312,6 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
                 Some(report::forecast_report(t, world, &measured))
             }
             Engine::Pipeline(p) => Some(report::pipeline_forecast_report(p, world, &measured)),
-            Engine::Expert(e) => Some(report::expert_forecast_report(e, &measured)),
         };
         match made {
             Some(Ok(line)) => lines.push(line),

@@ -16,9 +16,12 @@ use crate::forecast::Measured;
 pub(super) fn header(cfg: &RunConfig, engine: &Engine, fpt: f64, peak: f64) -> Vec<String> {
     let t = &cfg.train;
     let m = &t.model;
-    let (params, active) = match engine {
-        Engine::Expert(e) => (e.whole_len(), " (active per token)"),
-        _ => (Layout::new(m).total, ""),
+    let _ = engine;
+    let params = Layout::new(m).total;
+    let active = if m.moe.is_some() {
+        " (active per token)"
+    } else {
+        ""
     };
     let mut lines = vec![
         format!(
@@ -100,15 +103,6 @@ pub(super) fn state_lines(
     };
     match (engine, planned) {
         (Engine::Data(t), _) => Ok(vec![report::state_line(t)]),
-        (Engine::Expert(x), _) => {
-            let m = x.state_memory();
-            Ok(vec![format!(
-                "# state per rank (measured, the same on every rank): params {:.2} MB, grads {:.2} MB, optimizer {:.2} MB",
-                m.params as f64 / 1e6,
-                m.grads as f64 / 1e6,
-                m.optimizer as f64 / 1e6
-            )])
-        }
         (mesh, Some(e)) => mesh_state_lines(mesh, g, e, measured),
         (_, None) => Ok(vec![]),
     }

@@ -243,14 +243,6 @@ pub fn pipeline_forecast_report(
     Ok(beside_report(&stage.forecast(&probe)?, measured))
 }
 
-/// [`forecast_report`] for the MoE engine ([`crate::expert::MoeTrainer::forecast`]).
-pub fn expert_forecast_report(
-    engine: &super::expert::ExpertEngine,
-    measured: &Measured,
-) -> Result<String> {
-    Ok(beside_report(&engine.forecast()?, measured))
-}
-
 /// The probe of `cfg`'s units on TP shards of `tp`, taken by every rank of `world` at once and
 /// averaged over them.
 fn probe_all(

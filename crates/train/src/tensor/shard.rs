@@ -275,6 +275,7 @@ impl TpShard {
             fc_b: opt(&whole.fc_b),
             fcp_w: find(&whole.fcp_w),
             fcp_b: opt(&whole.fcp_b),
+            moe: opt(&whole.moe),
             size,
         };
         Ok(Self {

@@ -234,6 +234,7 @@ pub fn config_from_hf_json(path: &str, text: &str) -> Result<(HfArch, ModelConfi
                 bias: true,
                 norm_eps: j.f64_or("layer_norm_epsilon", 1e-5)?,
                 dropout: 0.0,
+                moe: None,
             };
             (HfArch::Gpt2, cfg)
         }
@@ -326,6 +327,7 @@ pub fn config_from_hf_json(path: &str, text: &str) -> Result<(HfArch, ModelConfi
                 bias,
                 norm_eps: j.f64_or("rms_norm_eps", 1e-6)?,
                 dropout: 0.0,
+                moe: None,
             };
             (HfArch::Llama, cfg)
         }

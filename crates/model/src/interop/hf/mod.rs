@@ -110,6 +110,15 @@ fn refuse(arch: HfArch, field: &'static str, value: String, reason: &str) -> Mod
 /// or a [`ModelError::Config`] naming the field that class cannot represent.
 pub fn hf_arch(cfg: &ModelConfig) -> Result<HfArch> {
     cfg.validate()?;
+    if let Some(m) = cfg.moe {
+        return Err(ModelError::Config {
+            field: "experts",
+            value: m.experts.to_string(),
+            reason: "a mixture-of-experts model has no Hugging Face GPT-2 or Llama form (those \
+                     classes hold dense MLPs); save it with --save instead"
+                .into(),
+        });
+    }
     match cfg.norm {
         Norm::LayerNorm => {
             let a = HfArch::Gpt2;

@@ -53,6 +53,12 @@ pub fn config_to_metadata(cfg: &ModelConfig) -> BTreeMap<String, String> {
     put("bias", cfg.bias.to_string());
     put("norm_eps", cfg.norm_eps.to_string());
     put("dropout", cfg.dropout.to_string());
+    if let Some(moe) = cfg.moe {
+        put("moe_experts", moe.experts.to_string());
+        put("moe_top_k", moe.top_k.to_string());
+        put("moe_capacity_factor", moe.capacity_factor.to_string());
+        put("moe_aux_weight", moe.aux_weight.to_string());
+    }
     m
 }
 
@@ -127,6 +133,16 @@ pub fn config_from_metadata<'a>(
         bias: boolean("bias")?,
         norm_eps: float("norm_eps")?,
         dropout: float("dropout")?,
+        // A mixture of experts only where the file names one (dense files have no moe keys).
+        moe: match get(&format!("{CONFIG_PREFIX}moe_experts")) {
+            None => None,
+            Some(_) => Some(crate::config::MoeSpec {
+                experts: int("moe_experts")?,
+                top_k: int("moe_top_k")?,
+                capacity_factor: float("moe_capacity_factor")?,
+                aux_weight: float("moe_aux_weight")?,
+            }),
+        },
     };
     cfg.validate()
         .map_err(|e| io_err(path, format!("stored config is invalid: {e}")))?;

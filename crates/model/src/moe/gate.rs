@@ -8,7 +8,7 @@
 //!
 //! Callers check the lengths; every function here indexes within
 //! `n·e` / `n·k` of its buffers.
-use model::Real;
+use crate::real::Real;
 
 /// Row-wise softmax: `probs[t] = softmax(logits[t])`, max-subtracted.
 ///

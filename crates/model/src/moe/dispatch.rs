@@ -26,23 +26,36 @@
 //! layer, i.e. N·k·C·sizeof(T) with no drops; the (ep−1)/ep off-rank share
 //! is F59's all-to-all term.
 use super::{MoeConfig, MoeStats};
-use crate::error::{Result, TrainError};
-use comm::dtype::{Element, ReduceOp};
-use comm::group::ProcessGroup;
+use crate::error::{ModelError, Result};
 
-/// The collectives expert parallelism needs, over the EP group.
-pub trait EpComm<T> {
+/// The collectives expert parallelism needs over the EP group: Megatron's expert dispatch and
+/// combine (the all-to-alls) and the small exchanges around them. [`Local`] is the one-rank
+/// group; the training crate implements it over a process group.
+pub trait ExpertComm<T> {
     /// ep, the group size.
     fn size(&self) -> usize;
     /// This rank.
     fn rank(&self) -> usize;
     /// Concatenate every rank's equal-length `input` into `output` (rank order).
+    ///
+    /// # Errors
+    /// [`ModelError::Comm`] when the collective fails.
     fn all_gather_i64(&mut self, input: &[i64], output: &mut [i64]) -> Result<()>;
     /// Element-wise sum of `buf` over the group, in place.
+    ///
+    /// # Errors
+    /// [`ModelError::Comm`] when the collective fails.
     fn all_reduce_sum(&mut self, buf: &mut [T]) -> Result<()>;
     /// Element-wise sum of `buf` over the group, in place.
+    ///
+    /// # Errors
+    /// [`ModelError::Comm`] when the collective fails.
     fn all_reduce_sum_i64(&mut self, buf: &mut [i64]) -> Result<()>;
-    /// `send[j]` elements of `input` go to rank j, `recv[j]` come from it.
+    /// `send[j]` elements of `input` go to rank j, `recv[j]` come from it: the dispatch and
+    /// the combine.
+    ///
+    /// # Errors
+    /// [`ModelError::Comm`] when the collective fails.
     fn all_to_all_v(
         &mut self,
         input: &[T],
@@ -54,9 +67,9 @@ pub trait EpComm<T> {
 
 /// The one-rank group: every collective is a copy.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct LocalComm;
+pub struct Local;
 
-impl<T: Copy> EpComm<T> for LocalComm {
+impl<T: Copy> ExpertComm<T> for Local {
     fn size(&self) -> usize {
         1
     }
@@ -87,33 +100,6 @@ impl<T: Copy> EpComm<T> for LocalComm {
     }
 }
 
-impl<T: Element> EpComm<T> for &ProcessGroup {
-    fn size(&self) -> usize {
-        ProcessGroup::size(self)
-    }
-    fn rank(&self) -> usize {
-        ProcessGroup::rank(self)
-    }
-    fn all_gather_i64(&mut self, input: &[i64], output: &mut [i64]) -> Result<()> {
-        Ok(self.all_gather(input, output)?)
-    }
-    fn all_reduce_sum(&mut self, buf: &mut [T]) -> Result<()> {
-        Ok(self.all_reduce(buf, ReduceOp::Sum)?)
-    }
-    fn all_reduce_sum_i64(&mut self, buf: &mut [i64]) -> Result<()> {
-        Ok(self.all_reduce(buf, ReduceOp::Sum)?)
-    }
-    fn all_to_all_v(
-        &mut self,
-        input: &[T],
-        send: &[usize],
-        output: &mut [T],
-        recv: &[usize],
-    ) -> Result<()> {
-        Ok(ProcessGroup::all_to_all_v(self, input, send, output, recv)?)
-    }
-}
-
 /// F50 (000 L2519): bytes one all-to-all direction moves for `tokens`
 /// tokens of width `c` each routed to `k` experts with none dropped,
 /// `tokens · k · c · elem_bytes` (the seed's B·S·d_model·2 for k = 1 in
@@ -139,6 +125,8 @@ fn fingerprint(cfg: &MoeConfig) -> i64 {
         cfg.hidden as u64,
         cfg.capacity_factor.to_bits(),
         cfg.aux_weight.to_bits(),
+        cfg.activation as u64,
+        u64::from(cfg.bias),
     ];
     // FNV-1a over the fields' bytes.
     let h = fields
@@ -199,7 +187,7 @@ impl Exchange {
         let ep = all.len() / w;
         let el = e / ep.max(1);
         if let Some(r) = (0..ep).find(|&r| all[r * w + e + 1] != fingerprint(cfg)) {
-            return Err(TrainError::Config {
+            return Err(ModelError::Config {
                 field: "moe config",
                 value: format!("rank {r} of the EP group"),
                 reason: format!(

@@ -1,107 +1,117 @@
-//! The MoE layer: router, capacity, the expert MLPs, and the exchange,
-//! forward and backward over flat parameter buffers ([`MoeLayout`]).
+//! The MoE feed-forward: router, capacity, the expert MLPs and the exchange, forward and
+//! backward over one rank's flat parameter buffer ([`MoeLayout`]).
 //!
-//! [`MoeLayer`] is the single-process layer (ep = 1: every collective is a
-//! copy); [`EpMoeLayer`] runs the same code with the collectives over an
-//! EP [`ProcessGroup`], each rank holding its own slice of the batch
-//! (data parallel over the EP group) and E / ep experts. The router is
-//! replicated; its gradient is summed over the group.
+//! One rank of an EP group routes its own N tokens (its slice of the batch), holds the router
+//! and its El = E / ep experts, and exchanges rows with the other ranks through
+//! [`ExpertComm`]'s all-to-alls (see [`super::dispatch`]); with [`super::Local`] (ep = 1) every
+//! exchange is a copy. The router is replicated.
 //!
-//! Each expert is GPT-2's MLP: `ye = fcp(gelu(fc(xe)))`, fc (F, C) + (F),
-//! fcp (C, F) + (C), GELU the exact (erf) one.
-//!
-//! The objective the backward differentiates is the caller's loss through
-//! `y` plus `aux_weight · aux` (see the module doc of [`crate::expert`]).
-use super::dispatch::{
-    EpComm, Exchange, LocalComm, count_slots, gather_rows, local_counts, scatter_rows,
-};
+//! Each expert is the block's MLP: `ye = fcp(act(fc(xe)))` with the block's activation (GELU,
+//! tanh-GELU or SwiGLU), fc (Fin, C) (+ Fin), fcp (C, F) (+ C).
+use super::dispatch::{Exchange, ExpertComm, count_slots, gather_rows, local_counts, scatter_rows};
 use super::gate::{
     aux_loss, aux_loss_bwd, prob_sums, softmax_bwd, softmax_fwd, top_k_bwd, top_k_fwd,
 };
-use super::{MoeConfig, MoeLayout, MoeStats, check_len};
-use crate::error::{Result, TrainError};
-use comm::dtype::Element;
-use comm::group::ProcessGroup;
-use model::kernels::activation::{GeluKind, gelu_bwd, gelu_fwd};
-use model::kernels::matmul::{matmul_bwd_input, matmul_bwd_weight, matmul_fwd};
-use model::{Real, Threads};
+use super::{ExpertParams, MoeConfig, MoeLayout, MoeStats, check_len};
+use crate::error::{ModelError, Result};
+use crate::kernels::activation::{ffn_act_bwd, ffn_act_fwd};
+use crate::kernels::matmul::{matmul_bwd_input, matmul_bwd_weight, matmul_fwd};
+use crate::real::Real;
+use crate::threads::Threads;
 
-const GELU: GeluKind = GeluKind::Erf;
-
-// ----------------------------------------------------------------------------
-// one expert
-
-/// One expert's four tensors, in buffer order: fc_w (F, C), fc_b (F),
-/// fcp_w (C, F), fcp_b (C).
-fn split4<T>(p: &mut [T], c: usize, f: usize) -> [&mut [T]; 4] {
-    let (fc_w, rest) = p.split_at_mut(f * c);
-    let (fc_b, rest) = rest.split_at_mut(f);
-    let (fcp_w, fcp_b) = rest.split_at_mut(c * f);
-    [fc_w, fc_b, fcp_w, fcp_b]
+/// Which objective the backward differentiates, i.e. how the ranks' gradients combine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Objective {
+    /// The layer on its own: `Σ_ranks (the caller's loss through y) + aux_weight · aux`. The
+    /// router's gradient is summed over the EP group inside the backward (every rank ends with
+    /// the same), each expert's comes from every rank's tokens.
+    #[default]
+    Sum,
+    /// One data-parallel replica's share of the mean over the ranks, as a block of the model:
+    /// the gradients a data-parallel mean (over the replicas holding the same tensors) turns
+    /// into those of `mean_ranks (the caller's loss) + aux_weight · aux`. So the router's
+    /// gradient stays this rank's own (the replicas' mean sums it), each expert's is divided by
+    /// ep (every rank's tokens reached it, each loss already a rank's mean), and the aux term
+    /// is weighted by ep · aux_weight (the mean divides it by ep again).
+    Mean,
 }
 
-/// Expert forward over `r` rows: `h = xe · fc_wᵀ + fc_b`, `act = gelu(h)`,
-/// `ye = act · fcp_wᵀ + fcp_b`.
+/// One expert's forward over `r` rows: `h = xe · fc_wᵀ (+ fc_b)`, `act = act(h)`,
+/// `ye = act · fcp_wᵀ (+ fcp_b)`.
 ///
-/// ye: (r, C), h, act: (r, F), xe: (r, C), p: one expert's parameters.
-// Kernels take explicit buffers and sizes (llm.c's convention, as in the
-// model crate), so the long argument lists are the design.
-#[allow(clippy::too_many_arguments)]
+/// ye: (r, C), h: (r, Fin), act: (r, F), xe: (r, C), p: the expert's parameters.
 fn expert_fwd<T: Real>(
     th: &Threads,
-    ye: &mut [T],
-    h: &mut [T],
-    act: &mut [T],
+    cfg: &MoeConfig,
+    e: &ExpertParams,
+    (ye, h, act): (&mut [T], &mut [T], &mut [T]),
     xe: &[T],
     p: &[T],
     r: usize,
-    c: usize,
-    f: usize,
 ) {
-    let (fc_w, rest) = p.split_at(f * c);
-    let (fc_b, rest) = rest.split_at(f);
-    let (fcp_w, fcp_b) = rest.split_at(c * f);
-    matmul_fwd(th, h, xe, fc_w, Some(fc_b), r, c, f);
-    gelu_fwd(th, act, h, GELU);
-    matmul_fwd(th, ye, act, fcp_w, Some(fcp_b), r, f, c);
+    let (c, f, fin) = (cfg.channels, cfg.hidden, cfg.hidden_in());
+    let b = |x: &Option<std::ops::Range<usize>>| x.as_ref().map(|x| &p[x.clone()]);
+    matmul_fwd(th, h, xe, &p[e.fc_w.clone()], b(&e.fc_b), r, c, fin);
+    ffn_act_fwd(th, act, h, cfg.activation, r, f);
+    matmul_fwd(th, ye, act, &p[e.fcp_w.clone()], b(&e.fcp_b), r, f, c);
 }
 
-/// Expert backward over `r` rows: overwrites `dxe`, accumulates (`+=`) the
-/// expert's parameter gradients into `g`.
+/// One expert's backward over `r` rows: overwrites `dxe`, accumulates `scale ·` the expert's
+/// parameter gradients into `g` (`scale` 1 adds them straight in).
 ///
-/// In the forward `ye = act · fcp_wᵀ + fcp_b` and `h = xe · fc_wᵀ + fc_b`, so
-/// `dact = dye · fcp_w`, `dh = dact ⊙ gelu'(h)`, `dxe = dh · fc_w`.
-///
-/// dxe: (r, C), g: one expert's gradients, dye: (r, C), xe: (r, C),
-/// h, act: (r, F), p: the expert's parameters.
+/// dxe: (r, C), g: the expert's gradients, dye: (r, C), xe: (r, C), h: (r, Fin), act: (r, F).
 #[allow(clippy::too_many_arguments)]
 fn expert_bwd<T: Real>(
     th: &Threads,
+    cfg: &MoeConfig,
+    e: &ExpertParams,
     dxe: &mut [T],
     g: &mut [T],
     dye: &[T],
-    xe: &[T],
-    h: &[T],
-    act: &[T],
+    (xe, h, act): (&[T], &[T], &[T]),
     p: &[T],
     r: usize,
-    c: usize,
-    f: usize,
+    scale: T,
 ) {
-    let fc_w = &p[..f * c];
-    let fcp_w = &p[f * c + f..f * c + f + c * f];
-    let [g_fc_w, g_fc_b, g_fcp_w, g_fcp_b] = split4(g, c, f);
+    let (c, f, fin) = (cfg.channels, cfg.hidden, cfg.hidden_in());
     let mut dact = vec![T::zero(); r * f];
-    matmul_bwd_input(th, &mut dact, T::zero(), dye, fcp_w, r, f, c);
-    matmul_bwd_weight(th, g_fcp_w, Some(g_fcp_b), dye, act, r, f, c);
-    let mut dh = vec![T::zero(); r * f];
-    gelu_bwd(th, &mut dh, h, &dact, GELU);
-    matmul_bwd_input(th, dxe, T::zero(), &dh, fc_w, r, c, f);
-    matmul_bwd_weight(th, g_fc_w, Some(g_fc_b), &dh, xe, r, c, f);
+    matmul_bwd_input(th, &mut dact, T::zero(), dye, &p[e.fcp_w.clone()], r, f, c);
+    let mut dh = vec![T::zero(); r * fin];
+    ffn_act_bwd(th, &mut dh, &dact, h, cfg.activation, r, f);
+    matmul_bwd_input(th, dxe, T::zero(), &dh, &p[e.fc_w.clone()], r, c, fin);
+    // The weight gradients, scaled on their way into g.
+    let mut tmp = vec![T::zero(); g.len()];
+    let mut grads = |dout: &[T],
+                     inp: &[T],
+                     w: &std::ops::Range<usize>,
+                     bias: &Option<std::ops::Range<usize>>,
+                     (ic, oc): (usize, usize)| {
+        let (gw, gb) = split_bias(&mut tmp, w, bias);
+        matmul_bwd_weight(th, gw, gb, dout, inp, r, ic, oc);
+    };
+    grads(dye, act, &e.fcp_w, &e.fcp_b, (f, c));
+    grads(&dh, xe, &e.fc_w, &e.fc_b, (c, fin));
+    for (gi, &ti) in g.iter_mut().zip(&tmp) {
+        *gi += scale * ti;
+    }
 }
 
-// ----------------------------------------------------------------------------
-// the layer, generic over the EP collectives
+/// Disjoint views of a weight at `w` and its optional bias at `b` in `g`.
+fn split_bias<'a, T>(
+    g: &'a mut [T],
+    w: &std::ops::Range<usize>,
+    b: &Option<std::ops::Range<usize>>,
+) -> (&'a mut [T], Option<&'a mut [T]>) {
+    match b {
+        Some(b) => {
+            let [gw, gb] = g
+                .get_disjoint_mut([w.clone(), b.clone()])
+                .expect("expert tensors are disjoint");
+            (gw, Some(gb))
+        }
+        None => (&mut g[w.clone()], None),
+    }
+}
 
 /// What the backward needs from the forward.
 #[derive(Debug, Default)]
@@ -120,7 +130,7 @@ struct Cache<T> {
     ex: Exchange,
     /// (R, C) expert inputs, expert-major.
     xe: Vec<T>,
-    /// (R, F) expert pre-activations.
+    /// (R, Fin) expert pre-activations.
     h: Vec<T>,
     /// (R, F) expert activations.
     act: Vec<T>,
@@ -128,20 +138,70 @@ struct Cache<T> {
     ye_back: Vec<T>,
 }
 
+/// One rank's MoE feed-forward with the activations of its last forward.
 #[derive(Debug)]
-struct Core<T> {
+pub struct Experts<T> {
     layout: MoeLayout,
+    objective: Objective,
     cache: Option<Cache<T>>,
+}
+
+impl<T> Experts<T> {
+    /// The routing metrics of the last forward (None before one).
+    pub fn stats(&self) -> Option<&MoeStats> {
+        self.cache.as_ref().map(|c| &c.ex.stats)
+    }
+}
+
+/// The element ranges of rows `row..row + r` in buffers (R, C), (R, Fin) and (R, F).
+fn rows(row: usize, r: usize, (c, fin, f): (usize, usize, usize)) -> [std::ops::Range<usize>; 3] {
+    [
+        row * c..(row + r) * c,
+        row * fin..(row + r) * fin,
+        row * f..(row + r) * f,
+    ]
 }
 
 fn rows_to_elems(rows: &[usize], c: usize) -> Vec<usize> {
     rows.iter().map(|&r| r * c).collect()
 }
 
-impl<T: Real> Core<T> {
-    fn forward<M: EpComm<T>>(
+impl<T: Real> Experts<T> {
+    /// Rank `rank` of an `ep`-way group's layer of `cfg` (refuses ep not dividing E, naming
+    /// `experts` and the equation), its backward differentiating `objective`.
+    pub fn new(cfg: MoeConfig, (ep, rank): (usize, usize), objective: Objective) -> Result<Self> {
+        Ok(Self {
+            layout: MoeLayout::new(cfg, ep, rank)?,
+            objective,
+            cache: None,
+        })
+    }
+
+    /// This rank's parameter layout; `layout().len()` is the buffer length.
+    pub fn layout(&self) -> &MoeLayout {
+        &self.layout
+    }
+
+    /// Bytes the last forward keeps for the backward.
+    pub fn cached_bytes(&self) -> usize {
+        let sz = std::mem::size_of::<T>();
+        self.cache.as_ref().map_or(0, |c| {
+            (c.x.len() + c.probs.len() + c.gate.len() + c.xe.len())
+                .saturating_add(c.h.len() + c.act.len() + c.ye_back.len())
+                * sz
+        })
+    }
+
+    /// Forward of this rank's tokens (collective over `comm`'s group): `y` (N, C) from `x`
+    /// (N, C) with `params` ([`MoeLayout`]), and the group-wide routing metrics (byte counts
+    /// this rank's). Keeps the activations for [`Experts::backward`].
+    ///
+    /// # Errors
+    /// A shape error for `x` not (N, C) or `params` of the wrong length; a config error when
+    /// a rank of the group was built with other settings; what `comm` returns.
+    pub fn forward(
         &mut self,
-        comm: &mut M,
+        comm: &mut dyn ExpertComm<T>,
         th: &Threads,
         params: &[T],
         x: &[T],
@@ -150,15 +210,23 @@ impl<T: Real> Core<T> {
         let l = &self.layout;
         let cfg = l.cfg;
         let (c, f, e, k) = (cfg.channels, cfg.hidden, cfg.experts, cfg.top_k);
+        let fin = cfg.hidden_in();
         check_len("moe parameters", l.len(), params.len())?;
         if !x.len().is_multiple_of(c) {
-            return Err(TrainError::Config {
+            return Err(ModelError::Config {
                 field: "x",
                 value: format!("{} elements", x.len()),
                 reason: format!("must be (N, C) with C = {c}"),
             });
         }
         let n = x.len() / c;
+        if comm.size() != l.ep {
+            return Err(ModelError::Config {
+                field: "expert group",
+                value: format!("{} ranks", comm.size()),
+                reason: format!("the layer was built for ep = {} ranks", l.ep),
+            });
+        }
 
         // Router: logits = x · Wgᵀ, softmax, top-k.
         let mut logits = vec![T::zero(); n * e];
@@ -203,25 +271,17 @@ impl<T: Real> Core<T> {
 
         // Experts, each on its consecutive block of rows.
         let (mut h, mut act, mut ye) = (
-            vec![T::zero(); r_all * f],
+            vec![T::zero(); r_all * fin],
             vec![T::zero(); r_all * f],
             vec![T::zero(); r_all * c],
         );
+        let ep_params = l.expert_params();
         let mut row = 0;
         for (le, &r) in ex.expert_rows.iter().enumerate() {
             if r > 0 {
-                let (cr, fr) = (row * c..(row + r) * c, row * f..(row + r) * f);
-                expert_fwd(
-                    th,
-                    &mut ye[cr.clone()],
-                    &mut h[fr.clone()],
-                    &mut act[fr],
-                    &xe[cr],
-                    &params[l.expert(le)],
-                    r,
-                    c,
-                    f,
-                );
+                let [cr, hr, fr] = rows(row, r, (c, fin, f));
+                let out = (&mut ye[cr.clone()], &mut h[hr], &mut act[fr]);
+                expert_fwd(th, &cfg, &ep_params, out, &xe[cr], &params[l.expert(le)], r);
             }
             row += r;
         }
@@ -262,9 +322,16 @@ impl<T: Real> Core<T> {
         Ok((y, stats))
     }
 
-    fn backward<M: EpComm<T>>(
-        &mut self,
-        comm: &mut M,
+    /// Backward of the last forward (collective, same group and `params`): returns dx (N, C)
+    /// and accumulates (`+=`) the parameter gradients of the [`Objective`] into `grads` (same
+    /// layout as `params`).
+    ///
+    /// # Errors
+    /// A config error without a forward; shape errors for `grads` or `dy`; what `comm`
+    /// returns.
+    pub fn backward(
+        &self,
+        comm: &mut dyn ExpertComm<T>,
         th: &Threads,
         params: &[T],
         grads: &mut [T],
@@ -272,9 +339,10 @@ impl<T: Real> Core<T> {
     ) -> Result<Vec<T>> {
         let l = &self.layout;
         let cfg = l.cfg;
-        let (c, f, e, k) = (cfg.channels, cfg.hidden, cfg.experts, cfg.top_k);
+        let (c, e, k) = (cfg.channels, cfg.experts, cfg.top_k);
+        let (f, fin) = (cfg.hidden, cfg.hidden_in());
         let Some(cache) = self.cache.as_ref() else {
-            return Err(TrainError::Config {
+            return Err(ModelError::Config {
                 field: "backward",
                 value: "no forward".into(),
                 reason: "the MoE backward needs the forward's activations; call forward first"
@@ -286,6 +354,11 @@ impl<T: Real> Core<T> {
         let n = cache.n;
         check_len("moe dy (N, C)", n * c, dy.len())?;
         let ex = &cache.ex;
+        let ep = comm.size();
+        let (expert_scale, aux_weight) = match self.objective {
+            Objective::Sum => (T::one(), cfg.aux_weight),
+            Objective::Mean => (T::of(1.0 / ep as f64), cfg.aux_weight * ep as f64),
+        };
 
         // In the forward y[t] += g · ye_i, so dye_i = g · dy[t], dg = dy[t] · ye_i.
         let s_all = ex.send.len();
@@ -311,22 +384,23 @@ impl<T: Real> Core<T> {
         let mut dye = vec![T::zero(); r_all * c];
         gather_rows(&mut dye, &recv, &ex.perm, c);
         let mut dxe = vec![T::zero(); r_all * c];
+        let ep_params = l.expert_params();
         let mut row = 0;
         for (le, &r) in ex.expert_rows.iter().enumerate() {
             if r > 0 {
-                let (cr, fr) = (row * c..(row + r) * c, row * f..(row + r) * f);
+                let [cr, hr, fr] = rows(row, r, (c, fin, f));
+                let saved = (&cache.xe[cr.clone()], &cache.h[hr], &cache.act[fr]);
                 expert_bwd(
                     th,
+                    &cfg,
+                    &ep_params,
                     &mut dxe[cr.clone()],
                     &mut grads[l.expert(le)],
-                    &dye[cr.clone()],
-                    &cache.xe[cr],
-                    &cache.h[fr.clone()],
-                    &cache.act[fr],
+                    &dye[cr],
+                    saved,
                     &params[l.expert(le)],
                     r,
-                    c,
-                    f,
+                    expert_scale,
                 );
             }
             row += r;
@@ -340,14 +414,7 @@ impl<T: Real> Core<T> {
         let mut dprobs = vec![T::zero(); n * e];
         top_k_bwd(&mut dprobs, &dgate, &cache.choice, &cache.probs, n, e, k);
         let st = &ex.stats;
-        aux_loss_bwd(
-            &mut dprobs,
-            &st.routed,
-            st.tokens,
-            k,
-            T::of(cfg.aux_weight),
-            n,
-        );
+        aux_loss_bwd(&mut dprobs, &st.routed, st.tokens, k, T::of(aux_weight), n);
         let mut dlogits = vec![T::zero(); n * e];
         softmax_bwd(&mut dlogits, &dprobs, &cache.probs, n, e);
         let mut dx = vec![T::zero(); n * c];
@@ -370,122 +437,17 @@ impl<T: Real> Core<T> {
                 *o += v;
             }
         }
-        // The router is replicated and each rank saw its own tokens: sum.
         let mut gw = vec![T::zero(); e * c];
         if n > 0 {
             matmul_bwd_weight(th, &mut gw, None, &dlogits, &cache.x, n, c, e);
         }
-        comm.all_reduce_sum(&mut gw)?;
+        if self.objective == Objective::Sum {
+            // The router is replicated and each rank saw its own tokens: sum.
+            comm.all_reduce_sum(&mut gw)?;
+        }
         for (g, &v) in grads[l.router()].iter_mut().zip(&gw) {
             *g += v;
         }
         Ok(dx)
-    }
-}
-
-// ----------------------------------------------------------------------------
-// public layers
-
-/// The single-process MoE layer (ep = 1): all E experts, all N tokens.
-#[derive(Debug)]
-pub struct MoeLayer<T> {
-    core: Core<T>,
-}
-
-impl<T: Real> MoeLayer<T> {
-    /// A layer of `cfg` (validated).
-    pub fn new(cfg: MoeConfig) -> Result<Self> {
-        Ok(Self {
-            core: Core {
-                layout: MoeLayout::new(cfg, 1, 0)?,
-                cache: None,
-            },
-        })
-    }
-
-    /// Where the parameters lie; `layout().len()` is the buffer length.
-    pub fn layout(&self) -> &MoeLayout {
-        &self.core.layout
-    }
-
-    /// Forward: y (N, C) from x (N, C) with `params` ([`MoeLayout`]), and
-    /// the routing metrics (aux loss included). Keeps the activations for
-    /// [`backward`](Self::backward).
-    pub fn forward(&mut self, th: &Threads, params: &[T], x: &[T]) -> Result<(Vec<T>, MoeStats)> {
-        self.core.forward(&mut LocalComm, th, params, x)
-    }
-
-    /// Backward of the last forward: returns dx (N, C) and accumulates
-    /// (`+=`) the parameter gradients of `Σ dy ⊙ y + aux_weight · aux` into
-    /// `grads` (same layout as `params`).
-    pub fn backward(
-        &mut self,
-        th: &Threads,
-        params: &[T],
-        grads: &mut [T],
-        dy: &[T],
-    ) -> Result<Vec<T>> {
-        self.core.backward(&mut LocalComm, th, params, grads, dy)
-    }
-}
-
-/// The expert-parallel MoE layer: one rank of an EP group. The rank routes
-/// its own N tokens (its slice of the batch), holds the router and its
-/// E / ep experts ([`MoeLayout`] with this rank), and exchanges rows with
-/// the other ranks through all-to-alls (see [`crate::expert::dispatch`]).
-pub struct EpMoeLayer<T> {
-    core: Core<T>,
-    group: ProcessGroup,
-}
-
-impl<T> std::fmt::Debug for EpMoeLayer<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EpMoeLayer")
-            .field("layout", &self.core.layout)
-            .field("group", &self.group.name())
-            .field("rank", &self.group.rank())
-            .finish()
-    }
-}
-
-impl<T: Real + Element> EpMoeLayer<T> {
-    /// This rank's layer of `cfg` over the EP `group`; refuses a group size
-    /// that does not divide E (naming `experts` and the equation).
-    pub fn new(cfg: MoeConfig, group: ProcessGroup) -> Result<Self> {
-        let layout = MoeLayout::new(cfg, group.size(), group.rank())?;
-        Ok(Self {
-            core: Core {
-                layout,
-                cache: None,
-            },
-            group,
-        })
-    }
-
-    /// This rank's parameter layout.
-    pub fn layout(&self) -> &MoeLayout {
-        &self.core.layout
-    }
-
-    /// Forward of this rank's tokens: y (N, C) from x (N, C), and the
-    /// group-wide routing metrics (byte counts are this rank's). Every rank
-    /// of the group must call it (collective).
-    pub fn forward(&mut self, th: &Threads, params: &[T], x: &[T]) -> Result<(Vec<T>, MoeStats)> {
-        let mut g = &self.group;
-        self.core.forward(&mut g, th, params, x)
-    }
-
-    /// Backward of the last forward (collective): returns dx (N, C) and
-    /// accumulates into `grads` the router gradient summed over the group
-    /// and this rank's experts' gradients from every rank's tokens.
-    pub fn backward(
-        &mut self,
-        th: &Threads,
-        params: &[T],
-        grads: &mut [T],
-        dy: &[T],
-    ) -> Result<Vec<T>> {
-        let mut g = &self.group;
-        self.core.backward(&mut g, th, params, grads, dy)
     }
 }
