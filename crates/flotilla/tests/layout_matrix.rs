@@ -398,6 +398,18 @@ const DP2_EP2: &[&str] = &[
     "--grad-accum",
     "2",
 ];
+const PP2_EP2: &[&str] = &[
+    "--nproc",
+    "4",
+    "--pp",
+    "2",
+    "--ep",
+    "2",
+    "--batch",
+    "2",
+    "--grad-accum",
+    "2",
+];
 const EP1: &[&str] = &["--nproc", "1", "--batch", "2", "--grad-accum", "4"];
 
 #[test]
@@ -467,5 +479,15 @@ fn dp2_ep2_moe() {
         world: 2,
         moe: true,
         resume_into: EP1,
+    });
+}
+
+#[test]
+fn pp2_ep2_moe() {
+    matrix_row(&Cell {
+        layout: PP2_EP2,
+        world: 4,
+        moe: true,
+        resume_into: DP2_EP2,
     });
 }

@@ -277,6 +277,28 @@ fn moe_run(ep: usize) -> Run {
     })
 }
 
+/// The model with experts on a `pp2 x dp2` mesh, the experts split over each stage's two
+/// replicas (one micro-batch of 2 rows per replica: the global batch of 4 rows routed as one).
+fn moe_pipeline_run() -> Run {
+    ranks(4, move |g| {
+        let mesh = DeviceMesh::new(&g, MeshShape::new(2, 2, 1), false).expect("mesh");
+        let mut st = PipelineStage::on_mesh(moe(2), &mesh, ScheduleKind::OneFOneB)
+            .and_then(PipelineStage::with_experts)
+            .expect("stage");
+        let (mut losses, mut norms) = (vec![], vec![]);
+        for _ in 0..STEPS {
+            let s = st.step().expect("step");
+            losses.push(s.loss);
+            norms.push(s.grad_norm);
+        }
+        Run {
+            losses,
+            norms,
+            params: st.gather_params().expect("gather"),
+        }
+    })
+}
+
 /// Every layout of the net: name, the run, and the name of the run it must match within
 /// [`TOL`] (None: a reference).
 /// A layout of the net: its name, how to run it, and its reference's name.
@@ -492,6 +514,7 @@ fn layouts() -> Vec<Layout> {
         ("moe ep1", Box::new(|| moe_run(1)), None),
         ("moe ep2", Box::new(|| moe_run(2)), Some("moe ep1")),
         ("moe ep4", Box::new(|| moe_run(4)), Some("moe ep1")),
+        ("moe pp2 ep2", Box::new(moe_pipeline_run), Some("moe ep1")),
     ]
 }
 

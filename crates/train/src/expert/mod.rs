@@ -21,10 +21,11 @@ use comm::group::ProcessGroup;
 use model::Threads;
 use model::block::BlockComm;
 use model::layout::Layout;
-use model::optim::grad_sum_sq;
+use model::optim::{grad_sum_sq, scale_grads};
 
 use crate::error::Result;
 use crate::tensor::{Alone, TpGroup, TpPart, sum_in_rank_order};
+use crate::zero::replica::{intersect, minus};
 
 mod trainer;
 
@@ -204,6 +205,33 @@ impl ExpertPart {
         }
     }
 
+    /// Zeroes the experts this rank does not own in `buf`, a slice of the flat buffers starting
+    /// at element `start`.
+    pub fn zero_within(&self, buf: &mut [f32], start: usize) {
+        let span = start..start + buf.len();
+        for r in cut_out(&self.all, &self.owned) {
+            if let Some(x) = intersect(&r, &span) {
+                buf[x.start - start..x.end - start].fill(0.0);
+            }
+        }
+    }
+
+    /// Scales `range` of `grads`: its dense parts by `dense`, its experts' parts by `experts`.
+    pub fn scale_apart(
+        &self,
+        th: &Threads,
+        grads: &mut [f32],
+        range: &Range<usize>,
+        (dense, experts): (f32, f32),
+    ) {
+        for piece in minus(range, &self.all) {
+            scale_grads(th, &mut grads[piece], dense);
+        }
+        for r in self.all.iter().filter_map(|e| intersect(e, range)) {
+            scale_grads(th, &mut grads[r], experts);
+        }
+    }
+
     /// Σ over the group of the squares of this rank's experts' gradients, added in rank order
     /// (the same bits on every rank).
     pub fn sum_sq(&self, th: &Threads, grads: &[f32]) -> Result<f64> {
@@ -240,22 +268,9 @@ impl ExpertPart {
     }
 }
 
-/// `ranges` minus `holes` (both sorted, each list disjoint), in order; empty pieces dropped.
+/// `ranges` minus `holes`, each range's pieces in ascending order.
 pub fn cut_out(ranges: &[Range<usize>], holes: &[Range<usize>]) -> Vec<Range<usize>> {
-    let mut out = Vec::new();
-    for r in ranges {
-        let mut at = r.start;
-        for h in holes.iter().filter(|h| h.start < r.end && h.end > r.start) {
-            if h.start > at {
-                out.push(at..h.start);
-            }
-            at = at.max(h.end);
-        }
-        if at < r.end {
-            out.push(at..r.end);
-        }
-    }
-    out
+    ranges.iter().flat_map(|r| minus(r, holes)).collect()
 }
 
 #[cfg(test)]

@@ -70,7 +70,7 @@ pub(super) fn config_err(field: &'static str, value: impl ToString, reason: Stri
     }
 }
 
-pub(super) use crate::zero::replica::intersect;
+pub(super) use crate::zero::replica::{intersect, minus};
 
 /// The rows replica `dp.rank()` of `dp.size()` takes of every global micro-batch (the rows a
 /// data-parallel [`crate::Trainer`] rank of that index takes), or whole batches without `dp`.
@@ -415,6 +415,7 @@ impl PipelineStage {
             tied,
             slots,
             tensor,
+            experts: None,
             buckets,
             source,
             inputs: vec![vec![0; n]; m],
@@ -429,26 +430,6 @@ impl PipelineStage {
             cfg,
         })
     }
-}
-
-/// `r` without the parts covered by `cuts`, in ascending order.
-fn minus(r: &Range<usize>, cuts: &[Range<usize>]) -> Vec<Range<usize>> {
-    let mut sorted: Vec<&Range<usize>> = cuts.iter().filter(|c| !c.is_empty()).collect();
-    sorted.sort_by_key(|c| c.start);
-    let (mut out, mut at) = (Vec::new(), r.start);
-    for c in sorted {
-        if c.end <= at || c.start >= r.end {
-            continue;
-        }
-        if c.start > at {
-            out.push(at..c.start);
-        }
-        at = at.max(c.end);
-    }
-    if at < r.end {
-        out.push(at..r.end);
-    }
-    out
 }
 
 /// The data-parallel reduction of a one-chunk stage with replicas, bucketed by unit in the

@@ -44,7 +44,7 @@ use comm::ReduceOp;
 use model::optim::AdamW;
 use serde_json::json;
 
-use super::build::{intersect, replica_share};
+use super::build::{intersect, minus, replica_share};
 use super::engine::PipelineStage;
 use crate::checkpoint::{
     Checkpointer, RunState, SaveSummary, check_state_tensors, config_hash, piece_refs,
@@ -130,7 +130,18 @@ impl PipelineStage {
                     (m, u.part.shard.start),
                     (v, u.part.shard.start),
                 ];
-                self.range_pieces(&part, sources, &mut out);
+                match &self.experts {
+                    None => self.range_pieces(&part, sources, &mut out),
+                    // The replicas split the dense parts; each expert is written by its owner.
+                    Some(e) => {
+                        for piece in minus(&part, &e.all) {
+                            self.range_pieces(&piece, sources, &mut out);
+                        }
+                        for own in e.owned.iter().filter_map(|o| intersect(o, &u.part.range)) {
+                            self.range_pieces(&own, sources, &mut out);
+                        }
+                    }
+                }
             }
             return out;
         };
@@ -304,7 +315,13 @@ impl PipelineStage {
     ) -> Result<(Vec<Vec<f32>>, Vec<AdamW>)> {
         let (mut params, mut opts) = (Vec::new(), Vec::new());
         for u in &self.updates {
-            let [p, m, v] = read_state_range(ckpt, &self.layout, u.part.range.clone())?;
+            let [mut p, mut m, mut v] = read_state_range(ckpt, &self.layout, u.part.range.clone())?;
+            // The others' experts stay at zero here (their owners hold them).
+            if let Some(e) = &self.experts {
+                for b in [&mut p, &mut m, &mut v] {
+                    e.zero_within(b, u.part.range.start);
+                }
+            }
             let mine: Range<usize> =
                 u.part.shard.start - u.part.range.start..u.part.shard.end - u.part.range.start;
             let (m, v) = (m[mine.clone()].to_vec(), v[mine].to_vec());

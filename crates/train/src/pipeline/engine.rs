@@ -121,6 +121,8 @@ pub struct PipelineStage {
     /// The stage's tensor-parallel group and shard plan, when its blocks are split
     /// (`pipeline::tensor_stage`; 000 "混合并行").
     pub(super) tensor: Option<TensorPart>,
+    /// The experts split over the data-parallel replicas (`pipeline::experts`), when they are.
+    pub(super) experts: Option<crate::expert::ExpertPart>,
     /// The data-parallel reduction bucketed by unit and launched as the last micro-batch's
     /// backward finishes each unit, overlapping the rest of the backward (one-chunk schedules
     /// with replicas; [`crate::ddp::GradBuckets::over`]), and the ranges it leaves to the
@@ -271,6 +273,10 @@ impl PipelineStage {
             out[r.clone()].copy_from_slice(&self.params[r.clone()]);
         }
         self.group.all_reduce(&mut out, ReduceOp::Sum)?;
+        // Each expert from its owner among the replicas (the others hold zeros there).
+        if let Some(p) = &self.experts {
+            p.complete(&mut out)?;
+        }
         Ok(out)
     }
 

@@ -28,6 +28,7 @@ mod build;
 mod check;
 mod checkpoint;
 pub mod engine;
+mod experts;
 mod forecast;
 mod generate;
 pub mod schedule;

@@ -49,7 +49,8 @@ use super::build::{Chunk, intersect};
 use super::engine::PipelineStage;
 use crate::config::TrainConfig;
 use crate::error::Result;
-use crate::tensor::{Alone, BlockComm, PINNED, TpGroup};
+use crate::expert::{BlockGroups, ExpertGroup};
+use crate::tensor::{BlockComm, PINNED, TpGroup};
 use crate::tensor::{TpLayout, check_tp};
 use crate::zero::Window;
 
@@ -197,9 +198,11 @@ fn sum_exactly(group: &ProcessGroup, mine: f64) -> Result<f64> {
 /// one [`Model`] for every layout: whole, or split over the TP group with its shards read at
 /// the whole model's addresses ([`Model::split_in_place`]).
 pub(super) struct Slot {
-    model: Model<f32>,
+    pub(super) model: Model<f32>,
     /// The TP group and whether it splits the rows too (sequence parallelism).
     group: Option<(ProcessGroup, bool)>,
+    /// The EP group the blocks' experts exchange rows over, when they are split.
+    pub(super) experts: Option<ProcessGroup>,
 }
 
 /// What a slot's units read: the worker threads and the stage's parameters.
@@ -214,6 +217,7 @@ impl Slot {
         Self {
             model,
             group: tensor.map(|t| (t.group.clone(), t.sequence)),
+            experts: None,
         }
     }
 
@@ -222,16 +226,14 @@ impl Slot {
         &mut self,
         f: impl FnOnce(&mut Model<f32>, &mut dyn BlockComm<f32>) -> Result<R>,
     ) -> Result<R> {
-        let mut group = self.group.as_ref().map(|(g, sequence)| TpGroup {
-            sequence: *sequence,
-            ..TpGroup::new(g)
-        });
-        let mut alone = Alone;
-        let comm: &mut dyn BlockComm<f32> = match &mut group {
-            Some(g) => g,
-            None => &mut alone,
+        let mut groups = BlockGroups {
+            tp: self.group.as_ref().map(|(g, sequence)| TpGroup {
+                sequence: *sequence,
+                ..TpGroup::new(g)
+            }),
+            experts: self.experts.as_ref().map(ExpertGroup::new),
         };
-        f(&mut self.model, comm)
+        f(&mut self.model, &mut groups)
     }
 
     /// Forward of a local chunk (`units`, in order) of one micro-batch: from `tokens` when it

@@ -22,7 +22,7 @@ use model::optim::{
 
 use super::engine::PipelineStage;
 use crate::error::Result;
-use crate::zero::replica::{ReplicaShard, intersect};
+use crate::zero::replica::{ReplicaShard, intersect, minus};
 
 /// One range a stage updates: reduced and scaled whole, stepped by AdamW on `part.shard` (the
 /// whole range, or under ZeRO-1 this replica's contiguous part of it).
@@ -92,6 +92,8 @@ impl PipelineStage {
     /// so exactly) and summed by stage 0; the block sums are all-reduced the same way. Over
     /// the pipeline group only: the replicas' gradients are equal after the data-parallel sum.
     fn global_sum_sq(&self) -> Result<f64> {
+        // The experts' ranges are summed apart (each replica owns different ones).
+        let holes = self.experts.as_ref().map_or(&[][..], |p| &p.all[..]);
         let total = self.grads.len();
         let blocks = total.div_ceil(NORM_BLOCK);
         let block = |b: usize| b * NORM_BLOCK..((b + 1) * NORM_BLOCK).min(total);
@@ -108,7 +110,8 @@ impl PipelineStage {
             for (j, &b) in shared.iter().enumerate() {
                 let br = block(b);
                 for r in &self.norm_ranges {
-                    if let Some(x) = intersect(r, &br) {
+                    let Some(x) = intersect(r, &br) else { continue };
+                    for x in minus(&x, holes) {
                         let at = j * NORM_BLOCK + x.start - br.start;
                         buf[at..at + x.len()].copy_from_slice(&self.grads[x]);
                     }
@@ -127,12 +130,14 @@ impl PipelineStage {
             let mine = &mut partial[first..r.end.div_ceil(NORM_BLOCK)];
             for (b, p) in (first..).zip(mine) {
                 if shared.binary_search(&b).is_err() {
-                    *p = grad_sum_sq(&self.th, &self.grads[block(b)]);
+                    *p = minus(&block(b), holes)
+                        .into_iter()
+                        .fold(0.0, |a, x| a + grad_sum_sq(&self.th, &self.grads[x]));
                 }
             }
         }
         self.group.all_reduce(&mut partial, ReduceOp::Sum)?;
-        Ok(partial.iter().sum::<f64>())
+        Ok(partial.iter().sum::<f64>() + self.experts_sum_sq()?)
     }
 
     /// Tied-embedding reduction, the data-parallel sum, the `(1/m) / d` scaling, global-norm
@@ -184,7 +189,14 @@ impl PipelineStage {
         let scale = 1.0 / m as f32 / d as f32;
         if m > 1 || d > 1 {
             for u in &self.updates {
-                scale_grads(&self.th, &mut self.grads[u.part.range.clone()], scale);
+                let r = u.part.range.clone();
+                match &self.experts {
+                    // The experts' ranges were not summed over the replicas: 1/m only.
+                    Some(p) => {
+                        p.scale_apart(&self.th, &mut self.grads, &r, (scale, 1.0 / m as f32))
+                    }
+                    None => scale_grads(&self.th, &mut self.grads[r], scale),
+                }
             }
         }
         let norm = match &self.tensor {

@@ -54,12 +54,6 @@ impl Engine {
             let t = Trainer::expert_parallel(train, group, l.bucket_bytes)?;
             return Ok((Engine::Data(Box::new(t)), None));
         }
-        if l.ep > 1 {
-            return Err(refused(format!(
-                "--ep {} with --pp {}: expert parallelism inside pipeline stages is not built yet",
-                l.ep, l.pp
-            )));
-        }
         if !l.splits_model() {
             let hybrid = l.hybrid_groups(group.size())?;
             let t = match (Stage::from_number(l.zero)?, hybrid) {
@@ -86,6 +80,10 @@ impl Engine {
             // ZeRO-1 inside the stages, over each stage's data-parallel replicas.
             let zero = Stage::from_number(l.zero)?;
             let st = PipelineStage::on_mesh_zero(train, &mesh, l.schedule, l.sp, zero)
+                .and_then(|st| match l.ep > 1 {
+                    true => st.with_experts(),
+                    false => Ok(st),
+                })
                 .map_err(|e| refused(format!("building the pipeline stage: {e}")))?;
             Engine::Pipeline(Box::new(st))
         } else {

@@ -3,10 +3,10 @@
 //! data-parallel axis ([`crate::expert`]). This file holds what is refused before any worker
 //! starts ([`check_moe`]) and the run's routing line ([`moe_line`]).
 //!
-//! Expert parallelism runs over the data-parallel axis: `ep` is 1 (every rank computes every
-//! expert, the experts reduced with the dense tensors) or the data-parallel degree (each rank
-//! `E / ep` experts). Expert groups inside larger replica groups (1 < ep < dp), experts under
-//! tensor parallelism or ZeRO are not built yet.
+//! Expert parallelism runs over the data-parallel axis, pipeline stages included: `ep` is 1
+//! (every rank computes every expert, the experts reduced with the dense tensors) or the
+//! data-parallel degree (each rank `E / ep` experts). Expert groups inside larger replica
+//! groups (1 < ep < dp), experts under tensor parallelism or ZeRO are not built yet.
 use super::config::{RunConfig, refused};
 use super::engine::Engine;
 use crate::error::Result;
@@ -47,6 +47,13 @@ pub fn check_moe(cfg: &RunConfig, world: usize) -> Result<()> {
         return Err(refused(format!(
             "--ep {} must be 1 or the data-parallel degree {dp} (nproc x nnodes / (tp x pp) = \
              {world} / {mp}): expert groups inside replica groups are not built yet",
+            l.ep
+        )));
+    }
+    if l.ep > 1 && l.pp > 1 && l.schedule.virtual_stages() > 1 {
+        return Err(refused(format!(
+            "--ep {} with an interleaved pipeline schedule: experts in pipeline stages need the \
+             bucketed reduction of one-chunk schedules (1f1b, gpipe)",
             l.ep
         )));
     }

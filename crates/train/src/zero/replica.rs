@@ -23,6 +23,26 @@ pub fn intersect(a: &Range<usize>, b: &Range<usize>) -> Option<Range<usize>> {
     (r.start < r.end).then_some(r)
 }
 
+/// `r` without the parts covered by `cuts`, in ascending order.
+pub fn minus(r: &Range<usize>, cuts: &[Range<usize>]) -> Vec<Range<usize>> {
+    let mut sorted: Vec<&Range<usize>> = cuts.iter().filter(|c| !c.is_empty()).collect();
+    sorted.sort_by_key(|c| c.start);
+    let (mut out, mut at) = (Vec::new(), r.start);
+    for c in sorted {
+        if c.end <= at || c.start >= r.end {
+            continue;
+        }
+        if c.start > at {
+            out.push(at..c.start);
+        }
+        at = at.max(c.end);
+    }
+    if at < r.end {
+        out.push(at..r.end);
+    }
+    out
+}
+
 /// Replica `j`'s part of a flat range under ZeRO-1 over `d` replicas.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplicaShard {
