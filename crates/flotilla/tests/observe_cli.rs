@@ -292,6 +292,7 @@ fn eval_every_runs_under_each_layout_or_is_refused_before_spawning() {
         &["--nproc", "2"][..],
         &["--nproc", "2", "--zero", "3"],
         &["--nproc", "2", "--tp", "2"],
+        &["--nproc", "2", "--experts", "2", "--ep", "2"],
     ] {
         let mut extra = layout.to_vec();
         extra.extend_from_slice(&["--eval-every", "3"]);
@@ -315,10 +316,6 @@ fn eval_every_runs_under_each_layout_or_is_refused_before_spawning() {
         (
             &["--nproc", "2", "--pp", "2", "--layers", "2"][..],
             "--eval-every with --pp 2",
-        ),
-        (
-            &["--nproc", "2", "--experts", "2", "--untied"],
-            "--eval-every with --experts",
         ),
         (&["--eval-batches", "0"], "--eval-batches"),
     ] {
