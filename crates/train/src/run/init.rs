@@ -120,7 +120,7 @@ impl Init {
 }
 
 /// The refusal of a start from a Hugging Face directory under a layout that cannot take it
-/// (checked before any worker starts), if any: `pp` pipeline stages, or the MoE decoder.
+/// (checked before any worker starts), if any: `pp` pipeline stages, or experts in the model.
 pub(super) fn check_layout(init: &Init, pp: usize, moe: bool) -> Result<()> {
     let Init::HuggingFace(h) = init else {
         return Ok(());
@@ -128,8 +128,8 @@ pub(super) fn check_layout(init: &Init, pp: usize, moe: bool) -> Result<()> {
     let dir = h.dir.display();
     if moe {
         return Err(refused(format!(
-            "--init-hf {dir} with --experts: a Hugging Face {} is a dense model, not the MoE \
-             decoder",
+            "--init-hf {dir} with --experts: a Hugging Face {} is a dense model (its blocks have \
+             MLPs, not experts)",
             h.arch.class_name()
         )));
     }
