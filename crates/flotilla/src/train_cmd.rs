@@ -319,11 +319,11 @@ pub fn run(a: Args) -> Result<()> {
             let master = (a.master_addr.as_ref()).map(|h| format!("{h}:{port}"));
             let rdzv = a.rdzv.clone().or(master);
             let plan = NodePlan::resolve(a.nproc, a.nnodes, a.node_rank, rdzv.as_deref())?;
-            // Degrees and settings are checked before any worker starts.
-            cfg.check(plan.nproc * plan.nnodes)?;
+            cfg.check(plan.nproc * plan.nnodes)?; // before any worker starts
             if a.straggler == launch::straggler::Policy::Exclude && plan.min_nnodes == plan.nnodes {
                 bail!(
-                    "--straggler exclude drops a slow node from an elastic job: it needs                      --nnodes MIN:MAX with MIN < MAX (this job has {} node(s), all required)",
+                    "--straggler exclude drops a slow node from an elastic job: it needs \
+                     --nnodes MIN:MAX with MIN < MAX (this job has {} node(s), all required)",
                     plan.nnodes
                 );
             }

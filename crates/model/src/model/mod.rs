@@ -234,7 +234,8 @@ impl<T: Real> Model<T> {
             return Err(ModelError::Config {
                 field: "sequence parallel",
                 value: format!("tp {tp}"),
-                reason: "a mixture-of-experts feed-forward under sequence parallelism is not                          built (the experts run on every rank's whole rows)"
+                reason: "a mixture-of-experts feed-forward under sequence parallelism is not \
+                 built (the experts run on every rank's whole rows)"
                     .into(),
             });
         }

@@ -91,6 +91,34 @@ pub(crate) fn block_sums(
     }
 }
 
+/// The seconds one block's expert exchanges over `part`'s EP group take in its forward and in
+/// its backward (0, 0 without one), for `n` token rows of `c` channels with `moe`'s top-k:
+/// the dispatch and combine all-to-alls of `N·k·C` f32 each way per direction (000 F50; the
+/// probe ran every expert on one rank, so this is what splitting them adds), forward also the
+/// routing counts' all-gather and the two small sums; the backward repeats the two
+/// all-to-alls, and with recompute the forward's exchanges too.
+pub(crate) fn expert_exchanges(
+    part: Option<&crate::expert::ExpertPart>,
+    moe: Option<model::moe::MoeConfig>,
+    n: usize,
+    recompute: bool,
+) -> (f64, f64) {
+    let (Some(p), Some(m)) = (part, moe) else {
+        return (0.0, 0.0);
+    };
+    let g = &p.group;
+    let cost = |kind, bytes| g.explain(kind, bytes).predicted_s.unwrap_or(0.0);
+    let a2a = cost(OpKind::AllToAll, 4 * n * m.top_k * m.channels);
+    let small = cost(OpKind::AllGather, 8 * (m.experts + 2) * g.size())
+        + cost(OpKind::AllReduce, 4 * m.experts)
+        + cost(OpKind::AllReduce, 8);
+    let (fwd, bwd) = (2.0 * a2a + small, 2.0 * a2a);
+    match recompute {
+        true => (fwd, bwd + fwd),
+        false => (fwd, bwd),
+    }
+}
+
 /// Forecasts one step of `trainer`'s run from `probe` (see the module doc).
 pub fn forecast(trainer: &Trainer, probe: &UnitTimes) -> Forecast {
     let cfg = trainer.config();
@@ -119,6 +147,10 @@ pub fn forecast(trainer: &Trainer, probe: &UnitTimes) -> Forecast {
     };
     let count = cfg.grad_accum.max(1);
     let (tp_fwd, tp_bwd) = tensor_sums(trainer);
+    let d = trainer.model().dims();
+    let moe = cfg.model.moe_layer();
+    let (ep_fwd, ep_bwd) = expert_exchanges(trainer.experts.as_ref(), moe, d.n, cfg.recompute);
+    let (tp_fwd, tp_bwd) = (tp_fwd + ep_fwd, tp_bwd + ep_bwd);
     // Ranks on the busiest host times threads each, against its cores.
     let saturated = trainer.group().is_some_and(|g| {
         let topo = g.topology();
@@ -303,6 +335,16 @@ pub fn forecast(trainer: &Trainer, probe: &UnitTimes) -> Forecast {
         ),
     ];
     let mut explain = explain;
+    if ep_fwd > 0.0 {
+        explain.push(format!(
+            "expert exchanges over ep {} (000 F50: dispatch and combine all-to-alls, counts): \
+             {count} x {blocks} blocks x ({} forward + {} backward) = {}, blocking the compute",
+            trainer.experts.as_ref().map_or(1, |p| p.ep()),
+            ms(ep_fwd),
+            ms(ep_bwd),
+            ms((ep_fwd + ep_bwd) * (count * blocks) as f64)
+        ));
+    }
     if let Some(tp) = trainer.tensor_part() {
         explain.push(format!(
             "tensor-parallel sums over tp {} ({}): {count} x {blocks} blocks x ({} forward + \

@@ -23,7 +23,7 @@ use model::layout::Unit;
 use super::build::{chunk_units, config_err};
 use super::engine::PipelineStage;
 use crate::error::Result;
-use crate::forecast::{Forecast, UnitTimes, block_sums, ms};
+use crate::forecast::{Forecast, UnitTimes, block_sums, expert_exchanges, ms};
 
 impl PipelineStage {
     /// The units stage `s` runs (its chunks `c p + s`, `c` in `0..v`), in forward order.
@@ -59,6 +59,13 @@ impl PipelineStage {
             ),
             None => (0.0, 0.0),
         };
+        let (ep_fwd, ep_bwd) = expert_exchanges(
+            self.experts.as_ref(),
+            self.cfg.model.moe_layer(),
+            self.cfg.micro_tokens(),
+            self.cfg.recompute,
+        );
+        let (tp_fwd, tp_bwd) = (tp_fwd + ep_fwd, tp_bwd + ep_bwd);
         let time = |units: &[Unit], backward: bool| -> f64 {
             units
                 .iter()
@@ -128,10 +135,10 @@ impl PipelineStage {
         };
         let mut explain = vec![format!(
             "stages' units per micro-batch (forward + backward{}): {}",
-            if tp_fwd > 0.0 {
-                ", with each block's tensor-parallel sums"
-            } else {
-                ""
+            match (self.tensor.is_some(), ep_fwd > 0.0) {
+                (true, _) => ", with each block's tensor-parallel sums",
+                (false, true) => ", with each block's expert exchanges (000 F50)",
+                (false, false) => "",
             },
             (0..p)
                 .map(|i| format!(

@@ -80,7 +80,8 @@ impl HfInit {
                     let m = data::Manifest::read(d)?;
                     if m.vocab_size as usize > self.model.vocab {
                         return Err(refused(format!(
-                            "--dataset {}: its vocabulary of {} does not fit the model's                              vocab_size {} ({dir}/config.json)",
+                            "--dataset {}: its vocabulary of {} does not fit the model's \
+                             vocab_size {} ({dir}/config.json)",
                             d.display(),
                             m.vocab_size,
                             self.model.vocab
@@ -90,7 +91,9 @@ impl HfInit {
                         && data::Tokenizer::name(t) != m.tokenizer
                     {
                         return Err(refused(format!(
-                            "--dataset {} was tokenized with {}, not with {dir}/tokenizer.json                              ({}): prepare it with `flotilla data prepare --tokenizer                              {dir}/tokenizer.json`",
+                            "--dataset {} was tokenized with {}, not with {dir}/tokenizer.json \
+                             ({}): prepare it with `flotilla data prepare --tokenizer \
+                             {dir}/tokenizer.json`",
                             d.display(),
                             m.tokenizer,
                             data::Tokenizer::name(t)
@@ -100,7 +103,9 @@ impl HfInit {
             }
             crate::DataSpec::Grammar { .. } | crate::DataSpec::Text { .. } if mine.is_some() => {
                 return Err(refused(format!(
-                    "--data grammar/text tokenize with a built-in tokenizer, but {dir} has its                      own tokenizer.json: tokenize the text with `flotilla data prepare                      --tokenizer {dir}/tokenizer.json` and train on --dataset"
+                    "--data grammar/text tokenize with a built-in tokenizer, but {dir} has its \
+                     own tokenizer.json: tokenize the text with `flotilla data prepare \
+                     --tokenizer {dir}/tokenizer.json` and train on --dataset"
                 )));
             }
             _ => {}
