@@ -29,8 +29,8 @@ pub struct MoeArgs {
     /// needs --experts].
     #[arg(long, value_parser = aux_loss_coef)]
     aux_loss_coef: Option<f64>,
-    /// Expert-parallel degree: the experts split over P ranks of the data-parallel axis: 1 or
-    /// the data-parallel degree, dividing --experts [default: 1; needs --experts].
+    /// Expert-parallel degree: the experts split over groups of P data-parallel ranks; P
+    /// divides the data-parallel degree and --experts [default: 1; needs --experts].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     ep: Option<u32>,
 }

@@ -1,7 +1,7 @@
 //! The model with experts, split over the data-parallel ranks, through the binary under the
 //! one run loop (issue 27): `--experts 4 --top-k 2 --nproc 2 --ep 2` (DP2 x EP2) trains with
 //! `--metrics` (a record per step) and prints the losses of `--nproc 1 --experts 4` on the
-//! same global batch; a checkpoint at step 2 resumed to step 4 prints the straight run's step
+//! same global batch, and DP4 with two EP groups of two trains; a checkpoint at step 2 resumed to step 4 prints the straight run's step
 //! lines (also resumed by EP 1, accumulating the global batch); what is not built with experts
 //! is refused before any step, exit 78, naming the flag.
 
@@ -117,6 +117,13 @@ fn dp2_x_ep2_writes_metrics_and_trains_the_losses_of_ep1() {
     println!("{ep1}");
     let fmt = |v: &[f64]| v.iter().map(|l| format!("{l:.4}")).collect::<Vec<_>>();
     assert_eq!(fmt(&losses(&ep1)), fmt(&l2), "EP1 vs EP2 losses");
+    // Four ranks in two EP groups of two (each routing its half of the global batch).
+    let mut args = vec!["--nproc", "4", "--ep", "2", "--batch", "1"];
+    args.extend_from_slice(&cosine);
+    let dp4 = train(&args, STEPS);
+    assert!(dp4.contains("# moe: 4 experts, top-2, capacity factor 1.25, ep 2"), "{dp4}");
+    let l4 = losses(&dp4);
+    assert!(l4.len() == STEPS as usize && l4[3] < l4[0], "{dp4}");
 }
 
 #[test]
@@ -194,7 +201,7 @@ fn what_is_not_built_with_experts_is_refused_before_spawning() {
         ),
         (
             &["--untied", "--nproc", "2", "--ep", "3"][..],
-            "--ep 3 must be 1 or the data-parallel degree 2",
+            "--ep 3 must divide the data-parallel degree 2",
         ),
     ] {
         let mut args = vec!["train"];

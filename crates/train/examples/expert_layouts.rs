@@ -56,7 +56,7 @@ fn measure(ep: usize, steps: usize) -> Result<(f64, (f64, f64)), Box<dyn std::er
         let err = |e: train::TrainError| comm::CommError::InvalidArgument(e.to_string());
         let mut t = match ep {
             1 => Trainer::new(config(ep)),
-            _ => Trainer::expert_parallel(config(ep), g, 1 << 20),
+            _ => Trainer::expert_parallel(config(ep), g, ep, 1 << 20),
         }
         .map_err(err)?;
         let mut secs = Vec::with_capacity(steps);

@@ -145,11 +145,10 @@ impl GradStep<'_> {
                 let ready = &mut |range, g: &mut [f32]| s.ready(range, g);
                 model.backward_hooked_with(th, params, grads, ready, comm)?;
                 comm_seconds = s.finish(grads, scale)?.as_secs_f64();
-                // The experts' ranges are in no bucket: only the micro-batch scale.
-                if let Some(p) = experts.filter(|_| count > 1) {
-                    p.all
-                        .iter()
-                        .for_each(|r| grads[r.clone()].iter_mut().for_each(|g| *g *= scale));
+                // The experts' ranges are in no bucket: their replicas' mean and the
+                // micro-batch scale.
+                if let Some(p) = experts {
+                    p.finish_grads(th, grads, scale)?;
                 }
                 loss = s.mean(loss)?;
                 true

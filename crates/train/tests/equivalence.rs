@@ -262,7 +262,7 @@ fn moe_run(ep: usize) -> Run {
         return trainer_run(moe(4), 1, 0);
     }
     ranks(ep, move |g| {
-        let mut t = Trainer::expert_parallel(moe(4 / ep), g, 16 << 10).expect("ep trainer");
+        let mut t = Trainer::expert_parallel(moe(4 / ep), g, ep, 16 << 10).expect("ep trainer");
         let (mut losses, mut norms) = (vec![], vec![]);
         for _ in 0..STEPS {
             let s = t.step().expect("step");

@@ -52,9 +52,10 @@ fn one_process(c: TrainConfig) -> Out {
     (losses, routing(&t), t.params().to_vec())
 }
 
-fn ep_run(ep: usize, c: TrainConfig) -> Out {
-    let out = run_threads(ep, GroupConfig::default(), move |g| {
-        let mut t = Trainer::expert_parallel(c.clone(), g, 16 << 10).unwrap();
+/// `world` data-parallel ranks with the experts split over EP groups of `ep`.
+fn ep_run(world: usize, ep: usize, c: TrainConfig) -> Out {
+    let out = run_threads(world, GroupConfig::default(), move |g| {
+        let mut t = Trainer::expert_parallel(c.clone(), g, ep, 16 << 10).unwrap();
         let losses: Vec<f64> = (0..c.steps).map(|_| t.step().unwrap().loss).collect();
         let r = routing(&t);
         Ok((losses, r, t.whole_params().unwrap()))
@@ -72,7 +73,7 @@ fn ep_run(ep: usize, c: TrainConfig) -> Out {
 fn ep2_matches_one_process_with_top1_top2_and_drops() {
     for (k, cf) in [(1, 1.0), (2, 1.0), (2, 4.0)] {
         let (one, one_r, one_p) = one_process(cfg(GLOBAL_ROWS, 3, k, cf));
-        let (two, two_r, two_p) = ep_run(2, cfg(GLOBAL_ROWS / 2, 3, k, cf));
+        let (two, two_r, two_p) = ep_run(2, 2, cfg(GLOBAL_ROWS / 2, 3, k, cf));
         for (s, (a, b)) in two.iter().zip(&one).enumerate() {
             assert!(rel(*a, *b) < 1e-5, "top-{k} cf {cf} step {s}: {a} vs {b}");
         }
@@ -84,12 +85,36 @@ fn ep2_matches_one_process_with_top1_top2_and_drops() {
     }
 }
 
-/// Two ranks train `c` with experts split over them, checkpointing every 2 steps into `dir`
-/// (asynchronous) after resuming from it; returns the whole parameters.
-fn ep2_with_checkpoints(c: TrainConfig, dir: std::path::PathBuf) -> Vec<f32> {
-    let out = run_threads(2, GroupConfig::default(), move |g| {
+#[test]
+fn dp4_with_two_ep2_groups_matches_one_process_without_drops() {
+    // Two EP groups of two ranks, each routing its own half of the global batch: without
+    // drops or an aux loss (both per routing group) the objective is one process's.
+    let same = |batch| {
+        let mut c = cfg(batch, 3, 2, 4.0);
+        if let Some(m) = c.model.moe.as_mut() {
+            m.aux_weight = 0.0;
+        }
+        c
+    };
+    let (one, _, one_p) = one_process(same(GLOBAL_ROWS));
+    let (four, _, four_p) = ep_run(4, 2, same(GLOBAL_ROWS / 4));
+    for (s, (a, b)) in four.iter().zip(&one).enumerate() {
+        assert!(rel(*a, *b) < 1e-5, "step {s}: {a} vs {b}");
+    }
+    let d = max_rel_diff(&four_p, &one_p);
+    assert!(d < 1e-5, "DP4 x EP2: parameters differ by {d:.2e}");
+}
+
+/// `world` ranks train `c` with experts split over EP groups of `ep`, checkpointing every 2
+/// steps into `dir` (asynchronous) after resuming from it; returns the whole parameters.
+fn ep_with_checkpoints(
+    (world, ep): (usize, usize),
+    c: TrainConfig,
+    dir: std::path::PathBuf,
+) -> Vec<f32> {
+    let out = run_threads(world, GroupConfig::default(), move |g| {
         let (rank, size) = (g.rank() as u32, g.size() as u32);
-        let mut t = Trainer::expert_parallel(c.clone(), g, 16 << 10).unwrap();
+        let mut t = Trainer::expert_parallel(c.clone(), g, ep, 16 << 10).unwrap();
         Checkpointer::resume(&dir, &mut t).unwrap();
         let ck = CheckpointConfig {
             dir: dir.clone(),
@@ -124,17 +149,17 @@ fn ep2_checkpoints_resume_bit_identically_and_one_process_continues_them() {
         }
         c
     };
-    let straight = ep_run(2, ep2(5)).2;
+    let straight = ep_run(2, 2, ep2(5)).2;
     let dir = tempfile::tempdir().unwrap();
-    ep2_with_checkpoints(ep2(3), dir.path().to_path_buf());
+    ep_with_checkpoints((2, 2), ep2(3), dir.path().to_path_buf());
     let c = ckpt::Checkpoint::open(dir.path(), 3, ckpt::Verify::AllPieces).unwrap();
     assert_eq!(c.manifest().world_size, 2);
-    let resumed = ep2_with_checkpoints(ep2(5), dir.path().to_path_buf());
+    let resumed = ep_with_checkpoints((2, 2), ep2(5), dir.path().to_path_buf());
     assert_eq!(resumed, straight, "EP2 3 + save + resume + 2 vs 5 straight");
     // One process (the same rows per micro-batch, two micro-batches a step) resumes the EP2
     // checkpoint of step 3.
     let dir3 = tempfile::tempdir().unwrap();
-    ep2_with_checkpoints(ep2(3), dir3.path().to_path_buf());
+    ep_with_checkpoints((2, 2), ep2(3), dir3.path().to_path_buf());
     let mut c1 = ep2(5);
     c1.grad_accum = 2;
     let mut one = Trainer::new(c1).unwrap();
@@ -147,4 +172,34 @@ fn ep2_checkpoints_resume_bit_identically_and_one_process_continues_them() {
     }
     let d = max_rel_diff(one.params(), &straight);
     assert!(d < 1e-5, "one process after EP2's step 3: {d:.2e}");
+}
+
+#[test]
+fn dp4_x_ep2_checkpoints_resume_bit_identically_and_one_process_continues_them() {
+    // Four ranks in two EP groups: each expert written once (by the first of its replicas).
+    let dp4 = |steps| {
+        let mut c = cfg(1, steps, 2, 4.0);
+        if let Some(m) = c.model.moe.as_mut() {
+            m.aux_weight = 0.0;
+        }
+        c
+    };
+    let straight = ep_run(4, 2, dp4(5)).2;
+    let dir = tempfile::tempdir().unwrap();
+    ep_with_checkpoints((4, 2), dp4(3), dir.path().to_path_buf());
+    let mut one = dp4(5);
+    one.grad_accum = 4;
+    let mut one = Trainer::new(one).unwrap();
+    let (step, _) = Checkpointer::resume(dir.path(), &mut one).unwrap().unwrap();
+    assert_eq!(step, 3);
+    let resumed = ep_with_checkpoints((4, 2), dp4(5), dir.path().to_path_buf());
+    assert_eq!(
+        resumed, straight,
+        "DP4 x EP2 3 + save + resume + 2 vs 5 straight"
+    );
+    while one.steps_done() < 5 {
+        one.step().unwrap();
+    }
+    let d = max_rel_diff(one.params(), &straight);
+    assert!(d < 1e-5, "one process after DP4 x EP2's step 3: {d:.2e}");
 }

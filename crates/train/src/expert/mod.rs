@@ -155,6 +155,9 @@ impl<T: Element> BlockComm<T> for BlockGroups<'_> {
 pub struct ExpertPart {
     /// The EP group: `ep` data-parallel replicas splitting the experts.
     pub group: ProcessGroup,
+    /// The ranks holding this rank's experts in the other EP groups (None: one EP group, ep
+    /// = the data-parallel degree), over which the experts' gradients are averaged.
+    pub replicas: Option<ProcessGroup>,
     /// Every expert's range (merged), owned or not.
     pub all: Vec<Range<usize>>,
     /// This rank's experts' ranges.
@@ -169,7 +172,35 @@ impl ExpertPart {
             all: layout.expert_ranges(),
             owned: layout.owned_expert_ranges(group.size(), group.rank()),
             group,
+            replicas: None,
         }
+    }
+
+    /// This part with the experts' replica group `replicas` (see [`expert_groups`]).
+    pub fn with_replicas(mut self, replicas: Option<ProcessGroup>) -> Self {
+        self.replicas = replicas;
+        self
+    }
+
+    /// The experts' gradients after the backward: averaged over the replica group (each EP
+    /// group's ranks hold the same experts), then scaled by `scale` (the micro-batches' `1/m`).
+    /// A collective over the replica group.
+    pub fn finish_grads(&self, th: &Threads, grads: &mut [f32], scale: f32) -> Result<()> {
+        let scale = match &self.replicas {
+            Some(g) => {
+                for r in &self.owned {
+                    g.all_reduce(&mut grads[r.clone()], ReduceOp::Sum)?;
+                }
+                scale / g.size() as f32
+            }
+            None => scale,
+        };
+        if scale != 1.0 {
+            for r in &self.owned {
+                scale_grads(th, &mut grads[r.clone()], scale);
+            }
+        }
+        Ok(())
     }
 
     /// ep.
@@ -258,13 +289,59 @@ impl ExpertPart {
         Ok(())
     }
 
-    /// Whether this rank owns the flat element `at` when it lies in an expert's range (None:
-    /// a dense element).
+    /// Whether this rank writes the flat element `at` of a checkpoint when it lies in an
+    /// expert's range (None: a dense element): the experts it owns, on the first of their
+    /// replicas.
     pub fn owns(&self, at: usize) -> Option<bool> {
+        let first = self.replicas.as_ref().is_none_or(|g| g.rank() == 0);
         self.all
             .iter()
             .any(|r| r.contains(&at))
-            .then(|| self.owned.iter().any(|r| r.contains(&at)))
+            .then(|| first && self.owned.iter().any(|r| r.contains(&at)))
+    }
+}
+
+/// This rank's EP group and its experts' replica group over the data-parallel `group`, split
+/// into EP groups of `ep` consecutive ranks (the mesh's convention, `comm::mesh`): rank `r`
+/// holds the experts of index `r mod ep` in its EP group, the same as every rank `r' ≡ r (mod
+/// ep)`, its replicas (None when `ep` is the whole group). Refuses `ep` not dividing the
+/// group. A collective over `group`.
+pub fn expert_groups(
+    group: &ProcessGroup,
+    ep: usize,
+) -> Result<(ProcessGroup, Option<ProcessGroup>)> {
+    let dp = group.size();
+    if ep == 0 || !dp.is_multiple_of(ep) {
+        return Err(crate::TrainError::Config {
+            field: "ep",
+            value: ep.to_string(),
+            reason: format!("must divide the data-parallel degree {dp} (dp % ep == 0)"),
+        });
+    }
+    if ep == dp {
+        return Ok((group.clone(), None));
+    }
+    let missing = || crate::TrainError::Config {
+        field: "ep",
+        value: ep.to_string(),
+        reason: "this rank is in no expert group".into(),
+    };
+    let (mut mine, mut replicas) = (None, None);
+    for k in 0..dp / ep {
+        let ranks: Vec<usize> = (k * ep..(k + 1) * ep).collect();
+        if let Some(g) = group.subgroup(&format!("ep{k}"), &ranks)? {
+            mine = Some(g);
+        }
+    }
+    for j in 0..ep {
+        let ranks: Vec<usize> = (0..dp / ep).map(|k| k * ep + j).collect();
+        if let Some(g) = group.subgroup(&format!("experts{j}"), &ranks)? {
+            replicas = Some(g);
+        }
+    }
+    match (mine, replicas) {
+        (Some(m), Some(r)) => Ok((m, Some(r))),
+        _ => Err(missing()),
     }
 }
 

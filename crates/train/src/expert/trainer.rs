@@ -25,32 +25,36 @@ fn refuse(reason: String) -> TrainError {
 }
 
 impl Trainer {
-    /// One rank of data-parallel training over `group` whose experts are split over the same
-    /// ranks (expert parallelism with ep = the data-parallel degree; 000 "专家并行"): each rank
-    /// computes `E / ep` experts of every block on the whole group's tokens routed to them,
-    /// exchanging rows with all-to-alls; the dense tensors and routers are data-parallel
-    /// replicas reduced in buckets of `bucket_bytes`. Refuses a dense model.
+    /// One rank of data-parallel training over `group` whose experts are split over EP groups
+    /// of `ep` consecutive ranks (expert parallelism over the data-parallel axis; 000
+    /// "专家并行"): each rank computes `E / ep` experts of every block on its EP group's tokens
+    /// routed to them, exchanging rows with all-to-alls; the dense tensors and routers are
+    /// data-parallel replicas reduced in buckets of `bucket_bytes`, each expert's gradient is
+    /// averaged over the ranks holding it in the other EP groups ([`super::expert_groups`]).
+    /// Refuses a dense model and `ep` not dividing the group.
     pub fn expert_parallel(
         cfg: TrainConfig,
         group: ProcessGroup,
+        ep: usize,
         bucket_bytes: usize,
     ) -> Result<Self> {
         let mut t = Self::data_parallel(cfg, group.clone(), bucket_bytes)?;
-        t.split_experts(group, bucket_bytes)?;
+        t.split_experts(group, ep, bucket_bytes)?;
         Ok(t)
     }
 
     /// Rebuilds this data-parallel trainer's model for its rank's experts (see the module doc).
-    fn split_experts(&mut self, group: ProcessGroup, bucket_bytes: usize) -> Result<()> {
+    fn split_experts(&mut self, group: ProcessGroup, ep: usize, bucket_bytes: usize) -> Result<()> {
         let cfg = self.config().clone();
         if cfg.model.moe.is_none() {
             return Err(refuse("the model has no experts (--experts E)".into()));
         }
-        let (ep, rank) = (group.size(), group.rank());
+        let (ep_group, replicas) = super::expert_groups(&group, ep)?;
+        let rank = ep_group.rank();
         let recompute = vec![cfg.recompute; cfg.model.layers];
         let rows = (cfg.batch, cfg.seq_len);
         self.model = Model::parts(&cfg.model, rows, recompute, (1, false), (ep, rank), false)?;
-        let part = ExpertPart::new(self.model.layout(), group.clone());
+        let part = ExpertPart::new(self.model.layout(), ep_group).with_replicas(replicas);
         for r in cut_out(&part.all, &part.owned) {
             self.params.release(r.clone());
             self.grads.release(r);

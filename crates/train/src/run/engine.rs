@@ -51,7 +51,7 @@ impl Engine {
             return Ok((Engine::Data(Box::new(Trainer::new(train)?)), None));
         };
         if l.ep > 1 && !l.splits_model() {
-            let t = Trainer::expert_parallel(train, group, l.bucket_bytes)?;
+            let t = Trainer::expert_parallel(train, group, l.ep, l.bucket_bytes)?;
             return Ok((Engine::Data(Box::new(t)), None));
         }
         if !l.splits_model() {

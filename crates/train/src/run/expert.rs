@@ -3,10 +3,11 @@
 //! data-parallel axis ([`crate::expert`]). This file holds what is refused before any worker
 //! starts ([`check_moe`]) and the run's routing line ([`moe_line`]).
 //!
-//! Expert parallelism runs over the data-parallel axis, pipeline stages included: `ep` is 1
-//! (every rank computes every expert, the experts reduced with the dense tensors) or the
-//! data-parallel degree (each rank `E / ep` experts). Expert groups inside larger replica
-//! groups (1 < ep < dp), experts under tensor parallelism or ZeRO are not built yet.
+//! Expert parallelism runs over the data-parallel axis: `ep` divides the data-parallel degree,
+//! EP groups of `ep` consecutive ranks each splitting the experts (`E / ep` a rank), the ranks
+//! holding the same experts in the other groups averaging their gradients; inside pipeline
+//! stages `ep` is 1 or the stage's replicas. Experts under tensor parallelism or ZeRO are not
+//! built yet.
 use super::config::{RunConfig, refused};
 use super::engine::Engine;
 use crate::error::Result;
@@ -43,11 +44,18 @@ pub fn check_moe(cfg: &RunConfig, world: usize) -> Result<()> {
     }
     let mp = l.tp * l.pp;
     let dp = world / mp.max(1);
-    if l.ep != 1 && l.ep != dp {
+    if l.ep == 0 || !dp.is_multiple_of(l.ep) {
         return Err(refused(format!(
-            "--ep {} must be 1 or the data-parallel degree {dp} (nproc x nnodes / (tp x pp) = \
-             {world} / {mp}): expert groups inside replica groups are not built yet",
+            "--ep {} must divide the data-parallel degree {dp} (nproc x nnodes / (tp x pp) = \
+             {world} / {mp}; dp % ep == 0)",
             l.ep
+        )));
+    }
+    if l.pp > 1 && l.ep != 1 && l.ep != dp {
+        return Err(refused(format!(
+            "--ep {} with --pp {}: inside pipeline stages the experts split over all {dp} \
+             replicas of a stage (--ep {dp}); expert groups inside them are not built yet",
+            l.ep, l.pp
         )));
     }
     if l.ep > 1 && l.pp > 1 && l.schedule.virtual_stages() > 1 {
