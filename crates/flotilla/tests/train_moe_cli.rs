@@ -1,7 +1,8 @@
 //! The model with experts, split over the data-parallel ranks, through the binary under the
 //! one run loop (issue 27): `--experts 4 --top-k 2 --nproc 2 --ep 2` (DP2 x EP2) trains with
 //! `--metrics` (a record per step) and prints the losses of `--nproc 1 --experts 4` on the
-//! same global batch, and DP4 with two EP groups of two trains; a checkpoint at step 2 resumed to step 4 prints the straight run's step
+//! same global batch, and DP4 with two EP groups of two trains; DP2 x TP2 x EP2 trains the
+//! same losses and its checkpoint resumes under DP2 x EP2; a checkpoint at step 2 resumed to step 4 prints the straight run's step
 //! lines (also resumed by EP 1, accumulating the global batch); what is not built with experts
 //! is refused before any step, exit 78, naming the flag.
 
@@ -121,7 +122,10 @@ fn dp2_x_ep2_writes_metrics_and_trains_the_losses_of_ep1() {
     let mut args = vec!["--nproc", "4", "--ep", "2", "--batch", "1"];
     args.extend_from_slice(&cosine);
     let dp4 = train(&args, STEPS);
-    assert!(dp4.contains("# moe: 4 experts, top-2, capacity factor 1.25, ep 2"), "{dp4}");
+    assert!(
+        dp4.contains("# moe: 4 experts, top-2, capacity factor 1.25, ep 2"),
+        "{dp4}"
+    );
     let l4 = losses(&dp4);
     assert!(l4.len() == STEPS as usize && l4[3] < l4[0], "{dp4}");
 }
@@ -188,8 +192,8 @@ fn what_is_not_built_with_experts_is_refused_before_spawning() {
     let saved = saved.to_str().unwrap();
     for (extra, want) in [
         (
-            &["--untied", "--nproc", "2", "--tp", "2"][..],
-            "--tp 2 with --experts 4",
+            &["--untied", "--nproc", "2", "--tp", "2", "--sp"][..],
+            "--sp with --experts 4",
         ),
         (
             &["--nproc", "2", "--zero", "1"][..],
@@ -234,4 +238,27 @@ fn what_is_not_built_with_experts_is_refused_before_spawning() {
         assert!(err.contains(want), "{args:?}: {err}");
         assert!(!out.contains("step "), "{args:?} trained:\n{out}");
     }
+}
+
+#[test]
+fn dp2_x_tp2_x_ep2_saves_what_dp2_x_ep2_resumes() {
+    let _one = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let ck = ck.to_str().unwrap();
+    // The blocks split over TP pairs, the experts whole on both and split over the replicas.
+    let tp = ["--nproc", "4", "--tp", "2", "--ep", "2", "--batch", "2"];
+    let straight = step_lines(&train(EP2, STEPS));
+    let mut args = tp.to_vec();
+    args.extend_from_slice(&["--ckpt-dir", ck, "--ckpt-every", "2"]);
+    let first = train(&args, 2);
+    assert!(first.contains("# moe: 4 experts, top-2"), "{first}");
+    let fmt = |v: &[f64]| v.iter().map(|l| format!("{l:.4}")).collect::<Vec<_>>();
+    let want: Vec<f64> = losses(&straight.join("\n"));
+    assert_eq!(fmt(&losses(&first)), fmt(&want[..2]), "DP2 x TP2 x EP2 vs DP2 x EP2");
+    let mut args = EP2.to_vec();
+    args.extend_from_slice(&["--ckpt-dir", ck]);
+    let resumed = train(&args, STEPS);
+    assert!(resumed.contains("resumed from"), "{resumed}");
+    assert_eq!(fmt(&losses(&resumed)), fmt(&want[2..]), "DP2 x EP2 resumed");
 }

@@ -186,20 +186,29 @@ impl Trainer {
         }
         let n = layout.entries.len();
         let bufs = [self.master_params(), m, v];
-        let mut out = Vec::new();
+        let owners = self.expert_owners();
+        // The replicas share the writing of what they all hold; an expert comes from its owner.
+        let (mut shared, mut own) = (Vec::new(), Vec::new());
         for (which, buf) in bufs.iter().enumerate() {
             for (i, e) in layout.entries.iter().enumerate() {
+                let to = match owners[i] {
+                    Some(false) => continue,
+                    Some(true) => &mut own,
+                    None => &mut shared,
+                };
                 for (slice, sub) in sharded(e, 0..e.numel()) {
                     let at = e.offset + sub.start;
-                    out.push((which * n + i, slice, f32_bytes(&buf[at..at + sub.len()])));
+                    to.push((which * n + i, slice, f32_bytes(&buf[at..at + sub.len()])));
                 }
             }
         }
         let (rank, world) = (rank as usize, world.max(1) as usize);
-        out.into_iter()
+        shared
+            .into_iter()
             .enumerate()
             .filter(|(k, _)| k % world == rank)
             .map(|(_, p)| p)
+            .chain(own)
             .collect()
     }
 

@@ -176,8 +176,12 @@ impl GradStep<'_> {
                 }
                 norm
             }
-            (Some(t), _, clip) => {
-                let norm = t.sum_sq(th, grads)?.sqrt();
+            (Some(t), experts, clip) => {
+                let norm = match experts {
+                    Some(p) => t.sum_sq_without(th, grads, &p.all)? + p.sum_sq(th, grads)?,
+                    None => t.sum_sq(th, grads)?,
+                }
+                .sqrt();
                 if let Some(c) = clip.and_then(|max| clip_coef(norm, max)) {
                     scale_grads(th, grads, c);
                 }

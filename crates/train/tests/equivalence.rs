@@ -299,6 +299,28 @@ fn moe_pipeline_run() -> Run {
     })
 }
 
+/// The model with experts on a `dp2 x tp2` mesh: the blocks split over each TP pair, the
+/// experts whole on both and split over the two replicas.
+fn moe_tensor_run() -> Run {
+    ranks(4, move |g| {
+        let mesh = DeviceMesh::new(&g, MeshShape::new(2, 1, 2), false).expect("mesh");
+        let mut t = Trainer::on_mesh(moe(2), &mesh, (None, false), 16 << 10)
+            .and_then(|t| t.with_experts(mesh.dp().clone(), 2, 16 << 10))
+            .expect("dp x tp x ep trainer");
+        let (mut losses, mut norms) = (vec![], vec![]);
+        for _ in 0..STEPS {
+            let s = t.step().expect("step");
+            losses.push(s.loss);
+            norms.push(s.grad_norm);
+        }
+        Run {
+            losses,
+            norms,
+            params: t.whole_params().expect("gather"),
+        }
+    })
+}
+
 /// Every layout of the net: name, the run, and the name of the run it must match within
 /// [`TOL`] (None: a reference).
 /// A layout of the net: its name, how to run it, and its reference's name.
@@ -515,6 +537,7 @@ fn layouts() -> Vec<Layout> {
         ("moe ep2", Box::new(|| moe_run(2)), Some("moe ep1")),
         ("moe ep4", Box::new(|| moe_run(4)), Some("moe ep1")),
         ("moe pp2 ep2", Box::new(moe_pipeline_run), Some("moe ep1")),
+        ("moe dp2 tp2 ep2", Box::new(moe_tensor_run), Some("moe ep1")),
     ]
 }
 

@@ -280,10 +280,11 @@ impl ExpertPart {
             .fold(0.0, |a, r| a + grad_sum_sq(th, &grads[r]))
     }
 
-    /// Fills every expert's range of `buf` from its owner (a collective over the group): each
-    /// rank holds zeros outside its own, so the group's sum is exact.
-    pub fn complete(&self, buf: &mut [f32]) -> Result<()> {
-        for r in &self.all {
+    /// Fills the experts' `ranges` of `buf` (every expert's, in `buf`'s layout: this rank's
+    /// [`ExpertPart::all`], or a whole model's) from their owners, a collective over the
+    /// group: each rank holds zeros outside its own, so the group's sum is exact.
+    pub fn complete(&self, buf: &mut [f32], ranges: &[Range<usize>]) -> Result<()> {
+        for r in ranges {
             self.group.all_reduce(&mut buf[r.clone()], ReduceOp::Sum)?;
         }
         Ok(())

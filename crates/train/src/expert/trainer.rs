@@ -38,22 +38,44 @@ impl Trainer {
         ep: usize,
         bucket_bytes: usize,
     ) -> Result<Self> {
-        let mut t = Self::data_parallel(cfg, group.clone(), bucket_bytes)?;
-        t.split_experts(group, ep, bucket_bytes)?;
-        Ok(t)
+        Self::data_parallel(cfg, group.clone(), bucket_bytes)?.with_experts(group, ep, bucket_bytes)
     }
 
-    /// Rebuilds this data-parallel trainer's model for its rank's experts (see the module doc).
+    /// This data-parallel trainer (whole, or split over its TP group: [`Trainer::on_mesh`])
+    /// with its model rebuilt for its rank's experts over the data-parallel `group` (its
+    /// replicas) in EP groups of `ep` (see the module doc): [`Trainer::expert_parallel`], and DP
+    /// x TP x EP on a mesh, the experts whole on every TP rank and the EP groups inside each TP
+    /// index's data-parallel group. Refuses a dense model, ZeRO, sequence parallelism and `ep`
+    /// not dividing the group.
+    pub fn with_experts(
+        mut self,
+        group: ProcessGroup,
+        ep: usize,
+        bucket_bytes: usize,
+    ) -> Result<Self> {
+        self.split_experts(group, ep, bucket_bytes)?;
+        Ok(self)
+    }
+
     fn split_experts(&mut self, group: ProcessGroup, ep: usize, bucket_bytes: usize) -> Result<()> {
         let cfg = self.config().clone();
         if cfg.model.moe.is_none() {
             return Err(refuse("the model has no experts (--experts E)".into()));
         }
+        if self.zero_stage().is_some() || self.tensor.as_ref().is_some_and(|t| t.sequence) {
+            return Err(refuse(
+                "experts under ZeRO or sequence parallelism are not built yet".into(),
+            ));
+        }
         let (ep_group, replicas) = super::expert_groups(&group, ep)?;
         let rank = ep_group.rank();
         let recompute = vec![cfg.recompute; cfg.model.layers];
         let rows = (cfg.batch, cfg.seq_len);
-        self.model = Model::parts(&cfg.model, rows, recompute, (1, false), (ep, rank), false)?;
+        let split = self
+            .tensor
+            .as_ref()
+            .map_or((1, false), |t| (t.tp(), t.sequence));
+        self.model = Model::parts(&cfg.model, rows, recompute, split, (ep, rank), false)?;
         let part = ExpertPart::new(self.model.layout(), ep_group).with_replicas(replicas);
         for r in cut_out(&part.all, &part.owned) {
             self.params.release(r.clone());
@@ -65,11 +87,11 @@ impl Trainer {
             self.bf16 = Some(store);
         }
         let buckets = plan_buckets(self.model.layout(), bucket_bytes);
-        self.sync = Some(GradBuckets::over(
-            group,
-            part.dense_buckets(&buckets),
-            self.params.len(),
-        ));
+        let mut sync = GradBuckets::over(group, part.dense_buckets(&buckets), self.params.len());
+        if self.tensor.is_some() {
+            sync = sync.with_options(crate::tensor::PINNED);
+        }
+        self.sync = Some(sync);
         self.experts = Some(part);
         Ok(())
     }

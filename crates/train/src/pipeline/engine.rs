@@ -275,7 +275,7 @@ impl PipelineStage {
         self.group.all_reduce(&mut out, ReduceOp::Sum)?;
         // Each expert from its owner among the replicas (the others hold zeros there).
         if let Some(p) = &self.experts {
-            p.complete(&mut out)?;
+            p.complete(&mut out, &p.all)?;
         }
         Ok(out)
     }

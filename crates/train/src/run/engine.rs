@@ -89,6 +89,10 @@ impl Engine {
         } else {
             let stage = Stage::from_number(l.zero)?;
             let t = Trainer::on_mesh(train, &mesh, (stage, l.sp), l.bucket_bytes)
+                .and_then(|t| match l.ep > 1 {
+                    true => t.with_experts(mesh.dp().clone(), l.ep, l.bucket_bytes),
+                    false => Ok(t),
+                })
                 .map_err(|e| refused(format!("building the tensor-parallel rank: {e}")))?;
             Engine::Tensor(Box::new(t))
         };

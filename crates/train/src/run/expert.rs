@@ -6,8 +6,9 @@
 //! Expert parallelism runs over the data-parallel axis: `ep` divides the data-parallel degree,
 //! EP groups of `ep` consecutive ranks each splitting the experts (`E / ep` a rank), the ranks
 //! holding the same experts in the other groups averaging their gradients; inside pipeline
-//! stages `ep` is 1 or the stage's replicas. Experts under tensor parallelism or ZeRO are not
-//! built yet.
+//! stages `ep` is 1 or the stage's replicas. Under tensor parallelism the experts are whole on
+//! every TP rank (each runs them on the same rows). Experts under sequence parallelism, in
+//! tensor-parallel pipeline stages or under ZeRO are not built yet.
 use super::config::{RunConfig, refused};
 use super::engine::Engine;
 use crate::error::Result;
@@ -29,7 +30,8 @@ pub fn check_moe(cfg: &RunConfig, world: usize) -> Result<()> {
     t.model.validate().map_err(|e| refused(e.to_string()))?;
     let e = m.experts;
     let not_built = [
-        (l.tp > 1, format!("--tp {}", l.tp)),
+        (l.sp, "--sp".into()),
+        (l.tp > 1 && l.pp > 1, format!("--tp {} --pp {}", l.tp, l.pp)),
         (l.zero != 0, format!("--zero {}", l.zero)),
         (
             l.hybrid != (None, None),
@@ -38,8 +40,9 @@ pub fn check_moe(cfg: &RunConfig, world: usize) -> Result<()> {
     ];
     if let Some((_, what)) = not_built.into_iter().find(|(bad, _)| *bad) {
         return Err(refused(format!(
-            "{what} with --experts {e}: experts under tensor parallelism or ZeRO are not built \
-             yet (expert parallelism runs over the data-parallel axis, with pipelines too)"
+            "{what} with --experts {e}: experts under sequence parallelism, in tensor-parallel \
+             pipeline stages or under ZeRO are not built yet (they run with data, tensor or \
+             pipeline parallelism)"
         )));
     }
     let mp = l.tp * l.pp;

@@ -78,10 +78,20 @@ impl TpPart {
     /// The squared norm of the whole model's gradient, from this rank's `grads` (its flat
     /// buffer): its counted ranges, summed exactly over the group. A collective.
     pub fn sum_sq(&self, th: &Threads, grads: &[f32]) -> Result<f64> {
-        let mine = self
-            .counted
-            .iter()
-            .fold(0.0, |a, r| a + grad_sum_sq(th, &grads[r.clone()]));
+        self.sum_sq_without(th, grads, &[])
+    }
+
+    /// [`TpPart::sum_sq`] of the counted ranges less `holes` (the experts' ranges, which the
+    /// expert part sums over its own group).
+    pub fn sum_sq_without(
+        &self,
+        th: &Threads,
+        grads: &[f32],
+        holes: &[Range<usize>],
+    ) -> Result<f64> {
+        let mine = crate::expert::cut_out(&self.counted, holes)
+            .into_iter()
+            .fold(0.0, |a, r| a + grad_sum_sq(th, &grads[r]));
         sum_in_rank_order(&self.group, mine)
     }
 

@@ -143,6 +143,7 @@ impl TpShard {
         ]
         .into_iter()
         .chain([&whole.fcp_w])
+        .chain(whole.moe.as_ref())
         .map(|r| r.end)
         .max()
         .unwrap_or(0);
@@ -186,15 +187,21 @@ impl TpShard {
                 Tensor::Cols(whole.proj_w.clone(), wd.h * d, r_range(rank, hl * d, 0)),
             ),
             (whole.ln2_w.start, Tensor::Whole(whole.ln2_w.clone())),
-            (
-                whole.fc_w.start,
-                Tensor::Rows(whole.fc_w.clone(), c, fc_rows.clone()),
-            ),
-            (
-                whole.fcp_w.start,
-                Tensor::Cols(whole.fcp_w.clone(), wd.f, r_range(rank, fl, 0)),
-            ),
         ];
+        match &whole.moe {
+            // The experts are whole on every tensor-parallel rank.
+            Some(m) => order.push((m.start, Tensor::Whole(m.clone()))),
+            None => order.extend([
+                (
+                    whole.fc_w.start,
+                    Tensor::Rows(whole.fc_w.clone(), c, fc_rows.clone()),
+                ),
+                (
+                    whole.fcp_w.start,
+                    Tensor::Cols(whole.fcp_w.clone(), wd.f, r_range(rank, fl, 0)),
+                ),
+            ]),
+        }
         for (r, t) in [
             (&whole.ln1_b, None),
             (&whole.qkv_b, Some(qkv_rows.to_vec())),

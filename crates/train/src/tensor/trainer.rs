@@ -137,15 +137,15 @@ impl Trainer {
     /// shards over the TP group. A collective (every rank must call it); exact copies.
     pub fn whole_params(&mut self) -> Result<Vec<f32>> {
         self.gather_params()?;
-        match (&self.tensor, &self.experts) {
-            (Some(t), _) => t.gather_whole(&self.config().model, self.params()),
-            (None, Some(p)) => {
-                // Every expert from its owner (the others hold zeros there).
-                let mut whole = self.params().to_vec();
-                p.complete(&mut whole)?;
-                Ok(whole)
-            }
-            (None, None) => Ok(self.params().to_vec()),
+        let mut whole = match &self.tensor {
+            Some(t) => t.gather_whole(&self.config().model, self.params())?,
+            None => self.params().to_vec(),
+        };
+        // Every expert from its owner (the others hold zeros there).
+        if let Some(p) = &self.experts {
+            let experts = model::layout::Layout::new(&self.config().model).expert_ranges();
+            p.complete(&mut whole, &experts)?;
         }
+        Ok(whole)
     }
 }
