@@ -255,7 +255,11 @@ fn dp2_x_tp2_x_ep2_saves_what_dp2_x_ep2_resumes() {
     assert!(first.contains("# moe: 4 experts, top-2"), "{first}");
     let fmt = |v: &[f64]| v.iter().map(|l| format!("{l:.4}")).collect::<Vec<_>>();
     let want: Vec<f64> = losses(&straight.join("\n"));
-    assert_eq!(fmt(&losses(&first)), fmt(&want[..2]), "DP2 x TP2 x EP2 vs DP2 x EP2");
+    assert_eq!(
+        fmt(&losses(&first)),
+        fmt(&want[..2]),
+        "DP2 x TP2 x EP2 vs DP2 x EP2"
+    );
     let mut args = EP2.to_vec();
     args.extend_from_slice(&["--ckpt-dir", ck]);
     let resumed = train(&args, STEPS);

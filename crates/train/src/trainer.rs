@@ -518,9 +518,15 @@ impl Trainer {
                 store.step(&self.th, &mut self.opt, lr, &self.decay)?;
                 store.decode_params(&mut self.params)?;
             }
-            None => self
-                .opt
-                .step(&self.th, &mut self.params, &self.grads, lr, &self.decay)?,
+            None => match &self.experts {
+                Some(p) => {
+                    let state = (&mut self.params[..], &self.grads[..]);
+                    p.step_owned(&self.th, &mut self.opt, state, 0, (lr, &self.decay))?
+                }
+                None => self
+                    .opt
+                    .step(&self.th, &mut self.params, &self.grads, lr, &self.decay)?,
+            },
         }
         self.step = step;
         Ok(self.stats(step, lr, out, data_seconds, t0))
@@ -606,7 +612,13 @@ impl Trainer {
         StateMemory {
             params: self.params.resident_bytes() + shard_params + bf16,
             grads: self.grads.resident_bytes() + shard_grads,
-            optimizer: (m.len() + v.len()) * 4,
+            // The other ranks' experts' moments are never touched.
+            optimizer: (m.len() + v.len()
+                - 2 * self
+                    .experts
+                    .as_ref()
+                    .map_or(0, |p| p.others_len(&(0..m.len()))))
+                * 4,
             comm_buffers: self.sync.as_ref().map_or(0, |s| s.buffer_bytes())
                 + self.zero.as_ref().map_or(0, |z| z.buffer_bytes()),
         }

@@ -52,9 +52,10 @@ fn one_process(c: TrainConfig) -> Out {
     (losses, routing(&t), t.params().to_vec())
 }
 
-/// `world` data-parallel ranks with the experts split over EP groups of `ep`.
+/// `world` data-parallel ranks with the experts split over EP groups of `ep` (groups as a
+/// training job's: each op's algorithm chosen by the layout, so every run sums alike).
 fn ep_run(world: usize, ep: usize, c: TrainConfig) -> Out {
-    let out = run_threads(world, GroupConfig::default(), move |g| {
+    let out = run_threads(world, GroupConfig::for_training().unwrap(), move |g| {
         let mut t = Trainer::expert_parallel(c.clone(), g, ep, 16 << 10).unwrap();
         let losses: Vec<f64> = (0..c.steps).map(|_| t.step().unwrap().loss).collect();
         let r = routing(&t);
@@ -112,7 +113,7 @@ fn ep_with_checkpoints(
     c: TrainConfig,
     dir: std::path::PathBuf,
 ) -> Vec<f32> {
-    let out = run_threads(world, GroupConfig::default(), move |g| {
+    let out = run_threads(world, GroupConfig::for_training().unwrap(), move |g| {
         let (rank, size) = (g.rank() as u32, g.size() as u32);
         let mut t = Trainer::expert_parallel(c.clone(), g, ep, 16 << 10).unwrap();
         Checkpointer::resume(&dir, &mut t).unwrap();

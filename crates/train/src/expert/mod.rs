@@ -21,7 +21,7 @@ use comm::group::ProcessGroup;
 use model::Threads;
 use model::block::BlockComm;
 use model::layout::Layout;
-use model::optim::{grad_sum_sq, scale_grads};
+use model::optim::{AdamW, StatePart, grad_sum_sq, scale_grads};
 
 use crate::error::Result;
 use crate::tensor::{Alone, TpGroup, TpPart, sum_in_rank_order};
@@ -162,15 +162,23 @@ pub struct ExpertPart {
     pub all: Vec<Range<usize>>,
     /// This rank's experts' ranges.
     pub owned: Vec<Range<usize>>,
+    /// The other ranks' experts' ranges: zero here, never stepped (their moments' pages
+    /// are never touched).
+    pub others: Vec<Range<usize>>,
 }
 
 impl ExpertPart {
     /// The part of rank `group.rank()` of the EP `group` over buffers laid out as `layout` (the
     /// model's: every expert at its whole-model address).
     pub fn new(layout: &Layout, group: ProcessGroup) -> Self {
+        let (all, owned) = (
+            layout.expert_ranges(),
+            layout.owned_expert_ranges(group.size(), group.rank()),
+        );
         Self {
-            all: layout.expert_ranges(),
-            owned: layout.owned_expert_ranges(group.size(), group.rank()),
+            others: cut_out(&all, &owned),
+            all,
+            owned,
             group,
             replicas: None,
         }
@@ -224,6 +232,48 @@ impl ExpertPart {
                 pieces
             })
             .collect()
+    }
+
+    /// One AdamW step of `params` (the flat buffers' elements from `start` on, `opt`'s state
+    /// in the same coordinates) from `grads`, skipping the other ranks' experts: each stepped
+    /// element gets exactly [`AdamW::step`]'s update, and the others' moments stay untouched
+    /// (their zero pages never become resident).
+    ///
+    /// # Errors
+    /// What [`AdamW::step_parts`] refuses.
+    pub fn step_owned(
+        &self,
+        th: &Threads,
+        opt: &mut AdamW,
+        (params, grads): (&mut [f32], &[f32]),
+        start: usize,
+        (lr, decay): (f32, &[Range<usize>]),
+    ) -> Result<()> {
+        let span = start..start + params.len();
+        let keep = minus(&span, &self.others);
+        let mut parts = Vec::with_capacity(keep.len());
+        let (mut rest, mut at) = (params, start);
+        for r in keep {
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.start - at);
+            let (mine, tail) = tail.split_at_mut(r.len());
+            let local = r.start - start..r.end - start;
+            parts.push(StatePart {
+                at: local.start,
+                params: mine,
+                grads: &grads[local],
+            });
+            (rest, at) = (tail, r.end);
+        }
+        Ok(opt.step_parts(th, &mut parts, lr, decay)?)
+    }
+
+    /// Elements of the other ranks' experts within `span` (their moments are never touched).
+    pub fn others_len(&self, span: &Range<usize>) -> usize {
+        self.others
+            .iter()
+            .filter_map(|r| intersect(r, span))
+            .map(|r| r.len())
+            .sum()
     }
 
     /// Zeroes the experts this rank does not own (after a whole-model initialisation or load).

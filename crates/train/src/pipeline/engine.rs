@@ -189,7 +189,11 @@ impl PipelineStage {
     /// AdamW moment elements this stage keeps per moment (its ranges' lengths, divided over
     /// the replicas under ZeRO-1).
     pub fn optimizer_len(&self) -> usize {
-        self.updates.iter().map(|u| u.part.shard.len()).sum()
+        let others = |s: &Range<usize>| self.experts.as_ref().map_or(0, |p| p.others_len(s));
+        self.updates
+            .iter()
+            .map(|u| u.part.shard.len() - others(&u.part.shard))
+            .sum()
     }
 
     /// This stage's index (its rank in the pipeline group).

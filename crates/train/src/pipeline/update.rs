@@ -221,13 +221,20 @@ impl PipelineStage {
                     store.step(&self.th, &mut u.opt, lr, &u.decay[..])?;
                     store.decode_params(&mut self.params[shard])?;
                 }
-                None => u.opt.step(
-                    &self.th,
-                    &mut self.params[shard.clone()],
-                    &self.grads[shard],
-                    lr,
-                    &u.decay[..],
-                )?,
+                None => match &self.experts {
+                    // The other replicas' experts are skipped (zero here, moments untouched).
+                    Some(p) => {
+                        let state = (&mut self.params[shard.clone()], &self.grads[shard.clone()]);
+                        p.step_owned(&self.th, &mut u.opt, state, shard.start, (lr, &u.decay))?
+                    }
+                    None => u.opt.step(
+                        &self.th,
+                        &mut self.params[shard.clone()],
+                        &self.grads[shard],
+                        lr,
+                        &u.decay[..],
+                    )?,
+                },
             }
         }
         // ZeRO-1: every replica stepped its shard; all-gather the ranges back (exact copies).
