@@ -39,7 +39,7 @@ pub const MAX_REPLICAS: u64 = 1 << 20;
 pub const MAX_ROWS_PER_STEP_FACTOR: u64 = 1 << 20;
 
 /// The non-tensor state every engine records in a checkpoint (the parent module lists it);
-/// [`SavedRun::parse`] reads it back.
+/// `SavedRun::parse` reads it back.
 pub struct RunState<'a> {
     /// Steps done.
     pub step: u64,

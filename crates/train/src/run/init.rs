@@ -4,7 +4,7 @@
 //! A Hugging Face start reads the directory's `config.json` before any worker starts
 //! ([`HfInit::open`]: the model's shape and maximum sequence length, and its tokenizer), then
 //! every rank loads the whole weights ([`model::interop::import_hf`], shards memory-mapped) and
-//! places them as a checkpoint's restore does ([`crate::Trainer::load_whole_state`]): a
+//! places them as a checkpoint's restore does (`Trainer::load_whole_state`): a
 //! tensor-parallel rank keeps its shards, ZeRO its part, bf16 its rounded copy; the optimizer
 //! starts with zero moments at step 0. A committed checkpoint in `--ckpt-dir` is restored after
 //! it, so a resume wins over the Hugging Face weights.

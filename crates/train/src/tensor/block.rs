@@ -1,5 +1,5 @@
 //! [`TpBlock`]: one transformer block's shard on a tensor-parallel rank with its activations,
-//! run by the model crate's one block ([`Block`](model::block::Block)) with the group as its
+//! run by the model crate's one block ([`model::block::Block`]) with the group as its
 //! [`BlockComm`]: equal to the whole block up to float summation order.
 //!
 //! ```text
