@@ -258,11 +258,30 @@ fn moe(batch: usize) -> TrainConfig {
 /// The model with experts on `ep` ranks sharing a global batch of 4 rows (the experts split
 /// over them), or on one process.
 fn moe_run(ep: usize) -> Run {
+    moe_run_with(ep, |_| {})
+}
+
+/// bf16 with room for every assignment: a bf16 rounding that moves an assignment past an
+/// expert's capacity would change which tokens drop (a step in the objective, not a rounding).
+fn bf16_no_drops(c: &mut TrainConfig) {
+    c.bf16 = true;
+    if let Some(m) = c.model.moe.as_mut() {
+        m.capacity_factor = 4.0;
+    }
+}
+
+/// [`moe_run`] with `tweak` applied to the config (bf16, recompute).
+fn moe_run_with(ep: usize, tweak: fn(&mut TrainConfig)) -> Run {
+    let cfg = move |batch| {
+        let mut c = moe(batch);
+        tweak(&mut c);
+        c
+    };
     if ep == 1 {
-        return trainer_run(moe(4), 1, 0);
+        return trainer_run(cfg(4), 1, 0);
     }
     ranks(ep, move |g| {
-        let mut t = Trainer::expert_parallel(moe(4 / ep), g, ep, 16 << 10).expect("ep trainer");
+        let mut t = Trainer::expert_parallel(cfg(4 / ep), g, ep, 16 << 10).expect("ep trainer");
         let (mut losses, mut norms) = (vec![], vec![]);
         for _ in 0..STEPS {
             let s = t.step().expect("step");
@@ -538,6 +557,21 @@ fn layouts() -> Vec<Layout> {
         ("moe ep4", Box::new(|| moe_run(4)), Some("moe ep1")),
         ("moe pp2 ep2", Box::new(moe_pipeline_run), Some("moe ep1")),
         ("moe dp2 tp2 ep2", Box::new(moe_tensor_run), Some("moe ep1")),
+        (
+            "moe ep2 recompute",
+            Box::new(|| moe_run_with(2, |c| c.recompute = true)),
+            Some("moe ep1"),
+        ),
+        (
+            "moe ep1 bf16",
+            Box::new(|| moe_run_with(1, bf16_no_drops)),
+            None,
+        ),
+        (
+            "moe ep2 bf16",
+            Box::new(|| moe_run_with(2, bf16_no_drops)),
+            Some("moe ep1 bf16"),
+        ),
     ]
 }
 
@@ -617,7 +651,12 @@ fn every_layout_matches_its_reference_and_the_recorded_bits() {
     // parameters are the unsharded run's bits. (DP x TP's ZeRO sums the norm's squares over
     // its owned parts before the replicas, a different grouping from the whole-buffer sum:
     // the reported norm may differ in its last bits, not the update while clipping is off.)
-    for (sharded, plain) in [("dp2 tp2 zero1", "dp2 tp2"), ("pp2 dp2 zero1", "pp2 dp2")] {
+    // Recomputing the experts' blocks (collectives included) is exact too.
+    for (sharded, plain) in [
+        ("dp2 tp2 zero1", "dp2 tp2"),
+        ("pp2 dp2 zero1", "pp2 dp2"),
+        ("moe ep2 recompute", "moe ep2"),
+    ] {
         let (a, b) = (runs[sharded].record(), runs[plain].record());
         assert_eq!(a.losses, b.losses, "{sharded} losses differ from {plain}");
         assert_eq!(
