@@ -126,6 +126,11 @@ fn llama(batch: usize, accum: usize) -> TrainConfig {
     c
 }
 
+/// The per-step losses and gradient norms of [`STEPS`] calls of `step`.
+fn steps(mut step: impl FnMut() -> (f64, f64)) -> (Vec<f64>, Vec<f64>) {
+    (0..STEPS).map(|_| step()).unzip()
+}
+
 /// Runs `world` ranks of `f` and returns rank 0's run, checking every rank reported the same
 /// per-step stats.
 fn ranks(world: usize, f: impl Fn(ProcessGroup) -> Run + Send + Sync + 'static) -> Run {
@@ -144,12 +149,10 @@ fn ranks(world: usize, f: impl Fn(ProcessGroup) -> Run + Send + Sync + 'static) 
 /// The one-process or data-parallel `Trainer` at ZeRO `stage` (0: none) on `world` ranks.
 fn trainer_run(cfg: TrainConfig, world: usize, stage: u8) -> Run {
     let one = move |t: &mut Trainer| {
-        let (mut losses, mut norms) = (vec![], vec![]);
-        for _ in 0..STEPS {
+        let (losses, norms) = steps(|| {
             let s = t.step().expect("step");
-            losses.push(s.loss);
-            norms.push(s.grad_norm);
-        }
+            (s.loss, s.grad_norm)
+        });
         t.gather_params().expect("gather");
         Run {
             losses,
@@ -182,12 +185,10 @@ fn tensor_sp_run(cfg: TrainConfig, (dp, tp): (usize, usize), zero: u8, sequence:
         let stage = Stage::from_number(zero).expect("stage");
         let mut t =
             Trainer::on_mesh(cfg.clone(), &mesh, (stage, sequence), 16 << 10).expect("tp trainer");
-        let (mut losses, mut norms) = (vec![], vec![]);
-        for _ in 0..STEPS {
+        let (losses, norms) = steps(|| {
             let s = t.step().expect("step");
-            losses.push(s.loss);
-            norms.push(s.grad_norm);
-        }
+            (s.loss, s.grad_norm)
+        });
         Run {
             losses,
             norms,
@@ -223,12 +224,10 @@ fn pipeline_sp_run(
             PipelineStage::on_mesh_with(cfg.clone(), &mesh, kind, sequence)
         }
         .expect("stage");
-        let (mut losses, mut norms) = (vec![], vec![]);
-        for _ in 0..STEPS {
+        let (losses, norms) = steps(|| {
             let s = st.step().expect("step");
-            losses.push(s.loss);
-            norms.push(s.grad_norm);
-        }
+            (s.loss, s.grad_norm)
+        });
         Run {
             losses,
             norms,
@@ -282,12 +281,10 @@ fn moe_run_with(ep: usize, tweak: fn(&mut TrainConfig)) -> Run {
     }
     ranks(ep, move |g| {
         let mut t = Trainer::expert_parallel(cfg(4 / ep), g, ep, 16 << 10).expect("ep trainer");
-        let (mut losses, mut norms) = (vec![], vec![]);
-        for _ in 0..STEPS {
+        let (losses, norms) = steps(|| {
             let s = t.step().expect("step");
-            losses.push(s.loss);
-            norms.push(s.grad_norm);
-        }
+            (s.loss, s.grad_norm)
+        });
         Run {
             losses,
             norms,
@@ -304,12 +301,10 @@ fn moe_pipeline_run() -> Run {
         let mut st = PipelineStage::on_mesh(moe(2), &mesh, ScheduleKind::OneFOneB)
             .and_then(PipelineStage::with_experts)
             .expect("stage");
-        let (mut losses, mut norms) = (vec![], vec![]);
-        for _ in 0..STEPS {
+        let (losses, norms) = steps(|| {
             let s = st.step().expect("step");
-            losses.push(s.loss);
-            norms.push(s.grad_norm);
-        }
+            (s.loss, s.grad_norm)
+        });
         Run {
             losses,
             norms,
@@ -326,12 +321,10 @@ fn moe_tensor_run() -> Run {
         let mut t = Trainer::on_mesh(moe(2), &mesh, (None, false), 16 << 10)
             .and_then(|t| t.with_experts(mesh.dp().clone(), 2, 16 << 10))
             .expect("dp x tp x ep trainer");
-        let (mut losses, mut norms) = (vec![], vec![]);
-        for _ in 0..STEPS {
+        let (losses, norms) = steps(|| {
             let s = t.step().expect("step");
-            losses.push(s.loss);
-            norms.push(s.grad_norm);
-        }
+            (s.loss, s.grad_norm)
+        });
         Run {
             losses,
             norms,
