@@ -126,9 +126,41 @@ fn llama(batch: usize, accum: usize) -> TrainConfig {
     c
 }
 
-/// The per-step losses and gradient norms of [`STEPS`] calls of `step`.
-fn steps(mut step: impl FnMut() -> (f64, f64)) -> (Vec<f64>, Vec<f64>) {
-    (0..STEPS).map(|_| step()).unzip()
+/// What the net needs of an engine: one step's loss and gradient norm, and the whole model's
+/// parameters (a collective).
+trait Engine {
+    fn one_step(&mut self) -> (f64, f64);
+    fn whole(&mut self) -> Vec<f32>;
+}
+
+impl Engine for Trainer {
+    fn one_step(&mut self) -> (f64, f64) {
+        let s = self.step().expect("step");
+        (s.loss, s.grad_norm)
+    }
+    fn whole(&mut self) -> Vec<f32> {
+        self.whole_params().expect("gather")
+    }
+}
+
+impl Engine for PipelineStage {
+    fn one_step(&mut self) -> (f64, f64) {
+        let s = self.step().expect("step");
+        (s.loss, s.grad_norm)
+    }
+    fn whole(&mut self) -> Vec<f32> {
+        self.gather_params().expect("gather")
+    }
+}
+
+/// [`STEPS`] steps of `e`: their losses and norms, then the whole parameters.
+fn record(e: &mut impl Engine) -> Run {
+    let (losses, norms) = (0..STEPS).map(|_| e.one_step()).unzip();
+    Run {
+        losses,
+        norms,
+        params: e.whole(),
+    }
 }
 
 /// Runs `world` ranks of `f` and returns rank 0's run, checking every rank reported the same
@@ -148,20 +180,8 @@ fn ranks(world: usize, f: impl Fn(ProcessGroup) -> Run + Send + Sync + 'static) 
 
 /// The one-process or data-parallel `Trainer` at ZeRO `stage` (0: none) on `world` ranks.
 fn trainer_run(cfg: TrainConfig, world: usize, stage: u8) -> Run {
-    let one = move |t: &mut Trainer| {
-        let (losses, norms) = steps(|| {
-            let s = t.step().expect("step");
-            (s.loss, s.grad_norm)
-        });
-        t.gather_params().expect("gather");
-        Run {
-            losses,
-            norms,
-            params: t.params().to_vec(),
-        }
-    };
     if world == 1 {
-        return one(&mut Trainer::new(cfg).expect("trainer"));
+        return record(&mut Trainer::new(cfg).expect("trainer"));
     }
     ranks(world, move |g| {
         let mut t = match Stage::from_number(stage).expect("stage") {
@@ -169,7 +189,7 @@ fn trainer_run(cfg: TrainConfig, world: usize, stage: u8) -> Run {
             None => Trainer::data_parallel(cfg.clone(), g, 16 << 10),
         }
         .expect("trainer");
-        one(&mut t)
+        record(&mut t)
     })
 }
 
@@ -185,15 +205,7 @@ fn tensor_sp_run(cfg: TrainConfig, (dp, tp): (usize, usize), zero: u8, sequence:
         let stage = Stage::from_number(zero).expect("stage");
         let mut t =
             Trainer::on_mesh(cfg.clone(), &mesh, (stage, sequence), 16 << 10).expect("tp trainer");
-        let (losses, norms) = steps(|| {
-            let s = t.step().expect("step");
-            (s.loss, s.grad_norm)
-        });
-        Run {
-            losses,
-            norms,
-            params: t.whole_params().expect("gather"),
-        }
+        record(&mut t)
     })
 }
 
@@ -224,15 +236,7 @@ fn pipeline_sp_run(
             PipelineStage::on_mesh_with(cfg.clone(), &mesh, kind, sequence)
         }
         .expect("stage");
-        let (losses, norms) = steps(|| {
-            let s = st.step().expect("step");
-            (s.loss, s.grad_norm)
-        });
-        Run {
-            losses,
-            norms,
-            params: st.gather_params().expect("gather"),
-        }
+        record(&mut st)
     })
 }
 
@@ -281,15 +285,7 @@ fn moe_run_with(ep: usize, tweak: fn(&mut TrainConfig)) -> Run {
     }
     ranks(ep, move |g| {
         let mut t = Trainer::expert_parallel(cfg(4 / ep), g, ep, 16 << 10).expect("ep trainer");
-        let (losses, norms) = steps(|| {
-            let s = t.step().expect("step");
-            (s.loss, s.grad_norm)
-        });
-        Run {
-            losses,
-            norms,
-            params: t.whole_params().expect("gather"),
-        }
+        record(&mut t)
     })
 }
 
@@ -301,15 +297,7 @@ fn moe_pipeline_run() -> Run {
         let mut st = PipelineStage::on_mesh(moe(2), &mesh, ScheduleKind::OneFOneB)
             .and_then(PipelineStage::with_experts)
             .expect("stage");
-        let (losses, norms) = steps(|| {
-            let s = st.step().expect("step");
-            (s.loss, s.grad_norm)
-        });
-        Run {
-            losses,
-            norms,
-            params: st.gather_params().expect("gather"),
-        }
+        record(&mut st)
     })
 }
 
@@ -321,15 +309,7 @@ fn moe_tensor_run() -> Run {
         let mut t = Trainer::on_mesh(moe(2), &mesh, (None, false), 16 << 10)
             .and_then(|t| t.with_experts(mesh.dp().clone(), 2, 16 << 10))
             .expect("dp x tp x ep trainer");
-        let (losses, norms) = steps(|| {
-            let s = t.step().expect("step");
-            (s.loss, s.grad_norm)
-        });
-        Run {
-            losses,
-            norms,
-            params: t.whole_params().expect("gather"),
-        }
+        record(&mut t)
     })
 }
 
