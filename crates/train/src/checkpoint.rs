@@ -279,7 +279,7 @@ impl Trainer {
         }
         // Another rank's experts stay at zero here (their owner holds them).
         if let Some(p) = &self.experts {
-            state.iter_mut().for_each(|buf| p.zero_others(buf));
+            state.iter_mut().for_each(|buf| p.zero_within(buf, 0));
         }
         let [master, m, v] = state;
         self.load_state(master, m, v, optimizer_step, step)

@@ -57,7 +57,7 @@ fn expert_fwd<T: Real>(
 }
 
 /// One expert's backward over `r` rows: overwrites `dxe`, accumulates `scale ·` the expert's
-/// parameter gradients into `g` (`scale` 1 adds them straight in).
+/// parameter gradients into `g`.
 ///
 /// dxe: (r, C), g: the expert's gradients, dye: (r, C), xe: (r, C), h: (r, Fin), act: (r, F).
 #[allow(clippy::too_many_arguments)]
@@ -79,21 +79,26 @@ fn expert_bwd<T: Real>(
     let mut dh = vec![T::zero(); r * fin];
     ffn_act_bwd(th, &mut dh, &dact, h, cfg.activation, r, f);
     matmul_bwd_input(th, dxe, T::zero(), &dh, &p[e.fc_w.clone()], r, c, fin);
-    // The weight gradients, scaled on their way into g.
-    let mut tmp = vec![T::zero(); g.len()];
+    // The weight gradients are linear in the output gradients: scaling those (dh in place, now
+    // that dxe is done; dye in a copy) scales what accumulates into g.
+    let scaled_dye;
+    let dye = if scale == T::one() {
+        dye
+    } else {
+        dh.iter_mut().for_each(|x| *x *= scale);
+        scaled_dye = dye.iter().map(|&x| x * scale).collect::<Vec<T>>();
+        &scaled_dye[..]
+    };
     let mut grads = |dout: &[T],
                      inp: &[T],
                      w: &std::ops::Range<usize>,
                      bias: &Option<std::ops::Range<usize>>,
                      (ic, oc): (usize, usize)| {
-        let (gw, gb) = split_bias(&mut tmp, w, bias);
+        let (gw, gb) = split_bias(g, w, bias);
         matmul_bwd_weight(th, gw, gb, dout, inp, r, ic, oc);
     };
     grads(dye, act, &e.fcp_w, &e.fcp_b, (f, c));
     grads(&dh, xe, &e.fc_w, &e.fc_b, (c, fin));
-    for (gi, &ti) in g.iter_mut().zip(&tmp) {
-        *gi += scale * ti;
-    }
 }
 
 /// Disjoint views of a weight at `w` and its optional bias at `b` in `g`.

@@ -14,7 +14,6 @@
 //!   the group, a checkpoint takes each expert from its owner, and the whole model is the
 //!   group's sum over the experts' ranges.
 use std::ops::Range;
-use std::time::Instant;
 
 use comm::dtype::{Element, ReduceOp};
 use comm::group::ProcessGroup;
@@ -24,7 +23,7 @@ use model::layout::Layout;
 use model::optim::{AdamW, StatePart, grad_sum_sq, scale_grads};
 
 use crate::error::Result;
-use crate::tensor::{Alone, TpGroup, TpPart, sum_in_rank_order};
+use crate::tensor::{Alone, TpGroup, TpPart, sum_in_rank_order, timed_on};
 use crate::zero::replica::{intersect, minus};
 
 mod trainer;
@@ -51,14 +50,8 @@ impl<'a> ExpertGroup<'a> {
         }
     }
 
-    fn timed(
-        &mut self,
-        op: impl FnOnce(&ProcessGroup) -> comm::Result<()>,
-    ) -> std::result::Result<(), model::ModelError> {
-        let t = Instant::now();
-        let r = op(self.group);
-        self.seconds += t.elapsed().as_secs_f64();
-        r.map_err(|e| model::ModelError::Comm(Box::new(e)))
+    fn timed(&mut self, op: impl FnOnce(&ProcessGroup) -> comm::Result<()>) -> model::Result<()> {
+        timed_on(self.group, &mut self.seconds, op)
     }
 }
 
@@ -276,22 +269,12 @@ impl ExpertPart {
             .sum()
     }
 
-    /// Zeroes the experts this rank does not own (after a whole-model initialisation or load).
-    pub fn zero_others(&self, buf: &mut [f32]) {
-        let owned = &self.owned;
-        for r in &self.all {
-            for piece in cut_out(std::slice::from_ref(r), owned) {
-                buf[piece].fill(0.0);
-            }
-        }
-    }
-
     /// Zeroes the experts this rank does not own in `buf`, a slice of the flat buffers starting
-    /// at element `start`.
+    /// at element `start` (after a whole-model initialisation or load).
     pub fn zero_within(&self, buf: &mut [f32], start: usize) {
         let span = start..start + buf.len();
-        for r in cut_out(&self.all, &self.owned) {
-            if let Some(x) = intersect(&r, &span) {
+        for r in &self.others {
+            if let Some(x) = intersect(r, &span) {
                 buf[x.start - start..x.end - start].fill(0.0);
             }
         }

@@ -16,7 +16,6 @@ use crate::forecast::Measured;
 pub(super) fn header(cfg: &RunConfig, engine: &Engine, fpt: f64, peak: f64) -> Vec<String> {
     let t = &cfg.train;
     let m = &t.model;
-    let _ = engine;
     let params = Layout::new(m).total;
     let active = if m.moe.is_some() {
         " (active per token)"

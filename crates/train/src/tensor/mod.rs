@@ -88,11 +88,22 @@ impl<'a> TpGroup<'a> {
         &mut self,
         op: impl FnOnce(&ProcessGroup) -> comm::Result<()>,
     ) -> std::result::Result<(), ::model::ModelError> {
-        let t = Instant::now();
-        let r = op(self.group);
-        self.seconds += t.elapsed().as_secs_f64();
-        r.map_err(|e| ::model::ModelError::Comm(Box::new(e)))
+        timed_on(self.group, &mut self.seconds, op)
     }
+}
+
+/// Runs a block's collective `op` on `group`, adding its time to `seconds` and reporting a
+/// failure as the model crate's communication error: the tensor-parallel and expert groups'
+/// one wrapper.
+pub(crate) fn timed_on(
+    group: &ProcessGroup,
+    seconds: &mut f64,
+    op: impl FnOnce(&ProcessGroup) -> comm::Result<()>,
+) -> std::result::Result<(), ::model::ModelError> {
+    let t = Instant::now();
+    let r = op(group);
+    *seconds += t.elapsed().as_secs_f64();
+    r.map_err(|e| ::model::ModelError::Comm(Box::new(e)))
 }
 
 impl<T: Element> BlockComm<T> for TpGroup<'_> {
