@@ -22,7 +22,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 
-use super::{RemoteError, RemoteStore, Result, object_key, parse_step_name};
+use super::{RemoteError, RemoteStore, Result, StoreError, object_key, parse_step_name};
 use crate::error::io_err;
 use crate::fsio::{checksum_hex, fsync_dir, is_real_dir, write_atomic};
 use crate::manifest::{
@@ -179,13 +179,14 @@ fn remote_manifest(
     let key = object_key(step, MANIFEST_FILE);
     let size = store
         .object_size(&key)?
-        .ok_or_else(|| RemoteError::Missing { key: key.clone() })?;
+        .ok_or_else(|| RemoteError::from(StoreError::Missing { key: key.clone() }))?;
     if size != marker.manifest_bytes {
-        return Err(RemoteError::ObjectSize {
+        return Err(StoreError::ObjectSize {
             key,
             size,
             expected: format!("{} (from the commit marker)", marker.manifest_bytes),
-        });
+        }
+        .into());
     }
     let bytes = store.get_object(&key, marker.manifest_bytes)?;
     let actual = checksum_hex(&bytes);
@@ -241,13 +242,14 @@ fn download_step(
         let key = object_key(step, file);
         let size = store
             .object_size(&key)?
-            .ok_or_else(|| RemoteError::Missing { key: key.clone() })?;
+            .ok_or_else(|| RemoteError::from(StoreError::Missing { key: key.clone() }))?;
         if size < end || size - end > MAX_TRAILING_BYTES {
-            return Err(RemoteError::ObjectSize {
+            return Err(StoreError::ObjectSize {
                 key,
                 size,
                 expected: format!("{end} to {} (from the manifest)", end + MAX_TRAILING_BYTES),
-            });
+            }
+            .into());
         }
         let path = inner.join(file);
         let mut f = File::create_new(&path).map_err(io_err("create", &path))?;

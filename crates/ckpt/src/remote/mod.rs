@@ -28,16 +28,15 @@
 
 mod fetch;
 mod stager;
-mod store;
 mod upload;
 
 pub use fetch::{
     Fetched, RemoteRejected, fetch_latest, fetch_step, list_remote_committed, list_remote_markers,
 };
+pub use objstore::{RemoteOptions, RemoteStore, StoreError};
 pub use stager::{
     REMOTE_RECORD_FILE, RemoteRecord, StageState, StageStatus, Stager, StagerConfig, read_record,
 };
-pub use store::{RemoteOptions, RemoteStore};
 pub use upload::{UploadFailPoint, UploadReport, upload_step, upload_step_with_fail_point};
 
 use crate::error::CkptError;
@@ -51,47 +50,16 @@ pub enum RemoteError {
     /// A local checkpoint operation (reading, verifying, writing the cache) failed.
     #[error(transparent)]
     Ckpt(#[from] CkptError),
-    /// The remote URL or options are unusable.
+    /// The stager's settings are unusable.
     #[error("remote config: {0}")]
     Config(String),
-    /// The async runtime behind the synchronous facade could not be started.
-    #[error("starting the I/O runtime: {0}")]
+    /// The stager's thread could not be started.
+    #[error("starting the stager thread: {0}")]
     Runtime(std::io::Error),
-    /// An object store request failed.
-    #[error("remote {op} {key:?}: {source}")]
-    Store {
-        /// What was being done (`put`, `get`, `head`, `list`, ...).
-        op: &'static str,
-        /// The object key, relative to the store's prefix.
-        key: String,
-        /// The underlying error.
-        source: Box<object_store::Error>,
-    },
-    /// A key is not a valid object path (empty segment, forbidden characters, ...).
-    #[error("invalid remote object key {key:?}: {reason}")]
-    BadKey {
-        /// The key, relative to the store's prefix.
-        key: String,
-        /// Why it is invalid.
-        reason: String,
-    },
-    /// A remote object that must exist does not.
-    #[error("remote object {key:?} is missing")]
-    Missing {
-        /// The object key, relative to the store's prefix.
-        key: String,
-    },
-    /// A remote object is larger or smaller than the manifest or a hard cap allows (checked
-    /// before any byte of it is downloaded).
-    #[error("remote object {key:?} has {size} bytes, expected {expected}")]
-    ObjectSize {
-        /// The object key, relative to the store's prefix.
-        key: String,
-        /// Its size according to the store.
-        size: u64,
-        /// What was allowed.
-        expected: String,
-    },
+    /// The object store failed: a request, a key, an object's size, a local file
+    /// (`flotilla-objstore`).
+    #[error(transparent)]
+    Store(#[from] StoreError),
     /// A remote object's content does not match what the step's marker or manifest records.
     #[error("step {step}: remote object {key:?}: {reason}")]
     Corrupt {

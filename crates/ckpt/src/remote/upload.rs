@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use super::{RemoteError, RemoteStore, Result, object_key};
+use super::{RemoteError, RemoteStore, Result, StoreError, object_key};
 use crate::fsio::{checksum_hex, read_capped};
 use crate::manifest::{
     COMMIT_FILE, CommitMarker, MANIFEST_FILE, MAX_MANIFEST_BYTES, MAX_MARKER_BYTES, Manifest,
@@ -150,11 +150,12 @@ fn upload_inner(
                     // Cheap check that the store holds the whole file before COMMIT can follow.
                     let size = store.object_size(&key)?;
                     if size != Some(len) {
-                        return Err(RemoteError::ObjectSize {
+                        return Err(StoreError::ObjectSize {
                             key,
                             size: size.unwrap_or(0),
                             expected: format!("{len} (the local file) after upload"),
-                        });
+                        }
+                        .into());
                     }
                 }
                 report.bytes += len;

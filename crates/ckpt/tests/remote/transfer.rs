@@ -114,7 +114,10 @@ fn bad_urls_are_refused() {
         "file://relative/dir",
     ] {
         let err = RemoteStore::open(url, &RemoteOptions::default()).unwrap_err();
-        assert!(matches!(err, RemoteError::Config(_)), "{url}: {err}");
+        assert!(
+            matches!(err, ckpt::remote::StoreError::Config(_)),
+            "{url}: {err}"
+        );
     }
     let tiny_parts = RemoteOptions {
         part_size: Some(1 << 20),

@@ -15,8 +15,7 @@ use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, RetryConfig, WriteMultipart};
 
-use super::{RemoteError, Result};
-use crate::error::io_err;
+use crate::{Result, StoreError, io_err};
 
 /// Files up to this size are uploaded with one put by default; larger ones as multipart uploads.
 const DEFAULT_MULTIPART_THRESHOLD: u64 = 64 << 20;
@@ -75,9 +74,9 @@ impl std::fmt::Debug for RemoteOptions {
 /// A remote store (S3-compatible bucket or directory) under a prefix, used synchronously.
 pub struct RemoteStore {
     url: String,
-    store: Arc<dyn ObjectStore>,
+    pub(crate) store: Arc<dyn ObjectStore>,
     prefix: String,
-    runtime: tokio::runtime::Runtime,
+    pub(crate) runtime: tokio::runtime::Runtime,
     multipart_threshold: u64,
     part_size: usize,
 }
@@ -92,15 +91,18 @@ impl std::fmt::Debug for RemoteStore {
     }
 }
 
-fn config(reason: impl Into<String>) -> RemoteError {
-    RemoteError::Config(reason.into())
+fn config(reason: impl Into<String>) -> StoreError {
+    StoreError::Config(reason.into())
 }
 
-fn store_err(op: &'static str, key: &str) -> impl FnOnce(object_store::Error) -> RemoteError {
+pub(crate) fn store_err(
+    op: &'static str,
+    key: &str,
+) -> impl FnOnce(object_store::Error) -> StoreError {
     let key = key.to_string();
     move |e| match e {
-        object_store::Error::NotFound { .. } => RemoteError::Missing { key },
-        source => RemoteError::Store {
+        object_store::Error::NotFound { .. } => StoreError::Missing { key },
+        source => StoreError::Store {
             op,
             key,
             source: Box::new(source),
@@ -184,7 +186,7 @@ impl RemoteStore {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(RemoteError::Runtime)?;
+            .map_err(StoreError::Runtime)?;
         Ok(RemoteStore {
             url: url.to_string(),
             store,
@@ -204,13 +206,13 @@ impl RemoteStore {
 
     /// The full object path of `key` (relative to the prefix); refuses keys that are not clean
     /// `/`-separated names.
-    fn path(&self, key: &str) -> Result<Path> {
+    pub(crate) fn path(&self, key: &str) -> Result<Path> {
         let full = if self.prefix.is_empty() {
             key.to_string()
         } else {
             format!("{}/{key}", self.prefix)
         };
-        Path::parse(&full).map_err(|e| RemoteError::BadKey {
+        Path::parse(&full).map_err(|e| StoreError::BadKey {
             key: key.to_string(),
             reason: e.to_string(),
         })
@@ -238,11 +240,11 @@ impl RemoteStore {
     /// Downloads the whole object at `key`, refusing it (before downloading) if it is larger
     /// than `cap` bytes.
     pub fn get_object(&self, key: &str, cap: u64) -> Result<Vec<u8>> {
-        let size = self.object_size(key)?.ok_or_else(|| RemoteError::Missing {
+        let size = self.object_size(key)?.ok_or_else(|| StoreError::Missing {
             key: key.to_string(),
         })?;
         if size > cap {
-            return Err(RemoteError::ObjectSize {
+            return Err(StoreError::ObjectSize {
                 key: key.to_string(),
                 size,
                 expected: format!("at most {cap}"),
@@ -305,7 +307,7 @@ impl RemoteStore {
                 .block_on(self.store.get_range(&path, at..end))
                 .map_err(store_err("get", key))?;
             if chunk.len() as u64 != end - at {
-                return Err(RemoteError::ObjectSize {
+                return Err(StoreError::ObjectSize {
                     key: key.to_string(),
                     size: at + chunk.len() as u64,
                     expected: format!("range {at}..{end} in full"),
@@ -319,13 +321,7 @@ impl RemoteStore {
 
     /// Downloads the object at `key`, which must be exactly `size` bytes, into `file` (at its
     /// current position); `path` names the file in errors.
-    pub(crate) fn download_to(
-        &self,
-        key: &str,
-        size: u64,
-        file: &mut File,
-        path: &FsPath,
-    ) -> Result<()> {
+    pub fn download_to(&self, key: &str, size: u64, file: &mut File, path: &FsPath) -> Result<()> {
         self.read_ranges(key, size, |chunk| {
             file.write_all(chunk).map_err(io_err("write", path))?;
             Ok(())
@@ -336,7 +332,7 @@ impl RemoteStore {
     /// multipart upload above it. With `stop_mid` it stops as a crash would: a multipart upload
     /// is left incomplete after its first part, a single put is never sent; it then returns
     /// `Ok(false)`. Returns `Ok(true)` once the object is complete.
-    pub(crate) fn upload_file(&self, key: &str, path: &FsPath, stop_mid: bool) -> Result<bool> {
+    pub fn upload_file(&self, key: &str, path: &FsPath, stop_mid: bool) -> Result<bool> {
         let mut file = File::open(path).map_err(io_err("open", path))?;
         let len = file.metadata().map_err(io_err("stat", path))?.len();
         if len <= self.multipart_threshold {
