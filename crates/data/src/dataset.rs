@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
+use crate::cache::{FetchStats, ShardFetch};
 use crate::error::{DataError, Result};
 use crate::manifest::Manifest;
 use crate::shard::Shard;
@@ -27,6 +28,9 @@ pub struct Dataset {
     /// Shards whose hash has been checked in this process.
     verified: std::sync::atomic::AtomicUsize,
     recent: Mutex<Recent<Shard>>,
+    /// A remote dataset's fetcher: brings each shard into `dir` before it is mapped
+    /// ([`crate::cache`]); `None` for a local directory.
+    fetch: Option<Box<dyn ShardFetch>>,
 }
 
 /// Shard-file bytes a dataset keeps mapped after their readers let go.
@@ -116,18 +120,33 @@ impl Dataset {
                 });
             }
         }
+        Ok(Dataset::with_fetch(dir, manifest, None))
+    }
+
+    /// A dataset over `dir` whose shards `fetch` brings in (a remote dataset's cache).
+    pub(crate) fn with_fetch(
+        dir: &Path,
+        manifest: Manifest,
+        fetch: Option<Box<dyn ShardFetch>>,
+    ) -> Dataset {
         let slots = manifest
             .shards
             .iter()
             .map(|_| Mutex::new(Slot::default()))
             .collect();
-        Ok(Dataset {
+        Dataset {
             dir: dir.to_path_buf(),
             manifest,
             slots,
             verified: Default::default(),
             recent: Mutex::new(Recent::default()),
-        })
+            fetch,
+        }
+    }
+
+    /// A remote dataset's fetches so far (`None` for a local directory).
+    pub fn fetch_stats(&self) -> Option<FetchStats> {
+        self.fetch.as_ref().map(|f| f.stats())
     }
 
     /// The directory.
@@ -161,7 +180,9 @@ impl Dataset {
             i,
             &shard,
             shard.info().bytes,
-            KEEP_MAPPED_BYTES,
+            self.fetch
+                .as_ref()
+                .map_or(KEEP_MAPPED_BYTES, |f| f.max_bytes().min(KEEP_MAPPED_BYTES)),
         );
         Ok(shard)
     }
@@ -172,28 +193,53 @@ impl Dataset {
         if let Some(shard) = slot.mapped.upgrade() {
             return Ok(shard);
         }
-        let shard = if slot.verified {
-            Arc::new(self.open_checked(i)?)
-        } else {
-            let shard = self.open_verified(i)?;
+        let (shard, fresh) = self.open_checked(i)?;
+        if !slot.verified || fresh {
+            shard.verify(self.manifest.shards[i].checksum())?;
+        }
+        if !slot.verified {
             slot.verified = true;
             self.verified
                 .fetch_add(1, std::sync::atomic::Ordering::Release);
-            shard
-        };
+        }
+        let shard = Arc::new(shard);
         slot.mapped = Arc::downgrade(&shard);
+        drop(slot);
+        self.make_room(i);
         Ok(shard)
+    }
+
+    /// Lets a remote dataset's least recently used shards go until its cache is within budget,
+    /// skipping any whose slot another thread holds (being fetched or mapped right now); a
+    /// shard still mapped keeps its pages until its readers let go.
+    fn make_room(&self, keep: usize) {
+        let Some(f) = &self.fetch else { return };
+        for j in f.over_budget(keep) {
+            if let Ok(_slot) = self.slots[j].try_lock() {
+                f.evict(j);
+            }
+        }
     }
 
     /// Whether shard `i` still waits for its first verification: false once verified, and
     /// false while another thread holds its slot (it is being mapped or verified right now).
+    /// A remote dataset's shard also needs it while its file is not in the cache (never
+    /// fetched, or let go): that is how the verify-ahead thread reads ahead.
     pub fn needs_verification(&self, i: usize) -> bool {
-        self.slots[i].try_lock().is_ok_and(|slot| !slot.verified)
+        self.slots[i].try_lock().is_ok_and(|slot| {
+            !slot.verified
+                || self
+                    .fetch
+                    .as_ref()
+                    .is_some_and(|f| slot.mapped.strong_count() == 0 && !f.present(i))
+        })
     }
 
-    /// Whether every shard has been verified in this process (nothing is left to hash ahead).
+    /// Whether every shard has been verified in this process and stays in place (nothing is
+    /// left to hash or fetch ahead).
     pub fn all_verified(&self) -> bool {
         self.verified.load(std::sync::atomic::Ordering::Acquire) == self.slots.len()
+            && self.fetch.as_ref().is_none_or(|f| f.holds_all())
     }
 
     /// Maps and verifies shard `i` afresh, without caching it (what `flotilla data verify` does).
@@ -201,17 +247,40 @@ impl Dataset {
     /// # Errors
     /// As [`Dataset::shard`].
     pub fn open_verified(&self, i: usize) -> Result<Arc<Shard>> {
-        let shard = self.open_checked(i)?;
+        let (shard, _) = self.open_checked(i)?;
         shard.verify(self.manifest.shards[i].checksum())?;
         Ok(Arc::new(shard))
     }
 
+    /// Maps shard `i` at `path`, fetched into the cache first for a remote dataset (`true`:
+    /// downloaded just now). A file another process let go of the shared cache between the
+    /// fetch and the mapping is fetched again (at most three tries).
+    fn fetch_and_map(&self, i: usize, path: &Path) -> Result<(Shard, bool)> {
+        let Some(f) = &self.fetch else {
+            return Ok((Shard::open(path)?, false));
+        };
+        let entry = &self.manifest.shards[i];
+        let mut tries = 0;
+        loop {
+            let fresh = f.fetch(i, &entry.file, entry.bytes)?;
+            match Shard::open(path) {
+                Err(DataError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound && tries < 2 =>
+                {
+                    tries += 1;
+                }
+                opened => return Ok((opened?, fresh)),
+            }
+        }
+    }
+
     /// Maps shard `i` with the cheap checks only: header, length, end marker, and agreement
-    /// with the manifest (counts, tokenizer, vocabulary, footer checksum).
-    fn open_checked(&self, i: usize) -> Result<Shard> {
+    /// with the manifest (counts, tokenizer, vocabulary, footer checksum); a remote dataset's
+    /// shard is fetched into the cache first (`true`: downloaded just now).
+    fn open_checked(&self, i: usize) -> Result<(Shard, bool)> {
         let entry = &self.manifest.shards[i];
         let path = self.shard_path(i);
-        let shard = Shard::open(&path)?;
+        let (shard, fresh) = self.fetch_and_map(i, &path)?;
         let info = shard.info();
         let m = &self.manifest;
         let disagree = (info.tokens, info.docs, info.vocab, info.tokenizer.as_str())
@@ -244,7 +313,7 @@ impl Dataset {
                 ),
             });
         }
-        Ok(shard)
+        Ok((shard, fresh))
     }
 }
 

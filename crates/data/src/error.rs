@@ -229,6 +229,14 @@ pub enum DataError {
         /// What was wrong.
         problem: String,
     },
+    /// A dataset in object storage could not be read.
+    #[error("dataset {url}: {reason}")]
+    Remote {
+        /// The dataset's URL.
+        url: String,
+        /// What failed (the store's error, with the object's key).
+        reason: String,
+    },
     /// Something needs a cargo feature this build was compiled without.
     #[error("{what} needs flotilla built with `--features {feature}`")]
     FeatureDisabled {

@@ -30,6 +30,7 @@
 //! ```
 
 pub mod batch;
+pub mod cache;
 pub mod corpus;
 pub mod dataset;
 pub mod error;
@@ -37,6 +38,8 @@ pub mod fsread;
 pub mod loader;
 pub mod manifest;
 pub mod prepare;
+#[cfg(feature = "s3")]
+mod remote;
 mod rng;
 pub mod sampler;
 pub mod shard;
@@ -47,6 +50,7 @@ pub mod tokenizer;
 pub mod verify;
 
 pub use batch::{TokenWindows, validate_ids};
+pub use cache::{CacheConfig, FetchStats};
 pub use corpus::{MarkovCorpus, TextCorpus};
 pub use dataset::Dataset;
 pub use error::{DataError, Result};
