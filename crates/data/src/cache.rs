@@ -93,6 +93,54 @@ pub struct FetchStats {
     pub evicted: u64,
 }
 
+impl FetchStats {
+    /// One line for a person: shards, bytes, rate, requests, hedges, latency quantiles.
+    pub fn line(&self) -> String {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        format!(
+            "fetched {} shards, {:.1} MB in {:.2} s ({:.1} MB/s per fetching thread), {} ranged GETs, \
+             {} hedged ({} won by the hedge), latency P50 {:.1} ms P99 {:.1} ms max {:.1} ms, {} let go",
+            self.shards,
+            self.bytes as f64 / 1e6,
+            self.seconds,
+            self.bytes as f64 / 1e6 / self.seconds.max(1e-9),
+            self.requests,
+            self.hedged.0,
+            self.hedged.1,
+            ms(self.latency[0]),
+            ms(self.latency[1]),
+            ms(self.latency[2]),
+            self.evicted
+        )
+    }
+
+    /// The same figures as JSON (latencies in milliseconds).
+    pub fn to_json(&self) -> serde_json::Value {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        serde_json::json!({
+            "shards": self.shards, "bytes": self.bytes, "seconds": self.seconds,
+            "requests": self.requests, "hedged": self.hedged.0, "hedges_won": self.hedged.1,
+            "latency_p50_ms": ms(self.latency[0]), "latency_p99_ms": ms(self.latency[1]),
+            "latency_max_ms": ms(self.latency[2]), "evicted": self.evicted,
+        })
+    }
+}
+
+/// Brings every shard of a remote dataset into its cache (each hashed once downloaded), so a
+/// measurement or a run starts warm; the fetches it made (`None` for a local directory).
+///
+/// # Errors
+/// The first shard that cannot be fetched or verified.
+pub fn warm(dataset: &Dataset) -> Result<Option<FetchStats>> {
+    if dataset.fetch_stats().is_none() {
+        return Ok(None);
+    }
+    for i in 0..dataset.num_shards() {
+        dataset.shard(i)?;
+    }
+    Ok(dataset.fetch_stats())
+}
+
 /// A source that brings shard files into the dataset's directory before they are mapped.
 pub(crate) trait ShardFetch: Send + Sync {
     /// Makes shard `i` (`file`, `bytes` long) present in the directory; `true` when it was
@@ -154,17 +202,19 @@ fn remote_open(url: &str, _cache: &CacheConfig) -> Result<Dataset> {
 
 /// Uploads the dataset in directory `dir` to `url`, shards first and the manifest last (a
 /// reader of the URL never sees a manifest whose shards are not all there); returns the bytes
-/// uploaded (what `flotilla data prepare -o s3://...` does after preparing locally).
+/// uploaded (what `flotilla data prepare -o s3://...` does after preparing locally). A URL
+/// that already holds a manifest is refused unless `replace`.
 ///
 /// # Errors
-/// The manifest's errors; [`crate::DataError::Remote`] naming the object whose put failed;
+/// The manifest's errors; [`crate::DataError::DatasetExists`] for a URL that holds a dataset;
+/// [`crate::DataError::Remote`] naming the object whose put failed;
 /// [`crate::DataError::FeatureDisabled`] in a build without the `s3` feature.
-pub fn upload(dir: &Path, url: &str) -> Result<u64> {
+pub fn upload(dir: &Path, url: &str, replace: bool) -> Result<u64> {
     #[cfg(feature = "s3")]
-    return crate::remote::upload(dir, url);
+    return crate::remote::upload(dir, url, replace);
     #[cfg(not(feature = "s3"))]
     {
-        let _ = dir;
+        let _ = (dir, replace);
         Err(crate::DataError::FeatureDisabled {
             what: format!("uploading to {url}"),
             feature: "s3",

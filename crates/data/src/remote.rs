@@ -282,9 +282,13 @@ impl ShardFetch for RemoteShards {
 /// # Errors
 /// The manifest's errors ([`Manifest::read`]); [`DataError::Remote`] naming the URL and the
 /// object when a put fails.
-pub fn upload(dir: &Path, url: &str) -> Result<u64> {
+pub fn upload(dir: &Path, url: &str, replace: bool) -> Result<u64> {
     let manifest = Manifest::read(dir)?;
     let store = RemoteStore::open(url, &RemoteOptions::default()).map_err(remote_err(url))?;
+    let held = store.object_size(MANIFEST_FILE).map_err(remote_err(url))?;
+    if held.is_some() && !replace {
+        return Err(DataError::DatasetExists { dir: url.into() });
+    }
     for s in &manifest.shards {
         store
             .upload_file(&s.file, &dir.join(&s.file), false)

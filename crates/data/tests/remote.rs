@@ -68,7 +68,7 @@ fn same_batches_as_local(url: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let ds = local(&tmp.path().join("local"));
     let want = rows(ds.clone(), STEPS);
-    let uploaded = cache::upload(ds.dir(), url).unwrap();
+    let uploaded = cache::upload(ds.dir(), url, false).unwrap();
     assert!(uploaded > ds.manifest().bytes, "{uploaded}");
 
     let big = cache_in(&tmp.path().join("cache"), 1 << 30);
@@ -129,7 +129,7 @@ fn a_corrupt_remote_shard_is_named_and_a_changed_snapshot_empties_the_cache() {
     let tmp = tempfile::tempdir().unwrap();
     let ds = local(&tmp.path().join("local"));
     let url = format!("s3://{BUCKET}/bad");
-    cache::upload(ds.dir(), &url).unwrap();
+    cache::upload(ds.dir(), &url, false).unwrap();
     // Shard 1 replaced remotely by bytes of the same length, one flipped.
     let store = objstore::RemoteStore::open(&url, &objstore::RemoteOptions::default()).unwrap();
     let name = &ds.manifest().shards[1].file;
@@ -147,7 +147,8 @@ fn a_corrupt_remote_shard_is_named_and_a_changed_snapshot_empties_the_cache() {
     drop(other);
     let docs: Vec<Vec<u64>> = vec![vec![100, 200]];
     let fresh = write_dataset(&tmp.path().join("fresh"), &docs);
-    cache::upload(fresh.dir(), &url).unwrap();
+    assert!(cache::upload(fresh.dir(), &url, false).is_err());
+    cache::upload(fresh.dir(), &url, true).unwrap();
     let reopened = cache::open(Path::new(&url), &c).unwrap();
     assert_eq!(reopened.manifest(), fresh.manifest());
     let left: Vec<String> = std::fs::read_dir(reopened.dir())
@@ -163,7 +164,7 @@ fn a_shard_let_go_by_another_process_is_fetched_again_and_no_url_needs_a_server_
     let url = format!("file://{}", remote.path().join("r").display());
     let tmp = tempfile::tempdir().unwrap();
     let ds = local(&tmp.path().join("local"));
-    cache::upload(ds.dir(), &url).unwrap();
+    cache::upload(ds.dir(), &url, false).unwrap();
     let c = cache_in(&tmp.path().join("cache"), 1 << 30);
     let a = cache::open(Path::new(&url), &c).unwrap();
     let b = cache::open(Path::new(&url), &c).unwrap();

@@ -16,7 +16,8 @@ pub struct Args {
     /// Input files, directories (walked recursively, hidden files skipped) and glob patterns.
     #[arg(required = true)]
     inputs: Vec<String>,
-    /// Dataset directory to write (created if needed).
+    /// Dataset directory to write (created if needed), or s3://bucket/prefix (prepared in the
+    /// data cache, then uploaded, manifest last; needs the `s3` feature).
     #[arg(long, short)]
     output: PathBuf,
     /// Tokenizer: `byte`, `gpt2`, or a Hugging Face tokenizer.json.
@@ -46,7 +47,7 @@ pub struct Args {
     /// Tokenizer threads (0: every core).
     #[arg(long, default_value_t = 0, value_parser = usize_in(0, MAX_THREADS))]
     threads: usize,
-    /// Replace a dataset already in the output directory.
+    /// Replace a dataset already in the output directory (or at the s3:// URL).
     #[arg(long)]
     force: bool,
     /// Hide the progress bar (it is also hidden when stderr is not a terminal).
@@ -68,7 +69,15 @@ pub fn run(a: Args) -> Result<()> {
         .tokenizer
         .build(a.eot.as_deref())
         .with_context(|| format!("loading tokenizer {}", a.tokenizer))?;
-    let mut cfg = PrepareConfig::new(a.inputs, a.output);
+    let remote = data::cache::is_remote(&a.output).then(|| a.output.display().to_string());
+    // An s3:// output is prepared in a scratch directory of this process, removed afterwards.
+    let scratch = std::env::temp_dir().join(format!("flotilla-prepare-{}", std::process::id()));
+    let local = if remote.is_some() {
+        scratch.clone()
+    } else {
+        a.output
+    };
+    let mut cfg = PrepareConfig::new(a.inputs, local);
     cfg.format = a.format;
     cfg.text_docs = a.text_docs;
     cfg.field = a.field;
@@ -125,5 +134,11 @@ pub fn run(a: Args) -> Result<()> {
         s.skipped, s.split_docs, s.removed_files
     );
     println!("snapshot {}", s.manifest.snapshot);
+    if let Some(url) = remote {
+        let up = data::cache::upload(&cfg.output, &url, a.force);
+        std::fs::remove_dir_all(&scratch)
+            .with_context(|| format!("removing {}", scratch.display()))?;
+        println!("uploaded {} bytes to {url} (manifest last)", up?);
+    }
     Ok(())
 }

@@ -14,7 +14,8 @@ use data::{Dataset, LoaderConfig, Prefetch};
 /// Which datasets to read and how to cut, shuffle and deliver them.
 #[derive(clap::Args, Clone, Debug)]
 pub struct LoaderArgs {
-    /// Dataset directories (made by `flotilla data prepare` or `data synth`); several make a
+    /// Dataset directories (made by `flotilla data prepare` or `data synth`), or
+    /// s3://bucket/prefix (streamed through --data-cache; `s3` feature); several make a
     /// weighted mixture.
     #[arg(long = "dataset", value_name = "DIR")]
     pub datasets: Vec<PathBuf>,
@@ -39,6 +40,15 @@ pub struct LoaderArgs {
     /// Seconds `next` waits for a batch before failing.
     #[arg(long, default_value_t = 120.0, value_parser = seconds)]
     pub data_timeout: f64,
+    /// Local cache of s3:// datasets (default: $TMPDIR/flotilla-data-cache).
+    #[arg(long, value_name = "DIR")]
+    pub data_cache: Option<PathBuf>,
+    /// Most GiB of shards the cache keeps per dataset (least recently used let go first).
+    #[arg(long, default_value_t = 16.0, value_parser = positive_f64)]
+    pub data_cache_gb: f64,
+    /// Never hedge a slow ranged read of an s3:// dataset (default: after the P95 latency).
+    #[arg(long)]
+    pub no_hedge: bool,
 }
 
 /// A loader run outside training (`data stress`, `data bench`): the loader options plus the
@@ -80,11 +90,22 @@ impl LoaderArgs {
         self.datasets
             .iter()
             .map(|d| {
-                Dataset::open(d)
+                data::cache::open(d, &self.cache())
                     .map(Arc::new)
                     .with_context(|| format!("opening dataset {}", d.display()))
             })
             .collect()
+    }
+
+    /// Where s3:// datasets are cached.
+    pub fn cache(&self) -> data::CacheConfig {
+        let max_bytes = (self.data_cache_gb * f64::from(1u32 << 30)) as u64;
+        let (dir, hedge) = (self.data_cache.clone(), !self.no_hedge);
+        data::CacheConfig {
+            dir,
+            max_bytes,
+            hedge,
+        }
     }
 
     /// The loader config for sequences of `seq_len` tokens, `global_batch` per step.
@@ -94,6 +115,7 @@ impl LoaderArgs {
         c.rank = self.rank;
         c.workers = self.workers;
         c.shuffle_window = self.shuffle_window;
+        c.cache = self.cache();
         c.prefetch = match self.prefetch.as_str() {
             "auto" => Prefetch::Auto { max: 64 },
             n => Prefetch::Fixed(

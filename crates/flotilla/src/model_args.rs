@@ -159,7 +159,7 @@ impl TrainArgs {
     ) -> Result<TrainConfig> {
         let tokenizer: TokenizerKind = self.tokenizer.parse().context("--tokenizer")?;
         if self.loader.given() && !vocab_given {
-            let m = data::Manifest::read(&self.loader.datasets[0])
+            let m = data::cache::read_manifest(&self.loader.datasets[0], &self.loader.cache())
                 .with_context(|| format!("--dataset {}", self.loader.datasets[0].display()))?;
             model.vocab = m.vocab_size as usize;
         } else if self.data != "markov" && !vocab_given {

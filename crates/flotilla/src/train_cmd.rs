@@ -177,8 +177,14 @@ pub struct Args {
     /// Directory of the run's distributed checkpoints. The run saves there and, when it already
     /// holds a committed step, first resumes from the newest one that loads (falling back past
     /// any that fail verification, and saying so).
+    /// s3://bucket/prefix: saved in a local cache ($FLOTILLA_CKPT_CACHE or $TMPDIR), uploaded
+    /// in the background, committed remotely last; a newer remote step is fetched before the
+    /// resume (`s3` feature).
     #[arg(long)]
     ckpt_dir: Option<PathBuf>,
+    /// The object store --ckpt-dir named (it then holds the local cache).
+    #[arg(skip)]
+    ckpt_remote: Option<String>,
     /// Save a checkpoint every this many steps (0: only at the end of the run).
     #[arg(long, default_value_t = 0, requires = "ckpt_dir")]
     ckpt_every: u64,
@@ -281,6 +287,7 @@ impl Args {
         cfg.log_every = self.log_every;
         (cfg.eval_every, cfg.eval_batches) = (self.eval_every, self.eval_batches);
         cfg.trace = self.trace.clone();
+        cfg.ckpt_remote = self.ckpt_remote.clone();
         cfg.peak_gflops = self.peak_gflops;
         cfg.forecast = !self.no_plan;
         cfg.save = self.save.clone();
@@ -294,7 +301,12 @@ impl Args {
 
 /// Run `flotilla train`: in one process, or as the launcher of `--nproc` workers (which run
 /// this same command with their rank in the environment).
-pub fn run(a: Args) -> Result<()> {
+pub fn run(mut a: Args) -> Result<()> {
+    if let Some(d) = a.ckpt_dir.take_if(|d| train::run::mirror::is_remote(d)) {
+        let url = d.display().to_string();
+        a.ckpt_dir = Some(train::run::mirror::cache_dir(&url)?);
+        a.ckpt_remote = Some(url);
+    }
     // `flotilla train` alone: the embedded default job (see `EMBEDDED_CKPT_DIR`).
     let embedded = std::env::args_os().count() == 2;
     if !(a.bucket_mb > 0.0 && a.bucket_mb.is_finite()) {

@@ -66,6 +66,10 @@ pub fn config_hash(cfg: &TrainConfig) -> String {
     c.steps = 0;
     c.threads = 0;
     c.grad_accum = 1;
+    if let crate::config::DataSpec::Dataset { loader, .. } = &mut c.data {
+        // Where a remote dataset is cached decides no number.
+        loader.cache = data::CacheConfig::default();
+    }
     ckpt::checksum_hex(format!("{c:?}").as_bytes())
 }
 

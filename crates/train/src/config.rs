@@ -113,9 +113,9 @@ impl TrainConfig {
                 Some(tokenizer.to_string())
             }
             // The tokenizer the dataset was prepared with, as its manifest names it.
-            DataSpec::Dataset { dirs, .. } => dirs
+            DataSpec::Dataset { dirs, loader } => dirs
                 .first()
-                .and_then(|d| data::Manifest::read(d).ok())
+                .and_then(|d| data::cache::read_manifest(d, &loader.cache).ok())
                 .map(|m| m.tokenizer),
         }
     }

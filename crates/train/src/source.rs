@@ -5,8 +5,7 @@ use std::sync::Arc;
 use crate::config::DataSpec;
 use crate::error::Result;
 use data::{
-    Dataset, Loader, LoaderMetrics, MarkovCorpus, TextCorpus, TokenWindows, load_tokens,
-    validate_ids,
+    Loader, LoaderMetrics, MarkovCorpus, TextCorpus, TokenWindows, load_tokens, validate_ids,
 };
 
 /// This process's share of each global batch: `batch` rows, rank `rank` of `world`
@@ -209,7 +208,7 @@ impl Kind {
             DataSpec::Dataset { dirs, loader } => {
                 let datasets = dirs
                     .iter()
-                    .map(|d| Dataset::open(d).map(Arc::new))
+                    .map(|d| data::cache::open(d, &loader.cache).map(Arc::new))
                     .collect::<data::Result<Vec<_>>>()?;
                 if let Some(d) = datasets
                     .iter()

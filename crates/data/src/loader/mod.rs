@@ -99,6 +99,8 @@ pub struct LoaderConfig {
     pub weights: Vec<f64>,
     /// Longest `next` waits for one batch.
     pub timeout: Duration,
+    /// Where datasets in object storage are cached ([`crate::cache`]); decides no batch.
+    pub cache: crate::cache::CacheConfig,
 }
 
 impl LoaderConfig {
@@ -116,6 +118,7 @@ impl LoaderConfig {
             shuffle_window: 1 << 16,
             weights: vec![1.0],
             timeout: Duration::from_secs(120),
+            cache: crate::cache::CacheConfig::default(),
         }
     }
 }

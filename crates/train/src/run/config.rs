@@ -154,6 +154,9 @@ pub struct RunConfig {
     pub eval_batches: usize,
     /// Write a Chrome / Perfetto trace per rank in this directory (see `run::trace`).
     pub trace: Option<PathBuf>,
+    /// The object store the checkpoint directory mirrors (`s3://bucket/prefix`; the
+    /// checkpoint directory is then its local cache; see [`crate::run::mirror`]).
+    pub ckpt_remote: Option<String>,
 }
 
 impl RunConfig {
@@ -175,6 +178,7 @@ impl RunConfig {
             eval_every: 0,
             eval_batches: 4,
             trace: None,
+            ckpt_remote: None,
         }
     }
 

@@ -75,9 +75,9 @@ impl HfInit {
             None => None,
         };
         match data {
-            crate::DataSpec::Dataset { dirs, .. } => {
+            crate::DataSpec::Dataset { dirs, loader } => {
                 for d in dirs {
-                    let m = data::Manifest::read(d)?;
+                    let m = data::cache::read_manifest(d, &loader.cache)?;
                     if m.vocab_size as usize > self.model.vocab {
                         return Err(refused(format!(
                             "--dataset {}: its vocabulary of {} does not fit the model's \

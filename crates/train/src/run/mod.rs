@@ -19,6 +19,7 @@ pub mod eval;
 pub mod expert;
 pub mod init;
 pub mod mesh;
+pub mod mirror;
 mod outputs;
 pub mod report;
 pub mod resume;
@@ -138,6 +139,7 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
     if let Some(line) = init::apply(&cfg.init, &cfg.train.model, &mut engine)? {
         say(line);
     }
+    let mut mirror = open_mirror(cfg, lead, world_group.as_ref(), &mut say)?;
     let mut saver = open_saver(cfg, &mut engine, world_group.as_ref(), &mut say)?;
     let first = engine.steps_done();
     obs.resumed(first, steps);
@@ -201,6 +203,9 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
             }
             _ => None,
         };
+        if let Some(m) = &mut mirror {
+            m.stage_new()?;
+        }
         if let Some((saved, line)) = &saved {
             if lead {
                 obs.line(line);
@@ -267,6 +272,9 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
             g.barrier()
                 .ctx(|| "the barrier after the stop's checkpoint".into())?;
         }
+        if let Some(line) = mirror.map(mirror::Mirror::finish).transpose()?.flatten() {
+            obs.line(&line);
+        }
         return Ok(Ended::Stopped { step });
     }
     // The all-gather of every rank's waits is also the final synchronisation: it completes
@@ -281,6 +289,7 @@ pub fn run(cfg: &RunConfig, group: Option<ProcessGroup>, obs: &mut dyn Observer)
     };
     let tps = timed_tokens as f64 / measured.step_s.max(1e-9);
     let mut lines = vec![];
+    lines.extend(mirror.map(mirror::Mirror::finish).transpose()?.flatten());
     if first >= steps {
         let whence = if first > 0 { " (resumed)" } else { "" };
         lines.push(format!(
@@ -351,6 +360,31 @@ fn stop_agreed(world: Option<&ProcessGroup>, mine: bool) -> Result<bool> {
             .ctx(|| "agreeing on a stop request".into())?;
     }
     Ok(v[0] > 0.0)
+}
+
+/// The lead rank's mirror of a checkpoint directory in object storage (fetching a newer
+/// remote step first); every rank then waits for it before anything is resumed.
+fn open_mirror(
+    cfg: &RunConfig,
+    lead: bool,
+    world: Option<&ProcessGroup>,
+    say: &mut impl FnMut(String),
+) -> Result<Option<mirror::Mirror>> {
+    let (Some(url), Some(c)) = (&cfg.ckpt_remote, &cfg.checkpoint) else {
+        return Ok(None);
+    };
+    let opened = if lead {
+        let (m, line) = mirror::Mirror::open(url, &c.dir)?;
+        line.into_iter().for_each(&mut *say);
+        Some(m)
+    } else {
+        None
+    };
+    if let Some(g) = world {
+        g.barrier()
+            .ctx(|| format!("waiting for the lead rank to fetch {url}"))?;
+    }
+    Ok(opened)
 }
 
 /// Opens the run's checkpoint directory, resuming from it; reports what it found.
