@@ -10,6 +10,7 @@ use comm::group::{GroupConfig, ProcessGroup};
 use indicatif::{ProgressBar, ProgressStyle};
 use launch::Supervision;
 use launch::http::Live;
+use launch::observer::Supervised;
 use model::interop::HfDtype;
 use std::path::PathBuf;
 use train::metrics::gemm_gflops;
@@ -345,8 +346,8 @@ pub fn run(mut a: Args) -> Result<()> {
             } else {
                 let sup = Supervision::preemptible(term);
                 let live = Live::serve(a.metrics_port)?;
-                let ended = train::run::run(&cfg, None, &mut Printer::new(&a, sup, live)?)?;
-                Ok(Supervision::ended(term, stopped_at(ended), grace)?)
+                let ended = train::run::run(&cfg, None, &mut Bar::observer(&a, sup, live)?)?;
+                Ok(Supervision::ended(term, ended, grace)?)
             }
         }
         Some(w) => {
@@ -356,20 +357,8 @@ pub fn run(mut a: Args) -> Result<()> {
                 cfg.train.threads = (cores / w.local_world).max(1);
             }
             cfg.generation = w.rdv.generation;
-            let hb = match w.heartbeat {
-                Some(period) => Some(
-                    launch::Heartbeat::start(&w.rdv, w.rank, period)
-                        .with_context(|| format!("starting the heartbeat of rank {}", w.rank))?,
-                ),
-                None => None,
-            };
-            let sup = Supervision {
-                hb,
-                fault: w.chaos.as_deref().map(launch::Fault::parse).transpose()?,
-                rank: w.rank,
-                term,
-                rdv: Some(w.rdv.clone()),
-            };
+            let sup = Supervision::worker(&w, term)
+                .with_context(|| format!("supervising rank {}", w.rank))?;
             let group = ProcessGroup::new(
                 &w.rdv,
                 "world",
@@ -379,17 +368,9 @@ pub fn run(mut a: Args) -> Result<()> {
             )
             .with_context(|| format!("joining the training group as rank {}", w.rank))?;
             let live = Live::publish(a.metrics_port.is_some(), &w.rdv, w.rank)?;
-            let ended = train::run::run(&cfg, Some(group), &mut Printer::new(&a, sup, live)?)?;
-            Ok(Supervision::ended(term, stopped_at(ended), grace)?)
+            let ended = train::run::run(&cfg, Some(group), &mut Bar::observer(&a, sup, live)?)?;
+            Ok(Supervision::ended(term, ended, grace)?)
         }
-    }
-}
-
-/// The step a run stopped after (a pre-emption), or None when it completed.
-fn stopped_at(ended: train::run::Ended) -> Option<u64> {
-    match ended {
-        train::run::Ended::Stopped { step } => Some(step),
-        train::run::Ended::Completed => None,
     }
 }
 
@@ -412,92 +393,51 @@ fn lock_ckpt_dir(a: &Args, plan: &NodePlan, embedded: bool) -> Result<Option<ckp
     Ok(Some(lock))
 }
 
-/// What a run reports, printed: lines above a progress bar on the lead rank, and the step
-/// boundaries passed on to the agent's heartbeat and chaos hooks.
-struct Printer {
-    pb: ProgressBar,
-    sup: Supervision,
-    live: Live,
-}
+/// The lead rank's progress bar with the lines printed above it (hidden on the other ranks
+/// and with --no-progress).
+struct Bar(ProgressBar);
 
-impl Printer {
-    /// The printer of the rank `sup` supervises: the progress bar only on rank 0.
-    fn new(a: &Args, sup: Supervision, live: Live) -> Result<Self> {
-        let pb = if a.no_progress || sup.rank != 0 {
+impl Bar {
+    /// The observer of the rank `sup` supervises: the progress bar only on rank 0.
+    fn observer(a: &Args, sup: Supervision, live: Live) -> Result<Supervised<Bar>> {
+        let hidden = a.no_progress || sup.rank != 0;
+        let pb = if hidden {
             ProgressBar::hidden()
         } else {
             ProgressBar::new(0)
         };
-        pb.set_style(
-            ProgressStyle::with_template(
-                "{bar:30} {pos}/{len} {msg} [{elapsed_precise}<{eta_precise}]",
-            )
-            .context("progress template")?,
-        );
-        Ok(Self { pb, sup, live })
+        let style = "{bar:30} {pos}/{len} {msg} [{elapsed_precise}<{eta_precise}]";
+        pb.set_style(ProgressStyle::with_template(style).context("progress template")?);
+        Ok(Supervised {
+            progress: Bar(pb),
+            sup,
+            live,
+        })
     }
 }
 
-impl train::run::Observer for Printer {
+impl launch::observer::Progress for Bar {
     fn line(&mut self, text: &str) {
-        if self.pb.is_hidden() || self.pb.is_finished() {
-            println!("{text}")
-        } else {
-            self.pb.println(text)
+        match self.0.is_hidden() || self.0.is_finished() {
+            true => println!("{text}"),
+            false => self.0.println(text),
         }
     }
 
-    fn resumed(&mut self, step: u64, steps: u64) {
-        self.pb.set_length(steps);
-        self.pb.set_position(step);
-        self.sup.resumed(step);
+    fn start(&mut self, step: u64, steps: u64) {
+        self.0.set_length(steps);
+        self.0.set_position(step);
     }
 
-    fn starting(&mut self) {
-        self.sup.starting();
-    }
-
-    fn completed(&mut self, s: &train::StepStats) -> Result<(), train::BoxError> {
+    fn step(&mut self, s: &train::StepStats) {
         let tps = s.tokens as f64 / s.seconds;
-        self.pb
-            .set_message(format!("loss {:.4} {:.0} tok/s", s.loss, tps));
-        self.pb.inc(1);
-        let compute = (s.seconds - s.comm_seconds).max(0.0);
-        let compute = std::time::Duration::from_secs_f64(compute);
-        self.sup.completed(s.step, compute).map_err(Into::into)
+        self.0
+            .set_message(format!("loss {:.4} {tps:.0} tok/s", s.loss));
+        self.0.inc(1);
     }
 
-    fn finishing(&mut self) {
-        self.pb.finish_and_clear();
-        self.sup.finishing();
-    }
-
-    fn recorded(&mut self, r: &train::metrics_log::StepRecord) {
-        let f = launch::metrics::StepFigures {
-            step: r.step,
-            loss: r.loss,
-            val_loss: r.val_loss,
-            tokens_per_s: r.tokens_per_s,
-            mfu: r.mfu,
-            step_s: r.step_s,
-            comm_s: r.comm_s,
-            data_s: r.data_s,
-            ckpt_pause_s: r.ckpt_pause_s,
-        };
-        self.live.add_step(self.sup.rank, f);
-    }
-
-    fn straggler(&mut self, st: &train::straggler::Straggler) {
-        let (rank, slowdown, step) = (st.rank, st.slowdown, st.step);
-        self.sup.straggler(&launch::straggler::Report {
-            rank,
-            slowdown,
-            step,
-        });
-    }
-
-    fn stop_requested(&mut self) -> bool {
-        self.sup.term.is_some_and(|t| t.requested().is_some())
+    fn finish(&mut self) {
+        self.0.finish_and_clear();
     }
 }
 

@@ -40,6 +40,7 @@ mod generation;
 pub mod heartbeat;
 pub mod http;
 pub mod metrics;
+pub mod observer;
 pub mod process;
 pub mod srun;
 pub mod straggler;

@@ -31,20 +31,38 @@ impl Supervision {
         }
     }
 
-    /// How a run that stopped after `stopped` (None: it completed) ends the command: a stop
-    /// on SIGTERM is the pre-emption error (exit 75), with the time its checkpoint took
-    /// against `grace`.
+    /// The supervision of worker `w` under an agent: its heartbeat (if the agent watches
+    /// heartbeats), its chaos fault, its SIGTERM handler and the job's store.
+    ///
+    /// # Errors
+    /// The heartbeat could not start, or the fault does not parse.
+    pub fn worker(w: &crate::WorkerEnv, term: Option<Termination>) -> crate::Result<Self> {
+        let hb = w
+            .heartbeat
+            .map(|period| crate::Heartbeat::start(&w.rdv, w.rank, period))
+            .transpose()?;
+        Ok(Supervision {
+            hb,
+            fault: w.chaos.as_deref().map(crate::Fault::parse).transpose()?,
+            rank: w.rank,
+            term,
+            rdv: Some(w.rdv.clone()),
+        })
+    }
+
+    /// How a run that `ended` ends the command: a stop on SIGTERM is the pre-emption error
+    /// (exit 75), with the time its checkpoint took against `grace`.
     pub fn ended(
         term: Option<Termination>,
-        stopped: Option<u64>,
+        ended: train::run::Ended,
         grace: Duration,
     ) -> std::result::Result<(), Preempted> {
-        match stopped {
-            Some(step) => {
+        match ended {
+            train::run::Ended::Stopped { step } => {
                 let since = term.and_then(|t| t.requested());
                 Err(Preempted::after_step(step, since, grace))
             }
-            None => Ok(()),
+            train::run::Ended::Completed => Ok(()),
         }
     }
 
