@@ -202,3 +202,62 @@ fn training_from_an_s3_dataset_is_bit_identical_to_the_local_one() {
     assert!(fetched["shards"].as_u64().unwrap() >= 1, "{v}");
     assert!(v["loader_gbps"].as_f64().unwrap() > 0.0, "{v}");
 }
+
+#[test]
+fn a_preempted_run_leaves_its_step_durable_in_s3_and_resumes_there_on_a_fresh_machine() {
+    const STEPS: &str = "1500";
+    let server = S3Server::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let p = |name: &str| tmp.path().join(name).display().to_string();
+    let common = ["--log-every", "1", "--term-grace-s", "30"];
+    let local = train(
+        &server,
+        tmp.path(),
+        STEPS,
+        &[&common[..], &["--ckpt-dir", &p("local"), "--save", &p("a")]].concat(),
+    );
+
+    let url = format!("s3://{BUCKET}/runs/preempted");
+    let mut args = vec!["train"];
+    args.extend_from_slice(MICRO);
+    args.extend_from_slice(&["--steps", STEPS, "--ckpt-dir", &url]);
+    args.extend_from_slice(&common);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_flotilla"));
+    cmd.args(&args)
+        .envs(server.env())
+        .env("FLOTILLA_CKPT_CACHE", tmp.path().join("machine-1"));
+    let mut run = cli::Running::start(&mut cmd);
+    run.wait_for(&format!("step      3/{STEPS}"));
+    // SAFETY: kill(2) on the process this test started; no memory involved.
+    unsafe { libc::kill(run.child.id() as libc::pid_t, libc::SIGTERM) };
+    let (code, out, err, _) = run.finish();
+    assert_eq!(code, Some(75), "{out}\n{err}");
+    let tag = "# stop requested (SIGTERM): stopping after step ";
+    let at = out
+        .find(tag)
+        .unwrap_or_else(|| panic!("no stop in:\n{out}"));
+    let step: u64 = out[at + tag.len()..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        out.contains(&format!("step {step} durably committed to {url}")),
+        "{out}"
+    );
+
+    let resumed = train(
+        &server,
+        &tmp.path().join("machine-2"),
+        STEPS,
+        &[&common[..], &["--ckpt-dir", &url, "--save", &p("b")]].concat(),
+    );
+    assert!(
+        resumed.contains(&format!("fetched step {step} from {url}")),
+        "{resumed}"
+    );
+    let last: u64 = STEPS.parse().unwrap();
+    assert_eq!(loss_at(&resumed, last, last), loss_at(&local, last, last));
+    assert!(saved(&tmp.path().join("a")) == saved(&tmp.path().join("b")));
+}
