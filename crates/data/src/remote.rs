@@ -264,12 +264,8 @@ impl ShardFetch for RemoteShards {
         let stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
         let mut v: Vec<Duration> = stats.1.iter().copied().collect();
         v.sort_unstable();
-        let q = |q: f64| match v.len() {
-            0 => Duration::ZERO,
-            n => v[((n - 1) as f64 * q).round() as usize],
-        };
         FetchStats {
-            latency: [q(0.5), q(0.99), q(1.0)],
+            latency: [0.5, 0.99, 1.0].map(|q| objstore::quantile(&v, q)),
             ..stats.0.clone()
         }
     }

@@ -232,16 +232,7 @@ fn a_preempted_run_leaves_its_step_durable_in_s3_and_resumes_there_on_a_fresh_ma
     unsafe { libc::kill(run.child.id() as libc::pid_t, libc::SIGTERM) };
     let (code, out, err, _) = run.finish();
     assert_eq!(code, Some(75), "{out}\n{err}");
-    let tag = "# stop requested (SIGTERM): stopping after step ";
-    let at = out
-        .find(tag)
-        .unwrap_or_else(|| panic!("no stop in:\n{out}"));
-    let step: u64 = out[at + tag.len()..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let step = cli::stop_step(&out);
     assert!(
         out.contains(&format!("step {step} durably committed to {url}")),
         "{out}"

@@ -129,16 +129,7 @@ fn straight() -> &'static Reference {
 /// stop step, committed and reported within the grace.
 fn check_preempted(code: Option<i32>, out: &str, err: &str, took: Duration, ck: &Path) -> u64 {
     assert_eq!(code, Some(PREEMPTED), "{out}\n{err}");
-    let tag = "# stop requested (SIGTERM): stopping after step ";
-    let at = out
-        .find(tag)
-        .unwrap_or_else(|| panic!("no stop in:\n{out}"));
-    let step: u64 = out[at + tag.len()..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let step = cli::stop_step(out);
     assert!((3..STEPS).contains(&step), "{out}");
     assert_eq!(committed(ck).last(), Some(&step), "{out}");
     assert!(

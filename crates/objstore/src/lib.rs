@@ -17,7 +17,7 @@ mod store;
 #[cfg(feature = "test-server")]
 pub mod test_server;
 
-pub use ranged::{Hedge, LatencyWindow, RangedRead, ReadStats};
+pub use ranged::{Hedge, LatencyWindow, RangedRead, ReadStats, quantile};
 pub use store::{RemoteOptions, RemoteStore};
 
 use std::path::PathBuf;

@@ -90,8 +90,7 @@ impl LatencyWindow {
             return None;
         }
         v.sort_unstable();
-        let at = ((v.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize;
-        Some(v[at])
+        Some(quantile(&v, q))
     }
 
     /// The delay after which `hedge` sends a second copy (`None`: never).
@@ -145,24 +144,11 @@ pub struct ReadStats {
     pub latencies: Vec<Duration>,
 }
 
-impl ReadStats {
-    /// Adds `other`'s counts and latencies.
-    pub fn merge(&mut self, other: &ReadStats) {
-        self.requests += other.requests;
-        self.bytes += other.bytes;
-        self.hedged += other.hedged;
-        self.hedges_won += other.hedges_won;
-        self.latencies.extend_from_slice(&other.latencies);
-    }
-
-    /// The `q` quantile of the request latencies (zero with none).
-    pub fn latency_quantile(&self, q: f64) -> Duration {
-        let mut v = self.latencies.clone();
-        v.sort_unstable();
-        match v.len() {
-            0 => Duration::ZERO,
-            n => v[((n - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize],
-        }
+/// The `q` quantile (nearest rank) of `sorted` latencies, ascending; zero when empty.
+pub fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    match sorted.len() {
+        0 => Duration::ZERO,
+        n => sorted[((n - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize],
     }
 }
 

@@ -58,6 +58,20 @@ pub fn loss_at(out: &str, step: u64, total: u64) -> String {
         .to_string()
 }
 
+/// The step a pre-empted run said it stops after (`# stop requested (SIGTERM): stopping after
+/// step N`).
+pub fn stop_step(out: &str) -> u64 {
+    let tag = "# stop requested (SIGTERM): stopping after step ";
+    let at = out
+        .find(tag)
+        .unwrap_or_else(|| panic!("no stop in:\n{out}"));
+    out[at + tag.len()..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no step after {tag:?} in:\n{out}"))
+}
+
 /// `train` with [`MICRO`] as one worker of one thread on node `node` of a job whose store is
 /// at `rdzv` (a host of its own, e.g. a network namespace); the caller adds the rest.
 pub fn micro_on_node(node: usize, rdzv: &str) -> Vec<String> {
