@@ -141,11 +141,29 @@ impl Mirror {
         Err(no_s3(url))
     }
 
-    /// Hands every step committed locally since the last call to the uploader.
+    /// Hands every step committed locally since the last call to the uploader. Called after
+    /// every training step: one directory listing, and the commit markers read only when a
+    /// newer step directory is there.
     ///
     /// # Errors
     /// The stager's (its queue stayed full, or it stopped).
     pub fn stage_new(&mut self) -> Result<()> {
+        let io = |source| TrainError::Io {
+            path: self.dir.clone(),
+            source,
+        };
+        let newer = std::fs::read_dir(&self.dir)
+            .map_err(io)?
+            .filter_map(|e| {
+                e.ok()?
+                    .file_name()
+                    .to_str()
+                    .and_then(ckpt::names::parse_step_name)
+            })
+            .any(|step| Some(step) > self.staged);
+        if !newer {
+            return Ok(());
+        }
         #[cfg(feature = "s3")]
         for step in ckpt::list_committed(&self.dir)? {
             if Some(step) > self.staged {
