@@ -1,9 +1,11 @@
-//! Finding input files: paths, globs and directories, each file with its format.
+//! Finding input files: paths, globs and directories, each file with its format and
+//! compression.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use super::compress::Compression;
 use crate::error::{DataError, Result};
 
 /// How an input file's bytes hold documents.
@@ -32,9 +34,14 @@ impl InputFormat {
         }
     }
 
-    /// The format a file name's extension implies (case-insensitive), if any.
+    /// The format a file name's extension implies (case-insensitive), if any. A compression
+    /// extension is looked through: `a.jsonl.gz` and `a.txt.zst` are JSON Lines and text
+    /// (see [`Compression::from_path`]).
     pub fn from_path(path: &Path) -> Option<InputFormat> {
-        let ext = path.extension()?.to_str()?.to_ascii_lowercase();
+        let ext = Compression::inner_name(path)?
+            .extension()?
+            .to_str()?
+            .to_ascii_lowercase();
         match ext.as_str() {
             "txt" | "text" | "md" => Some(InputFormat::Text),
             "jsonl" | "json" | "ndjson" => Some(InputFormat::Jsonl),
@@ -122,8 +129,12 @@ impl FromStr for TextDocs {
 pub struct InputFile {
     /// The file.
     pub path: PathBuf,
-    /// Its format: `--format` if given, else from its extension.
+    /// Its format: `--format` if given, else from its extension (the one before a
+    /// compression extension).
     pub format: InputFormat,
+    /// How the file as a whole is compressed: always from its last extension, also under
+    /// `--format`.
+    pub compression: Compression,
     /// Its size in bytes when it was found (for progress).
     pub bytes: u64,
 }
@@ -135,6 +146,8 @@ pub struct InputFile {
 ///   with `.`) are skipped, and so are files whose extension names no format (so a directory
 ///   may hold README files or a previous dataset's shards), even when `format` is given.
 /// - An existing file is taken as is; its format is `format`, else its extension's.
+/// - A `.gz` or `.zst` file is read decompressed; its format is `format`, else the extension
+///   before the compression one (`a.jsonl.gz`), and such files are found in directories too.
 /// - Anything else is a glob pattern (`glob` crate syntax); directories it matches are walked
 ///   as above, and matched files are taken as explicit files.
 ///
@@ -143,8 +156,10 @@ pub struct InputFile {
 /// # Errors
 /// [`DataError::NoInputFiles`] for an empty list; [`DataError::BadInput`] for an entry that is
 /// not a file, directory or valid glob, or that matches no file; [`DataError::UnknownFormat`]
-/// for an explicit file with no recognised extension and no `format`; [`DataError::Io`] for
-/// an unreadable directory.
+/// for an explicit file with no recognised extension and no `format`;
+/// [`DataError::BadInputFile`] for a Parquet file compressed as a whole (Parquet compresses
+/// its pages itself, and its reader needs to seek); [`DataError::Io`] for an unreadable
+/// directory.
 pub fn discover(inputs: &[String], format: Option<InputFormat>) -> Result<Vec<InputFile>> {
     if inputs.is_empty() {
         return Err(DataError::NoInputFiles);
@@ -173,6 +188,16 @@ pub fn discover(inputs: &[String], format: Option<InputFormat>) -> Result<Vec<In
                     });
                 }
             };
+            let compression = Compression::from_path(&path);
+            if format == InputFormat::Parquet && compression != Compression::None {
+                return Err(DataError::BadInputFile {
+                    path,
+                    problem: format!(
+                        "a Parquet file compressed as a whole ({compression}) cannot be read: \
+                         Parquet compresses its own pages; decompress the file first"
+                    ),
+                });
+            }
             let bytes = std::fs::metadata(&path)
                 .map_err(|source| DataError::Io {
                     path: path.clone(),
@@ -184,6 +209,7 @@ pub fn discover(inputs: &[String], format: Option<InputFormat>) -> Result<Vec<In
                 files.push(InputFile {
                     path,
                     format,
+                    compression,
                     bytes,
                 });
             }
@@ -192,7 +218,8 @@ pub fn discover(inputs: &[String], format: Option<InputFormat>) -> Result<Vec<In
             return Err(DataError::BadInput {
                 pattern: pattern.clone(),
                 problem: if path.is_dir() {
-                    "the directory holds no .txt/.text/.md/.jsonl/.json/.ndjson/.parquet file"
+                    "the directory holds no .txt/.text/.md/.jsonl/.json/.ndjson/.parquet file \
+                     (text and JSON Lines also as .gz or .zst)"
                         .into()
                 } else {
                     "no such file, and no file matches it as a glob".into()

@@ -1,4 +1,6 @@
 //! `flotilla data prepare`: text, JSON Lines and Parquet files to a sharded, hashed dataset.
+//! Text and JSON Lines may be gzip or zstd compressed (`.gz`, `.zst`; see [`Compression`]),
+//! Parquet pages snappy, gzip or zstd compressed.
 //!
 //! The pipeline, with bounded memory whatever the input size:
 //!
@@ -14,6 +16,7 @@
 //! 5. The manifest is written last, atomically: a directory without one holds an interrupted
 //!    run, whose leftovers the next run removes ([`prepare_output_dir`]).
 
+mod compress;
 mod inputs;
 mod output;
 #[cfg(feature = "parquet")]
@@ -25,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
+pub use compress::Compression;
 pub use inputs::{InputFile, InputFormat, TextDocs, discover};
 pub use output::{prepare_output_dir, shard_file_name};
 
@@ -48,7 +52,8 @@ pub struct PrepareConfig {
     pub inputs: Vec<String>,
     /// The dataset directory to write.
     pub output: PathBuf,
-    /// Read every input in this format; `None` infers it from each file's extension.
+    /// Read every input in this format; `None` infers it from each file's extension. Whole-file
+    /// compression (`.gz`, `.zst`) always comes from the extension.
     pub format: Option<InputFormat>,
     /// How plain text is cut into documents.
     pub text_docs: TextDocs,
@@ -220,11 +225,13 @@ impl DocStream<'_> {
         Ok(match file.format {
             InputFormat::Text => Box::new(TextReader::open(
                 &file.path,
+                file.compression,
                 cfg.text_docs,
                 cfg.max_doc_bytes,
             )?),
             InputFormat::Jsonl => Box::new(JsonlReader::open(
                 &file.path,
+                file.compression,
                 &cfg.field,
                 cfg.skip_bad_lines,
                 cfg.max_doc_bytes,

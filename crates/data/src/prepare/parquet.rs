@@ -3,7 +3,8 @@
 //! The column is read row group by row group, page by page, 1024 rows at a time, through the
 //! `parquet` crate's low-level column reader (no Arrow), so memory stays at a few pages however
 //! large the file or its row groups are. Null rows are skipped and counted. Pages may be
-//! uncompressed or snappy-compressed; other codecs are reported as an error naming the file.
+//! uncompressed or compressed with snappy, gzip or zstd; other codecs (brotli, LZ4) are
+//! reported as an error naming the file.
 
 use std::collections::VecDeque;
 use std::fs::File;

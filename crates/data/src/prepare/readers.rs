@@ -3,12 +3,14 @@
 //! Every reader streams its file with bounded memory: lines are read at most `max_doc_bytes`
 //! at a time, and a document that would grow past `max_doc_bytes` is cut at a line boundary
 //! into several documents (a single line longer than the cap is cut at a character boundary).
+//! A gzip or zstd file is decompressed on the way in ([`Decoded`]), and these bounds hold on
+//! the decompressed bytes, so a highly compressible file cannot exhaust memory either.
 
 use std::collections::VecDeque;
-use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use super::compress::{Compression, Decoded};
 use super::inputs::TextDocs;
 use crate::error::{DataError, Result};
 
@@ -34,35 +36,32 @@ struct Piece {
     term: &'static str,
 }
 
-/// Reads a file line by line, never holding more than `max` bytes of one line.
+/// Reads a file (decompressed) line by line, never holding more than `max` bytes of one line.
 struct LineReader {
-    path: PathBuf,
-    inner: BufReader<File>,
+    inner: BufReader<Decoded>,
     max: usize,
     buf: Vec<u8>,
     /// Bytes of a character cut by the previous piece, to lead the next one.
     carry: Vec<u8>,
     at_line_start: bool,
-    consumed: u64,
     line: u64,
 }
 
 impl LineReader {
-    fn open(path: &Path, max: usize) -> Result<Self> {
-        let file = File::open(path).map_err(|source| DataError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+    fn open(path: &Path, compression: Compression, max: usize) -> Result<Self> {
         Ok(LineReader {
-            path: path.to_path_buf(),
-            inner: BufReader::with_capacity(1 << 20, file),
+            inner: BufReader::with_capacity(1 << 20, Decoded::open(path, compression)?),
             max: max.max(8),
             buf: Vec::new(),
             carry: Vec::new(),
             at_line_start: true,
-            consumed: 0,
             line: 0,
         })
+    }
+
+    /// Bytes of the file read so far (compressed bytes for a compressed file).
+    fn consumed(&self) -> u64 {
+        self.inner.get_ref().file_bytes_read()
     }
 
     /// Reads the next piece into `self.buf` (terminator removed); `None` at end of file.
@@ -70,14 +69,10 @@ impl LineReader {
         self.buf.clear();
         self.buf.append(&mut self.carry);
         let limit = (self.max - self.buf.len()) as u64;
-        let n = (&mut self.inner)
+        let read = (&mut self.inner)
             .take(limit)
-            .read_until(b'\n', &mut self.buf)
-            .map_err(|source| DataError::Io {
-                path: self.path.clone(),
-                source,
-            })?;
-        self.consumed += n as u64;
+            .read_until(b'\n', &mut self.buf);
+        let n = read.map_err(|source| self.inner.get_ref().error(source))?;
         if self.buf.is_empty() {
             return Ok(None);
         }
@@ -226,9 +221,14 @@ pub(crate) struct TextReader {
 }
 
 impl TextReader {
-    pub(crate) fn open(path: &Path, mode: TextDocs, max_doc_bytes: usize) -> Result<Self> {
+    pub(crate) fn open(
+        path: &Path,
+        compression: Compression,
+        mode: TextDocs,
+        max_doc_bytes: usize,
+    ) -> Result<Self> {
         Ok(TextReader {
-            lines: LineReader::open(path, max_doc_bytes)?,
+            lines: LineReader::open(path, compression, max_doc_bytes)?,
             acc: DocAccumulator::new(mode, max_doc_bytes),
             done: false,
         })
@@ -253,7 +253,7 @@ impl DocReader for TextReader {
     }
 
     fn consumed(&self) -> u64 {
-        self.lines.consumed
+        self.lines.consumed()
     }
 
     fn skipped(&self) -> u64 {
@@ -282,12 +282,14 @@ const JSON_LINE_FACTOR: usize = 4;
 impl JsonlReader {
     pub(crate) fn open(
         path: &Path,
+        compression: Compression,
         field: &str,
         skip_bad_lines: bool,
         max_doc_bytes: usize,
     ) -> Result<Self> {
+        let max_line = max_doc_bytes.saturating_mul(JSON_LINE_FACTOR);
         Ok(JsonlReader {
-            lines: LineReader::open(path, max_doc_bytes.saturating_mul(JSON_LINE_FACTOR))?,
+            lines: LineReader::open(path, compression, max_line)?,
             field: field.to_string(),
             skip_bad_lines,
             max_doc_bytes,
@@ -367,7 +369,7 @@ impl DocReader for JsonlReader {
                 Err(_) if self.skip_bad_lines => self.skipped += 1,
                 Err(problem) => {
                     return Err(DataError::BadRecord {
-                        path: self.lines.path.clone(),
+                        path: self.lines.inner.get_ref().path().to_path_buf(),
                         line,
                         problem,
                     });
@@ -378,7 +380,7 @@ impl DocReader for JsonlReader {
     }
 
     fn consumed(&self) -> u64 {
-        self.lines.consumed
+        self.lines.consumed()
     }
 
     fn skipped(&self) -> u64 {
