@@ -33,7 +33,19 @@ pub fn rank_rows(shape: &[u64], rank: u32, ranks: u32) -> Option<Slice> {
 /// [`rank_rows`] of every tensor, read from `src` (every byte verified on the way) and
 /// committed with the source's run id, config hash and state. Returns the new manifest.
 pub fn reshard(src: &Checkpoint, dst_root: &Path, ranks: u32) -> Result<Manifest> {
+    reshard_with_progress(src, dst_root, ranks, |_, _| {})
+}
+
+/// [`reshard`], calling `progress(bytes_written, bytes_total)` after each piece written (the
+/// total is the source's [`Manifest::piece_bytes`]: every byte is written once).
+pub fn reshard_with_progress(
+    src: &Checkpoint,
+    dst_root: &Path,
+    ranks: u32,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<Manifest> {
     let m = src.manifest();
+    let (total, mut done) = (m.piece_bytes(), 0u64);
     let mut pieces = Vec::new();
     for rank in 0..ranks.max(1) {
         let plan: Vec<(&TensorMeta, Slice)> = m
@@ -44,7 +56,10 @@ pub fn reshard(src: &Checkpoint, dst_root: &Path, ranks: u32) -> Result<Manifest
         let refs: Vec<(&TensorMeta, &Slice)> = plan.iter().map(|(t, s)| (*t, s)).collect();
         let mut writer = RankWriter::create(dst_root, m.step, rank, &refs)?;
         for (t, s) in &plan {
-            writer.write_piece(t, s, &src.read_slice(&t.name, s)?)?;
+            let data = src.read_slice(&t.name, s)?;
+            writer.write_piece(t, s, &data)?;
+            done = done.saturating_add(data.len() as u64);
+            progress(done, total);
         }
         pieces.extend(writer.finish()?);
     }

@@ -71,7 +71,7 @@ pub mod remote;
 pub mod writer;
 
 pub use async_save::{AfterWrite, AsyncSaver, SaveReport};
-pub use convert::{rank_rows, reshard};
+pub use convert::{rank_rows, reshard, reshard_with_progress};
 pub use error::{CkptError, Result};
 pub use fsio::{checksum_hex, start_writeback};
 pub use header::{HeaderSum, MAX_HEADER_BYTES};
@@ -81,6 +81,7 @@ pub use manifest::{CommitMarker, Manifest, Piece};
 pub use policy::{GcMode, IntervalPlanner, PolicyError, Retention, gc};
 pub use rank_file::{RankWriter, rank_file_name};
 pub use reader::{
-    Checkpoint, Opened, Rejected, Verify, list_committed, open_latest, quarantine, step_dir_name,
+    Checkpoint, Opened, Rejected, StepCheck, Verify, list_committed, open_latest, quarantine,
+    step_dir_name, verify_step,
 };
 pub use writer::{CheckpointMeta, FailPoint, commit, commit_with_fail_point, tmp_dir_name};

@@ -183,6 +183,27 @@ pub(crate) fn is_hex128(s: &str) -> bool {
 }
 
 impl Manifest {
+    /// Total bytes of every piece (the tensor data of the step, whatever its layout).
+    pub fn piece_bytes(&self) -> u64 {
+        self.pieces
+            .iter()
+            .map(|p| p.bytes)
+            .fold(0, u64::saturating_add)
+    }
+
+    /// The step at a glance, as `flotilla ckpt ls --json` and `ckpt convert --json` print it:
+    /// `step`, `run`, `world`, `tensors` and `pieces` (counts) and `bytes` ([`Self::piece_bytes`]).
+    pub fn summary_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "step": self.step,
+            "run": self.run_id,
+            "world": self.world_size,
+            "tensors": self.tensors.len(),
+            "pieces": self.pieces.len(),
+            "bytes": self.piece_bytes(),
+        })
+    }
+
     /// Runs every structural check; `path` names the manifest in errors.
     pub fn validate(&self, path: &Path) -> Result<()> {
         self.check_header(path)?;

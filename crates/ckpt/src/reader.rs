@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::error::{CkptError, Result, io_err};
 use crate::fsio::{checksum_hex, file_len, is_real_dir, open_read, read_capped};
@@ -52,6 +53,58 @@ pub struct Opened {
     pub checkpoint: Checkpoint,
     /// Newer committed steps that failed verification, newest first.
     pub rejected: Vec<Rejected>,
+}
+
+/// The outcome of [`verify_step`]: one committed step opened and every piece read and checked
+/// (`flotilla ckpt verify`).
+#[derive(Debug)]
+pub struct StepCheck {
+    /// The step.
+    pub step: u64,
+    /// Bytes of its pieces ([`Manifest::piece_bytes`]; 0 if the manifest did not open).
+    pub bytes: u64,
+    /// `Ok` if marker, manifest, headers and every piece agree; else the first disagreement.
+    pub result: Result<()>,
+    /// Time the check took.
+    pub elapsed: Duration,
+}
+
+impl StepCheck {
+    /// Checking rate in GB/s (10^9 bytes).
+    pub fn gb_per_s(&self) -> f64 {
+        self.bytes as f64 / 1e9 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// `{"step", "ok", "bytes", "seconds", "gb_per_s", "error"}` (`error` null when ok), as
+    /// `flotilla ckpt verify --json` prints each step.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "step": self.step,
+            "ok": self.result.is_ok(),
+            "bytes": self.bytes,
+            "seconds": self.elapsed.as_secs_f64(),
+            "gb_per_s": self.gb_per_s(),
+            "error": self.result.as_ref().err().map(|e| e.to_string()),
+        })
+    }
+}
+
+/// Opens committed step `step` under `root` and reads and checks every piece of it, calling
+/// `progress(bytes_done, bytes_total)` after each piece. A failure is in the result, not an
+/// error of this function, so a caller checking many steps goes on past a bad one.
+pub fn verify_step(root: &Path, step: u64, progress: impl FnMut(u64, u64)) -> StepCheck {
+    let start = Instant::now();
+    let mut bytes = 0;
+    let result = Checkpoint::open(root, step, Verify::ManifestOnly).and_then(|c| {
+        bytes = c.manifest.piece_bytes();
+        c.verify_pieces(progress)
+    });
+    StepCheck {
+        step,
+        bytes,
+        result,
+        elapsed: start.elapsed(),
+    }
 }
 
 /// Every step directory under `root` that has a commit marker, with the parsed marker or the
@@ -339,9 +392,24 @@ impl Checkpoint {
     /// Checks every rank file's header ([`Checkpoint::verify_headers`]), then reads and checks
     /// every piece of the step.
     pub fn verify_all_pieces(&self) -> Result<()> {
+        self.verify_all_pieces_with_progress(|_, _| {})
+    }
+
+    /// [`Checkpoint::verify_all_pieces`], calling `progress(bytes_done, bytes_total)` after
+    /// each piece (the total is [`Manifest::piece_bytes`]).
+    pub fn verify_all_pieces_with_progress(&self, progress: impl FnMut(u64, u64)) -> Result<()> {
         self.verify_headers()?;
+        self.verify_pieces(progress)
+    }
+
+    /// Reads and checks every piece (not the headers), reporting bytes done after each.
+    fn verify_pieces(&self, mut progress: impl FnMut(u64, u64)) -> Result<()> {
+        let total = self.manifest.piece_bytes();
+        let mut done = 0u64;
         for piece in &self.manifest.pieces {
             self.read_piece(piece, 0..piece.bytes)?;
+            done = done.saturating_add(piece.bytes);
+            progress(done, total);
         }
         Ok(())
     }

@@ -165,3 +165,41 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn reshard_and_verify_report_progress_to_the_last_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    save(dir.path(), 10, &fixture(), 4, 42);
+    let src = Checkpoint::open(dir.path(), 10, Verify::ManifestOnly).unwrap();
+    let total = src.manifest().piece_bytes();
+    let mut calls = Vec::new();
+    let m = ckpt::reshard_with_progress(&src, out.path(), 3, |d, t| calls.push((d, t))).unwrap();
+    assert_eq!(m.piece_bytes(), total);
+    assert!(calls.windows(2).all(|w| w[0].0 <= w[1].0), "{calls:?}");
+    assert_eq!(calls.last(), Some(&(total, total)));
+
+    let mut calls = Vec::new();
+    let check = ckpt::verify_step(out.path(), 10, |d, t| calls.push((d, t)));
+    assert!(check.result.is_ok() && check.bytes == total, "{check:?}");
+    assert_eq!(calls.len(), m.pieces.len());
+    assert_eq!(calls.last(), Some(&(total, total)));
+    let json = check.to_json();
+    assert_eq!(
+        (&json["step"], &json["ok"], &json["bytes"]),
+        (&10.into(), &true.into(), &total.into())
+    );
+
+    // A flipped byte fails the step, with the file named; a missing step fails at open.
+    let file = out.path().join("step-10").join(ckpt::rank_file_name(1));
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&file, bytes).unwrap();
+    let check = ckpt::verify_step(out.path(), 10, |_, _| {});
+    let err = check.result.as_ref().unwrap_err().to_string();
+    assert!(err.contains(&ckpt::rank_file_name(1)), "{err}");
+    assert_eq!(check.to_json()["ok"], false);
+    let missing = ckpt::verify_step(out.path(), 11, |_, _| {});
+    assert!(missing.result.is_err() && missing.bytes == 0);
+}

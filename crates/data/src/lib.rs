@@ -63,4 +63,4 @@ pub use text::{MAX_FILE_BYTES, load_tokens, load_tokens_capped};
 pub use tokenizer::{
     ByteTokenizer, Gpt2Tokenizer, HfTokenizer, Tokenizer, TokenizerKind, TokenizerSpec,
 };
-pub use verify::{VerifyReport, verify_dataset};
+pub use verify::{VerifyReport, verify_dataset, verify_dataset_with_progress};

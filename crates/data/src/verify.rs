@@ -1,5 +1,6 @@
 //! Re-hashing a whole dataset (`flotilla data verify`).
 
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
@@ -46,6 +47,22 @@ impl VerifyReport {
     pub fn gb_per_s(&self) -> f64 {
         self.bytes() as f64 / 1e9 / self.elapsed.as_secs_f64().max(1e-9)
     }
+
+    /// `{"shards": [{"file", "bytes", "ok", "error", "seconds"}...], "bytes", "seconds",
+    /// "gb_per_s", "failed": [file...]}`, as `flotilla data verify --json` prints it (with the
+    /// dataset's directory and snapshot added).
+    pub fn to_json(&self) -> serde_json::Value {
+        let shards: Vec<_> = (self.shards.iter())
+            .map(|c| {
+                serde_json::json!({"file": c.file, "bytes": c.bytes, "ok": c.result.is_ok(),
+                    "error": c.result.as_ref().err().map(|e| e.to_string()),
+                    "seconds": c.elapsed.as_secs_f64()})
+            })
+            .collect();
+        let failed: Vec<&str> = self.failures().map(|c| c.file.as_str()).collect();
+        serde_json::json!({"shards": shards, "bytes": self.bytes(),
+            "seconds": self.elapsed.as_secs_f64(), "gb_per_s": self.gb_per_s(), "failed": failed})
+    }
 }
 
 /// Maps and fully verifies every shard of `dataset` afresh ([`Dataset::open_verified`]), on
@@ -56,7 +73,19 @@ impl VerifyReport {
 /// [`DataError::InvalidArgument`] if the thread pool cannot start. Shard problems are not
 /// errors of this function: they are in the report.
 pub fn verify_dataset(dataset: &Dataset, threads: usize) -> Result<VerifyReport> {
+    verify_dataset_with_progress(dataset, threads, |_, _| {})
+}
+
+/// [`verify_dataset`], calling `progress(bytes_done, bytes_total)` as each shard finishes (from
+/// whichever thread checked it, one call at a time; the total is every shard's recorded size).
+pub fn verify_dataset_with_progress(
+    dataset: &Dataset,
+    threads: usize,
+    progress: impl FnMut(u64, u64) + Send,
+) -> Result<VerifyReport> {
     let start = Instant::now();
+    let total = (dataset.manifest().shards.iter()).fold(0u64, |n, s| n.saturating_add(s.bytes));
+    let done = Mutex::new((0u64, progress));
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -73,12 +102,19 @@ pub fn verify_dataset(dataset: &Dataset, threads: usize) -> Result<VerifyReport>
                 let entry = &dataset.manifest().shards[index];
                 let t = Instant::now();
                 let result = dataset.open_verified(index).map(drop);
+                let elapsed = t.elapsed();
+                // A poisoned lock means another shard's callback panicked: report nothing more.
+                if let Ok(mut guard) = done.lock() {
+                    let (bytes, report) = &mut *guard;
+                    *bytes = bytes.saturating_add(entry.bytes);
+                    report(*bytes, total);
+                }
                 ShardCheck {
                     index,
                     file: entry.file.clone(),
                     bytes: entry.bytes,
                     result,
-                    elapsed: t.elapsed(),
+                    elapsed,
                 }
             })
             .collect()

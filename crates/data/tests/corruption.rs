@@ -203,3 +203,22 @@ fn a_damaged_shard_found_ahead_fails_at_the_first_batch_that_needs_it() {
         "the batches before the first one needing the damaged shard are delivered, and only those"
     );
 }
+
+#[test]
+fn verify_reports_progress_to_the_last_byte_and_names_the_bad_shard() {
+    let (dir, victim) = dataset();
+    flip(&victim, 64 + 101);
+    let ds = Dataset::open(dir.path()).unwrap();
+    let mut calls = Vec::new();
+    let report =
+        data::verify_dataset_with_progress(&ds, 2, |done, total| calls.push((done, total)))
+            .unwrap();
+    let total = ds.manifest().bytes;
+    assert_eq!(calls.len(), SHARDS);
+    assert!(calls.windows(2).all(|w| w[0].0 < w[1].0), "{calls:?}");
+    assert_eq!(calls.last(), Some(&(total, total)));
+    let json = report.to_json();
+    assert_eq!(json["failed"], serde_json::json!(["shard-00002.fts"]));
+    assert_eq!(json["bytes"], total);
+    assert_eq!(json["shards"][2]["ok"], false);
+}

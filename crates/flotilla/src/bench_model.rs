@@ -4,8 +4,9 @@
 use crate::flag_range::{positive_usize, usize_in};
 use crate::model_args::{ModelArgs, TrainArgs};
 use anyhow::{Result, bail};
+use serde_json::json;
 use train::Trainer;
-use train::metrics::{gemm_gflops, mfu};
+use train::metrics::{Throughput, gemm_gflops};
 
 /// Largest square GEMM `--gemm` measures: 16384 (three f32 matrices of 1 GiB each).
 const MAX_GEMM: u64 = 1 << 14;
@@ -29,6 +30,10 @@ pub struct Args {
     /// Print where the timed steps' time went, per kernel.
     #[arg(long)]
     profile: bool,
+    /// One JSON object (the setup, GEMM rates, the timed steps' figures and the profile)
+    /// instead of lines.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Run `flotilla bench model`.
@@ -51,44 +56,46 @@ pub fn run(a: Args) -> Result<()> {
         .map(|p| p.1)
         .unwrap_or_else(|| gemm_gflops(th, 2048, 5));
     let fpt = trainer.flops_per_token();
-    println!(
-        "# flotilla model bench config={} layers={} heads={} d_model={} seq_len={} vocab={} batch={} threads={}",
-        a.model.config,
-        cfg.model.layers,
-        cfg.model.heads,
-        cfg.model.d_model,
-        cfg.seq_len,
-        cfg.model.vocab,
-        cfg.batch,
-        cfg.threads
-    );
-    println!(
-        "# params {:.2}M, flops/token {:.1} MFLOP",
-        trainer.model().n_params() as f64 / 1e6,
-        fpt / 1e6
-    );
-    for (n, g) in &peaks {
-        println!("# gemm {n}^3 f32: {g:.1} GFLOP/s ({} threads)", cfg.threads);
+    if !a.json {
+        println!(
+            "# flotilla model bench config={} layers={} heads={} d_model={} seq_len={} vocab={} batch={} threads={}",
+            a.model.config,
+            cfg.model.layers,
+            cfg.model.heads,
+            cfg.model.d_model,
+            cfg.seq_len,
+            cfg.model.vocab,
+            cfg.batch,
+            cfg.threads
+        );
+        println!(
+            "# params {:.2}M, flops/token {:.1} MFLOP",
+            trainer.model().n_params() as f64 / 1e6,
+            fpt / 1e6
+        );
+        for (n, g) in &peaks {
+            println!("# gemm {n}^3 f32: {g:.1} GFLOP/s ({} threads)", cfg.threads);
+        }
     }
-    let mut first = f64::NAN;
-    for _ in 0..a.untimed {
-        first = trainer.step()?.loss;
+    let (first, last, times) = timed_steps(&mut trainer, &a)?;
+    let tp = Throughput::of_steps(&times, cfg.tokens_per_step(), fpt, peak);
+    let profile = a.profile.then(model::profile::take);
+    if a.json {
+        let gemm: Vec<_> = peaks
+            .iter()
+            .map(|(n, g)| json!({"n": n, "gflops": g}))
+            .collect();
+        let row = |(k, s, c)| json!({"kernel": k, "seconds": s, "calls": c});
+        let profile = profile.map(|rows| rows.into_iter().map(row).collect::<Vec<_>>());
+        let m = &cfg.model;
+        let v = json!({"config": a.model.config, "layers": m.layers, "heads": m.heads,
+            "d_model": m.d_model, "seq_len": cfg.seq_len, "vocab": m.vocab, "batch": cfg.batch,
+            "threads": cfg.threads, "params": trainer.model().n_params(), "flops_per_token": fpt,
+            "gemm": gemm, "throughput": tp, "loss_first": first, "loss_last": last,
+            "profile": profile});
+        println!("{v}");
+        return Ok(());
     }
-    model::profile::take();
-    model::profile::enable(a.profile);
-    let mut times = Vec::new();
-    let mut last = f64::NAN;
-    for _ in 0..a.train.steps {
-        let s = trainer.step()?;
-        times.push(s.seconds);
-        last = s.loss;
-    }
-    let wall: f64 = times.iter().sum();
-    let step_s = wall / times.len().max(1) as f64;
-    let mut sorted = times.clone();
-    sorted.sort_by(f64::total_cmp);
-    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN);
-    let tps = cfg.tokens_per_step() as f64 / step_s;
     println!(
         "{:<6} {:<14} {:>5} {:>8} {:>10} {:>10} {:>9} {:>9} {:>8} {:>6} {:>12}",
         "config",
@@ -110,23 +117,41 @@ pub fn run(a: Args) -> Result<()> {
         1,
         cfg.threads,
         cfg.batch,
-        tps,
-        step_s * 1e3,
-        median * 1e3,
-        tps * fpt / 1e9,
-        100.0 * mfu(tps, fpt, peak),
+        tp.tokens_per_s,
+        tp.step_ms,
+        tp.median_ms,
+        tp.gflops,
+        100.0 * tp.mfu,
         first,
         last
     );
-    if a.profile {
-        print_profile(wall, times.len());
+    if let Some(rows) = profile {
+        print_profile(rows, times.iter().sum(), times.len());
     }
     Ok(())
 }
 
+/// Runs the untimed steps, then the timed ones (profiled with `--profile`); returns the loss
+/// of the last untimed step, of the last timed step and the timed steps' seconds.
+fn timed_steps(trainer: &mut Trainer, a: &Args) -> Result<(f64, f64, Vec<f64>)> {
+    let mut first = f64::NAN;
+    for _ in 0..a.untimed {
+        first = trainer.step()?.loss;
+    }
+    model::profile::take();
+    model::profile::enable(a.profile);
+    let mut times = Vec::new();
+    let mut last = f64::NAN;
+    for _ in 0..a.train.steps {
+        let s = trainer.step()?;
+        times.push(s.seconds);
+        last = s.loss;
+    }
+    Ok((first, last, times))
+}
+
 /// The per-kernel table of the timed steps.
-fn print_profile(wall: f64, steps: usize) {
-    let rows = model::profile::take();
+fn print_profile(rows: Vec<(&str, f64, u64)>, wall: f64, steps: usize) {
     let covered: f64 = rows.iter().map(|r| r.1).sum();
     println!(
         "# where a step's {:.1} ms went (per step; {:.1}% of wall covered):",

@@ -3,12 +3,13 @@
 //! `ls`, `show` and `verify` are small and live here; the benchmark has its own module.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use ckpt::names::DirState;
-use ckpt::{Checkpoint, Manifest, Verify, open_latest};
+use ckpt::{Checkpoint, StepCheck, Verify, open_latest, verify_step};
+use serde_json::json;
 
+use crate::data_prepare_cmd::{advance, byte_bar};
 use crate::{ckpt_bench_cmd, ckpt_convert_cmd, ckpt_policy_cmd};
 
 /// The `flotilla ckpt` subcommands.
@@ -61,6 +62,12 @@ pub struct VerifyArgs {
     /// Step to verify (default: every committed step).
     #[arg(long)]
     step: Option<u64>,
+    /// One JSON object (each step's outcome and the failed steps) instead of lines.
+    #[arg(long)]
+    json: bool,
+    /// Hide the progress bar (it is also hidden when stderr is not a terminal).
+    #[arg(long)]
+    no_progress: bool,
 }
 
 /// Runs one `flotilla ckpt` subcommand.
@@ -76,27 +83,19 @@ pub fn run(command: CkptCommand) -> Result<()> {
     }
 }
 
-/// Total bytes of all pieces of a manifest.
-fn piece_bytes(m: &Manifest) -> u64 {
-    m.pieces.iter().map(|p| p.bytes).sum()
-}
-
 /// `flotilla ckpt ls`: one line (or JSON object) per step directory.
 fn ls(a: &LsArgs) -> Result<()> {
     let dirs = ckpt::names::step_dirs(&a.root)
         .with_context(|| format!("reading checkpoint root {}", a.root.display()))?;
     let mut rows = vec![];
     for d in &dirs {
-        let mut row = serde_json::json!({"dir": d.name, "step": d.step, "state": d.state});
+        let mut row = json!({"dir": d.name, "step": d.step, "state": d.state});
         match d.state {
             DirState::Committed => match Checkpoint::open(&a.root, d.step, Verify::ManifestOnly) {
                 Ok(c) => {
-                    let m = c.manifest();
-                    row["tensors"] = m.tensors.len().into();
-                    row["pieces"] = m.pieces.len().into();
-                    row["bytes"] = piece_bytes(m).into();
-                    row["world"] = m.world_size.into();
-                    row["run"] = m.run_id.clone().into();
+                    let mut summary = c.manifest().summary_json();
+                    (summary["dir"], summary["state"]) = (json!(d.name), json!(d.state));
+                    row = summary;
                 }
                 Err(e) => (row["state"], row["error"]) = ("bad".into(), e.to_string().into()),
             },
@@ -140,8 +139,9 @@ fn ls(a: &LsArgs) -> Result<()> {
     Ok(())
 }
 
-/// Opens `step`, or the newest loadable committed step (reporting rejected newer ones).
-fn open_step(root: &Path, step: Option<u64>, verify: Verify) -> Result<Checkpoint> {
+/// Opens `step`, or the newest loadable committed step (reporting rejected newer ones on
+/// stderr).
+pub(crate) fn open_step(root: &Path, step: Option<u64>, verify: Verify) -> Result<Checkpoint> {
     match step {
         Some(n) => Checkpoint::open(root, n, verify)
             .with_context(|| format!("opening step {n} of {}", root.display())),
@@ -173,7 +173,7 @@ fn show(a: ShowArgs) -> Result<()> {
         "tensors:     {} ({} pieces, {} bytes)",
         m.tensors.len(),
         m.pieces.len(),
-        piece_bytes(m)
+        m.piece_bytes()
     );
     println!(
         "  {:<40} {:<5} {:<20} {:>14} {:>6}",
@@ -197,25 +197,17 @@ fn show(a: ShowArgs) -> Result<()> {
     Ok(())
 }
 
-/// Opens `step` with every piece verified; returns the bytes checked and the seconds taken.
-fn verify_step(root: &Path, step: u64) -> Result<(u64, f64)> {
-    let start = Instant::now();
-    let c = Checkpoint::open(root, step, Verify::AllPieces)?;
-    Ok((piece_bytes(c.manifest()), start.elapsed().as_secs_f64()))
-}
-
-/// Prints one verification result; returns whether it passed.
-fn report_step(step: u64, result: &Result<(u64, f64)>) -> bool {
-    match result {
-        Ok((bytes, secs)) => {
-            let gbps = *bytes as f64 / secs.max(1e-9) / 1e9;
-            println!("ok   step-{step}: {bytes} bytes in {secs:.3} s: {gbps:.2} GB/s");
-            true
-        }
-        Err(e) => {
-            println!("BAD  step-{step}: {e:#}");
-            false
-        }
+/// Prints one step's verification line.
+fn report_step(c: &StepCheck) {
+    match &c.result {
+        Ok(()) => println!(
+            "ok   step-{}: {} bytes in {:.3} s: {:.2} GB/s",
+            c.step,
+            c.bytes,
+            c.elapsed.as_secs_f64(),
+            c.gb_per_s()
+        ),
+        Err(e) => println!("BAD  step-{}: {e}", c.step),
     }
 }
 
@@ -233,11 +225,25 @@ fn verify(a: VerifyArgs) -> Result<()> {
     if steps.is_empty() {
         bail!("no committed step in {}", a.root.display());
     }
-    let bad: Vec<String> = steps
-        .iter()
-        .filter(|&&step| !report_step(step, &verify_step(&a.root, step)))
-        .map(|step| format!("step-{step}"))
+    let bar = byte_bar(a.no_progress)?;
+    let checks: Vec<StepCheck> = (steps.iter())
+        .map(|&step| {
+            bar.set_message(format!("step-{step}"));
+            let c = verify_step(&a.root, step, advance(&bar));
+            if !a.json {
+                bar.suspend(|| report_step(&c));
+            }
+            c
+        })
         .collect();
+    bar.finish_and_clear();
+    let bad: Vec<String> = (checks.iter().filter(|c| c.result.is_err()))
+        .map(|c| format!("step-{}", c.step))
+        .collect();
+    if a.json {
+        let steps: Vec<_> = checks.iter().map(StepCheck::to_json).collect();
+        println!("{}", json!({"root": a.root, "steps": steps, "failed": bad}));
+    }
     if !bad.is_empty() {
         bail!(
             "{} of {} committed steps of {} failed verification: {}",

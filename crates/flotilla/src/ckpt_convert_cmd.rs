@@ -1,13 +1,14 @@
 //! `flotilla ckpt convert`: a committed step to a consolidated Hugging Face model, or resharded
 //! offline for another number of ranks.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::{Context, Result, anyhow, bail};
-use ckpt::{Checkpoint, Verify};
-use model::config::ModelConfig;
-use model::layout::Layout;
-use train::checkpoint::MODEL_PREFIX;
+use anyhow::{Context, Result, bail};
+use ckpt::Verify;
+use serde_json::json;
+
+use crate::ckpt_cmd::open_step;
+use crate::data_prepare_cmd::{advance, byte_bar};
 
 /// Options of `flotilla ckpt convert`.
 #[derive(clap::Args)]
@@ -27,79 +28,54 @@ pub struct ConvertArgs {
     /// Checkpoint root to write the resharded step into.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// One JSON object (step, what was written and its size) instead of a line.
+    #[arg(long)]
+    json: bool,
+    /// Hide the progress bar (it is also hidden when stderr is not a terminal).
+    #[arg(long)]
+    no_progress: bool,
 }
 
 /// Runs `flotilla ckpt convert`.
 pub fn run(a: ConvertArgs) -> Result<()> {
-    let ckpt = match a.step {
-        Some(step) => Checkpoint::open(&a.root, step, Verify::ManifestOnly)?,
-        None => {
-            let opened = ckpt::open_latest(&a.root, Verify::ManifestOnly)?;
-            for r in &opened.rejected {
-                println!("# step {} rejected: {}", r.step, r.error);
-            }
-            opened.checkpoint
+    let ckpt = open_step(&a.root, a.step, Verify::ManifestOnly)?;
+    let bar = byte_bar(a.no_progress)?;
+    let (line, value) = match (&a.hf, a.reshard, &a.out) {
+        (Some(dir), _, _) => {
+            let e = train::checkpoint::export_hf(&ckpt, dir, advance(&bar))?;
+            let line = format!(
+                "# step {} exported as a Hugging Face model to {} ({:.2}M parameters)",
+                e.step,
+                dir.display(),
+                e.parameters as f64 / 1e6
+            );
+            (line, serde_json::to_value(e)?)
         }
-    };
-    match (&a.hf, a.reshard, &a.out) {
-        (Some(dir), _, _) => to_hf(&ckpt, dir),
         (None, Some(ranks), Some(out)) => {
             if ranks == 0 {
                 bail!("--reshard 0: at least one rank is needed");
             }
-            let m = ckpt::reshard(&ckpt, out, ranks).with_context(|| {
-                format!("resharding step {} into {}", ckpt.step(), out.display())
-            })?;
-            println!(
-                "# step {} of {} ({} ranks) rewritten for {ranks} ranks in {}: {} pieces",
+            let m = ckpt::reshard_with_progress(&ckpt, out, ranks, advance(&bar)).with_context(
+                || format!("resharding step {} into {}", ckpt.step(), out.display()),
+            )?;
+            let from = ckpt.manifest().world_size;
+            let line = format!(
+                "# step {} of {} ({from} ranks) rewritten for {ranks} ranks in {}: {} pieces",
                 m.step,
                 a.root.display(),
-                ckpt.manifest().world_size,
                 out.display(),
                 m.pieces.len()
             );
-            Ok(())
+            let mut v = m.summary_json();
+            (v["out"], v["from_world"]) = (json!(out), json!(from));
+            (line, v)
         }
         _ => bail!("give --hf DIR, or --reshard N with --out DIR"),
+    };
+    bar.finish_and_clear();
+    match a.json {
+        true => println!("{value}"),
+        false => println!("{line}"),
     }
-}
-
-/// The model config a trainer checkpoint records in its state.
-fn model_config(ckpt: &Checkpoint) -> Result<ModelConfig> {
-    let map = ckpt.state()["model_config"].as_object().ok_or_else(|| {
-        anyhow!(
-            "step {} has no model config in its state: only checkpoints saved by `flotilla train` convert to Hugging Face",
-            ckpt.step()
-        )
-    })?;
-    let label = format!(
-        "{} (state.model_config)",
-        ckpt.dir().join("manifest.json").display()
-    );
-    Ok(model::interop::config_from_metadata(&label, |k| {
-        map.get(k).and_then(|v| v.as_str())
-    })?)
-}
-
-/// Assembles the flat parameter buffer from the `model.<entry>` tensors and exports it.
-fn to_hf(ckpt: &Checkpoint, dir: &Path) -> Result<()> {
-    let cfg = model_config(ckpt)?;
-    let layout = Layout::new(&cfg);
-    let mut params = vec![0f32; layout.total];
-    for e in &layout.entries {
-        let name = format!("{MODEL_PREFIX}{}", e.name);
-        let bytes = ckpt
-            .read_tensor(&name)
-            .with_context(|| format!("reading {name} of step {}", ckpt.step()))?;
-        ckpt::f32_from_bytes(&bytes, &mut params[e.range()], &name)?;
-    }
-    model::interop::export_hf(dir, &cfg, &params)
-        .with_context(|| format!("exporting to {}", dir.display()))?;
-    println!(
-        "# step {} exported as a Hugging Face model to {} ({:.2}M parameters)",
-        ckpt.step(),
-        dir.display(),
-        params.len() as f64 / 1e6
-    );
     Ok(())
 }

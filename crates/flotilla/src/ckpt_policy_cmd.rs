@@ -8,6 +8,7 @@ use ckpt::policy::{
     EntryKind, GcMode, GcReport, Removed, Retention, RetentionReport, apply, cluster_mtbf,
     daly_interval, expected_loss_fraction, gc, interval_steps, preview, preview_gc, young_interval,
 };
+use serde_json::json;
 
 /// Options of `flotilla ckpt gc`.
 #[derive(clap::Args)]
@@ -29,6 +30,10 @@ pub struct GcArgs {
     /// Print what would be removed; remove nothing.
     #[arg(long)]
     dry_run: bool,
+    /// One JSON object (the retention report, the collection report and the totals) instead of
+    /// lines.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Options of `flotilla ckpt interval`.
@@ -68,6 +73,7 @@ pub fn run_gc(a: GcArgs) -> Result<()> {
     let verb = if a.dry_run { "would remove" } else { "removed" };
     let mut removed = 0usize;
     let mut bytes = 0u64;
+    let mut retained = None;
     if a.keep_last.is_some() || a.keep_every.is_some() {
         let retention = Retention {
             keep_last: a.keep_last.unwrap_or(1),
@@ -79,9 +85,13 @@ pub fn run_gc(a: GcArgs) -> Result<()> {
             apply(&a.root, &retention)
         }
         .with_context(|| format!("retention in {}", a.root.display()))?;
-        print_retention(&retention, &report, verb);
+        if !a.json {
+            print_retention(&retention, &report, verb);
+        }
         removed += report.removed.len();
         bytes = bytes.saturating_add(report.bytes_freed());
+        retained =
+            Some(json!({"policy": retention, "plan": report.plan, "removed": report.removed}));
     }
     let mode = if a.all_uncommitted {
         GcMode::AllUncommitted
@@ -94,9 +104,15 @@ pub fn run_gc(a: GcArgs) -> Result<()> {
         gc(&a.root, mode)
     }
     .with_context(|| format!("collecting leftovers in {}", a.root.display()))?;
-    print_gc(&report, verb);
     removed += report.removed.len();
     bytes = bytes.saturating_add(report.bytes_freed());
+    if a.json {
+        let v = json!({"dry_run": a.dry_run, "retention": retained, "gc": report,
+            "removed": removed, "bytes": bytes});
+        println!("{v}");
+        return Ok(());
+    }
+    print_gc(&report, verb);
     println!("total: {verb} {removed} directories, {bytes} bytes");
     Ok(())
 }

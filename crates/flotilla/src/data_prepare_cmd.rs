@@ -53,6 +53,34 @@ pub struct Args {
     /// Hide the progress bar (it is also hidden when stderr is not a terminal).
     #[arg(long)]
     no_progress: bool,
+    /// One JSON object (the counts, rates, tokenizer and snapshot) instead of lines.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A progress bar over bytes on stderr for the long `data` and `ckpt` commands: hidden with
+/// `--no-progress` or when stderr is not a terminal.
+pub(crate) fn byte_bar(no_progress: bool) -> Result<ProgressBar> {
+    let pb = if no_progress || !std::io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(0)
+    };
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{bar:30} {bytes}/{total_bytes} {bytes_per_sec} {msg} [{elapsed_precise}<{eta_precise}]",
+        )
+        .context("progress template")?,
+    );
+    Ok(pb)
+}
+
+/// The `(done, total)` progress callback of a library call, moving `bar`.
+pub(crate) fn advance(bar: &ProgressBar) -> impl FnMut(u64, u64) + Send + '_ {
+    move |done, total| {
+        bar.set_length(total);
+        bar.set_position(done.min(total));
+    }
 }
 
 fn shard_size(s: &str) -> Result<u64, data::DataError> {
@@ -87,21 +115,11 @@ pub fn run(a: Args) -> Result<()> {
     cfg.threads = a.threads;
     cfg.force = a.force;
 
-    let pb = if a.no_progress || !std::io::stderr().is_terminal() {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(0)
-    };
-    pb.set_style(
-        ProgressStyle::with_template(
-            "{bar:30} {bytes}/{total_bytes} {bytes_per_sec} {msg} [{elapsed_precise}<{eta_precise}]",
-        )
-        .context("progress template")?,
-    );
+    let pb = byte_bar(a.no_progress)?;
+    let mut moved = advance(&pb);
     let tok: &(dyn Tokenizer + Sync) = tokenizer.as_ref();
     let summary = prepare(&cfg, tok, &mut |p| {
-        pb.set_length(p.input_bytes);
-        pb.set_position(p.input_bytes_done.min(p.input_bytes));
+        moved(p.input_bytes_done, p.input_bytes);
         pb.set_message(format!(
             "{} docs, {} tokens, {} shards",
             p.docs, p.tokens, p.shards
@@ -111,29 +129,42 @@ pub fn run(a: Args) -> Result<()> {
     pb.finish_and_clear();
 
     let s = &summary;
-    println!(
-        "prepared {}: {} documents, {} tokens, {} shards, {} bytes ({})",
-        cfg.output.display(),
-        s.docs,
-        s.tokens,
-        s.shards,
-        s.bytes_written,
-        s.manifest.tokenizer
-    );
-    println!(
-        "read {} input file(s) ({:.1} MB, {:.1} MB of text) in {:.2} s: {:.1} MB/s of text, {:.2} M tokens/s",
-        s.files,
-        s.input_bytes as f64 / 1e6,
-        s.text_bytes as f64 / 1e6,
-        s.elapsed.as_secs_f64(),
-        s.text_mb_per_s(),
-        s.tokens_per_s() / 1e6
-    );
-    println!(
-        "skipped records: {}, documents cut at --max-doc-size: {}, files of an earlier run removed: {}",
-        s.skipped, s.split_docs, s.removed_files
-    );
-    println!("snapshot {}", s.manifest.snapshot);
+    if a.json {
+        let output = remote
+            .clone()
+            .unwrap_or_else(|| cfg.output.display().to_string());
+        let v = serde_json::json!({"output": output, "files": s.files, "input_bytes": s.input_bytes,
+            "text_bytes": s.text_bytes, "docs": s.docs, "tokens": s.tokens, "shards": s.shards,
+            "bytes_written": s.bytes_written, "skipped": s.skipped, "split_docs": s.split_docs,
+            "removed_files": s.removed_files, "seconds": s.elapsed.as_secs_f64(),
+            "text_mb_per_s": s.text_mb_per_s(), "tokens_per_s": s.tokens_per_s(),
+            "tokenizer": s.manifest.tokenizer, "snapshot": s.manifest.snapshot});
+        println!("{v}");
+    } else {
+        println!(
+            "prepared {}: {} documents, {} tokens, {} shards, {} bytes ({})",
+            cfg.output.display(),
+            s.docs,
+            s.tokens,
+            s.shards,
+            s.bytes_written,
+            s.manifest.tokenizer
+        );
+        println!(
+            "read {} input file(s) ({:.1} MB, {:.1} MB of text) in {:.2} s: {:.1} MB/s of text, {:.2} M tokens/s",
+            s.files,
+            s.input_bytes as f64 / 1e6,
+            s.text_bytes as f64 / 1e6,
+            s.elapsed.as_secs_f64(),
+            s.text_mb_per_s(),
+            s.tokens_per_s() / 1e6
+        );
+        println!(
+            "skipped records: {}, documents cut at --max-doc-size: {}, files of an earlier run removed: {}",
+            s.skipped, s.split_docs, s.removed_files
+        );
+        println!("snapshot {}", s.manifest.snapshot);
+    }
     if let Some(url) = remote {
         let up = data::cache::upload(&cfg.output, &url, a.force);
         std::fs::remove_dir_all(&scratch)

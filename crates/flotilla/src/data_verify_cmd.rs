@@ -3,8 +3,10 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use data::{Dataset, verify_dataset};
+use data::{Dataset, verify_dataset_with_progress};
+use serde_json::json;
 
+use crate::data_prepare_cmd::{advance, byte_bar};
 use crate::flag_range::{MAX_THREADS, usize_in};
 
 /// Options of `flotilla data verify`.
@@ -18,25 +20,22 @@ pub struct Args {
     /// One JSON object (every shard's outcome and the totals) instead of lines.
     #[arg(long)]
     json: bool,
+    /// Hide the progress bar (it is also hidden when stderr is not a terminal).
+    #[arg(long)]
+    no_progress: bool,
 }
 
 /// Run `flotilla data verify`: prints one line per shard and fails naming every bad one.
 pub fn run(a: Args) -> Result<()> {
     let dataset =
         Dataset::open(&a.dir).with_context(|| format!("opening dataset {}", a.dir.display()))?;
-    let report = verify_dataset(&dataset, a.threads)?;
+    let bar = byte_bar(a.no_progress)?;
+    let report = verify_dataset_with_progress(&dataset, a.threads, advance(&bar))?;
+    bar.finish_and_clear();
     let bad: Vec<&str> = report.failures().map(|c| c.file.as_str()).collect();
     if a.json {
-        let shards: Vec<_> = (report.shards.iter())
-            .map(|c| {
-                serde_json::json!({"file": c.file, "bytes": c.bytes, "ok": c.result.is_ok(),
-                "error": c.result.as_ref().err().map(|e| e.to_string()),
-                "seconds": c.elapsed.as_secs_f64()})
-            })
-            .collect();
-        let v = serde_json::json!({"dataset": a.dir, "snapshot": dataset.manifest().snapshot,
-            "shards": shards, "bytes": report.bytes(), "seconds": report.elapsed.as_secs_f64(),
-            "gb_per_s": report.gb_per_s(), "failed": bad});
+        let mut v = report.to_json();
+        (v["dataset"], v["snapshot"]) = (json!(a.dir), json!(dataset.manifest().snapshot));
         println!("{v}");
     } else {
         print_lines(&report, &dataset.manifest().snapshot);

@@ -35,6 +35,7 @@ use std::ops::Range;
 
 mod collective;
 mod fallback;
+mod hf_export;
 mod run_state;
 
 pub(crate) use collective::{
@@ -43,6 +44,7 @@ pub(crate) use collective::{
 };
 pub(crate) use fallback::clear_leftovers;
 pub use fallback::resume_collectively;
+pub use hf_export::{HfExport, export_hf, model_config};
 pub(crate) use run_state::SavedRun;
 pub use run_state::{MAX_REPLICAS, MAX_ROWS_PER_STEP_FACTOR, RunState};
 

@@ -37,8 +37,9 @@ pub enum GcMode {
     AllUncommitted,
 }
 
-/// What a directory under a checkpoint root is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a directory under a checkpoint root is (serialized in snake case: `no_marker` ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum EntryKind {
     /// `step-<N>` with a well-formed commit marker (deleted only by retention).
     Committed,
@@ -51,7 +52,7 @@ pub enum EntryKind {
 }
 
 /// One directory removed (or that would be removed, in a preview).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Removed {
     /// Its path.
     pub path: PathBuf,
@@ -64,7 +65,7 @@ pub struct Removed {
 }
 
 /// An entry with a step name that [`gc`] left alone, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Skipped {
     /// Its path.
     pub path: PathBuf,
@@ -72,8 +73,9 @@ pub struct Skipped {
     pub reason: &'static str,
 }
 
-/// What [`gc`] removed (or [`preview_gc`] would remove) and what it left alone.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// What [`gc`] removed (or [`preview_gc`] would remove) and what it left alone
+/// (`flotilla ckpt gc --json` prints it as is).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct GcReport {
     /// Directories removed, ascending by step.
     pub removed: Vec<Removed>,

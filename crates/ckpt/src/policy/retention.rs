@@ -36,7 +36,7 @@ use crate::reader::{list_committed, step_dir_name};
 /// The newest committed step is the newest with a well-formed commit marker; if its pieces
 /// later fail verification, the loader falls back to an older one, so keep at least two when
 /// a lost step is expensive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Retention {
     /// How many of the newest committed steps to keep (the newest is kept even if this is 0).
     pub keep_last: usize,
@@ -45,7 +45,7 @@ pub struct Retention {
 }
 
 /// What a [`Retention`] keeps and deletes of a set of committed steps, each ascending.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct RetentionPlan {
     /// Steps kept.
     pub keep: Vec<u64>,
@@ -53,8 +53,8 @@ pub struct RetentionPlan {
     pub delete: Vec<u64>,
 }
 
-/// What [`apply`] deleted (or [`preview`] would delete).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// What [`apply`] deleted (or [`preview`] would delete); `flotilla ckpt gc --json` prints it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct RetentionReport {
     /// The plan that was carried out.
     pub plan: RetentionPlan,
