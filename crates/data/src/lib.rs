@@ -30,6 +30,7 @@
 //! ```
 
 pub mod batch;
+pub mod bench;
 pub mod cache;
 pub mod corpus;
 pub mod dataset;

@@ -13,7 +13,8 @@ use crate::flag_range::{MAX_THREADS, usize_in};
 /// Options of `flotilla data prepare`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Input files, directories (walked recursively, hidden files skipped) and glob patterns.
+    /// Input files, directories (walked recursively, hidden files skipped) and glob patterns;
+    /// `.gz` and `.zst` files are decompressed as they are read (e.g. `web.jsonl.zst`).
     #[arg(required = true)]
     inputs: Vec<String>,
     /// Dataset directory to write (created if needed), or s3://bucket/prefix (prepared in the
@@ -128,48 +129,19 @@ pub fn run(a: Args) -> Result<()> {
     .with_context(|| format!("preparing {}", cfg.output.display()))?;
     pb.finish_and_clear();
 
-    let s = &summary;
-    if a.json {
-        let output = remote
-            .clone()
-            .unwrap_or_else(|| cfg.output.display().to_string());
-        let v = serde_json::json!({"output": output, "files": s.files, "input_bytes": s.input_bytes,
-            "text_bytes": s.text_bytes, "docs": s.docs, "tokens": s.tokens, "shards": s.shards,
-            "bytes_written": s.bytes_written, "skipped": s.skipped, "split_docs": s.split_docs,
-            "removed_files": s.removed_files, "seconds": s.elapsed.as_secs_f64(),
-            "text_mb_per_s": s.text_mb_per_s(), "tokens_per_s": s.tokens_per_s(),
-            "tokenizer": s.manifest.tokenizer, "snapshot": s.manifest.snapshot});
-        println!("{v}");
-    } else {
-        println!(
-            "prepared {}: {} documents, {} tokens, {} shards, {} bytes ({})",
-            cfg.output.display(),
-            s.docs,
-            s.tokens,
-            s.shards,
-            s.bytes_written,
-            s.manifest.tokenizer
-        );
-        println!(
-            "read {} input file(s) ({:.1} MB, {:.1} MB of text) in {:.2} s: {:.1} MB/s of text, {:.2} M tokens/s",
-            s.files,
-            s.input_bytes as f64 / 1e6,
-            s.text_bytes as f64 / 1e6,
-            s.elapsed.as_secs_f64(),
-            s.text_mb_per_s(),
-            s.tokens_per_s() / 1e6
-        );
-        println!(
-            "skipped records: {}, documents cut at --max-doc-size: {}, files of an earlier run removed: {}",
-            s.skipped, s.split_docs, s.removed_files
-        );
-        println!("snapshot {}", s.manifest.snapshot);
-    }
-    if let Some(url) = remote {
-        let up = data::cache::upload(&cfg.output, &url, a.force);
-        std::fs::remove_dir_all(&scratch)
-            .with_context(|| format!("removing {}", scratch.display()))?;
-        println!("uploaded {} bytes to {url} (manifest last)", up?);
+    let uploaded = match &remote {
+        Some(url) => {
+            let up = data::cache::upload(&cfg.output, url, a.force);
+            std::fs::remove_dir_all(&scratch)
+                .with_context(|| format!("removing {}", scratch.display()))?;
+            Some(up.with_context(|| format!("uploading to {url}"))?)
+        }
+        None => None,
+    };
+    let output = remote.unwrap_or_else(|| cfg.output.display().to_string());
+    match a.json {
+        true => println!("{}", summary.to_json(&output, uploaded)),
+        false => (summary.lines(&output, uploaded).iter()).for_each(|l| println!("{l}")),
     }
     Ok(())
 }

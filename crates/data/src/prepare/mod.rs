@@ -165,6 +165,50 @@ impl PrepareSummary {
     pub fn tokens_per_s(&self) -> f64 {
         self.tokens as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
+
+    /// Every figure as JSON, for the dataset at `output` (`uploaded`: bytes uploaded to it,
+    /// when it is in object storage).
+    pub fn to_json(&self, output: &str, uploaded: Option<u64>) -> serde_json::Value {
+        serde_json::json!({"output": output, "files": self.files, "input_bytes": self.input_bytes,
+            "text_bytes": self.text_bytes, "docs": self.docs, "tokens": self.tokens,
+            "shards": self.shards, "bytes_written": self.bytes_written, "skipped": self.skipped,
+            "split_docs": self.split_docs, "removed_files": self.removed_files,
+            "seconds": self.elapsed.as_secs_f64(), "text_mb_per_s": self.text_mb_per_s(),
+            "tokens_per_s": self.tokens_per_s(), "tokenizer": self.manifest.tokenizer,
+            "snapshot": self.manifest.snapshot, "uploaded_bytes": uploaded})
+    }
+
+    /// The same as lines for a person.
+    pub fn lines(&self, output: &str, uploaded: Option<u64>) -> Vec<String> {
+        let mut lines = vec![
+            format!(
+                "prepared {output}: {} documents, {} tokens, {} shards, {} bytes ({})",
+                self.docs, self.tokens, self.shards, self.bytes_written, self.manifest.tokenizer
+            ),
+            format!(
+                "read {} input file(s) ({:.1} MB, {:.1} MB of text) in {:.2} s: {:.1} MB/s of text, \
+                 {:.2} M tokens/s",
+                self.files,
+                self.input_bytes as f64 / 1e6,
+                self.text_bytes as f64 / 1e6,
+                self.elapsed.as_secs_f64(),
+                self.text_mb_per_s(),
+                self.tokens_per_s() / 1e6
+            ),
+            format!(
+                "skipped records: {}, documents cut at --max-doc-size: {}, files of an earlier run \
+                 removed: {}",
+                self.skipped, self.split_docs, self.removed_files
+            ),
+            format!("snapshot {}", self.manifest.snapshot),
+        ];
+        if let Some(bytes) = uploaded {
+            lines.push(format!(
+                "uploaded {bytes} bytes to {output} (manifest last)"
+            ));
+        }
+        lines
+    }
 }
 
 /// Parses a size such as `64MiB`, `1GiB`, `500MB`, `4096` (bytes); binary suffixes KiB, MiB,

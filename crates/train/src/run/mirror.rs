@@ -7,7 +7,7 @@
 //! - before anything is resumed, fetches the remote's newest committed step into the cache
 //!   when it is newer than the cache's own (verified before it becomes visible; falling back
 //!   past remote steps that fail), so a run on a fresh machine resumes from the remote;
-//! - after every step, hands each newly committed local step to a [`ckpt::remote::Stager`],
+//! - after every step, hands each newly committed local step to a `ckpt::remote::Stager`,
 //!   which uploads it on a background thread, `COMMIT` last;
 //! - at the end of the run (or of a pre-emption's save), waits until the last step is durably
 //!   committed remotely.
