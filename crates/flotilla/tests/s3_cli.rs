@@ -114,6 +114,20 @@ fn checkpoints_in_s3_resume_on_a_fresh_machine_bit_identically() {
     }
     assert!(saved(&tmp.path().join("a")) == saved(&tmp.path().join("b")));
 
+    // A third machine at the end: it fetches step 6, has nothing to train and nothing to
+    // upload, and succeeds.
+    let done = train(
+        &server,
+        &tmp.path().join("machine-3"),
+        "6",
+        &["--ckpt-dir", &url, "--ckpt-every", "3"],
+    );
+    assert!(
+        done.contains(&format!("fetched step 6 from {url}")) && done.contains("nothing left"),
+        "{done}"
+    );
+    assert!(!done.contains("durably committed"), "{done}");
+
     // The bucket holds both steps, each with its COMMIT object.
     let store = objstore::RemoteStore::open(&url, &server.options()).unwrap();
     let mut dirs = store.list_dirs().unwrap();

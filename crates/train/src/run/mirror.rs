@@ -62,8 +62,10 @@ pub struct Mirror {
     stager: ckpt::remote::Stager,
     url: String,
     dir: PathBuf,
-    /// The newest step handed to the stager (or found durable).
+    /// The newest step handed to the stager (or already remote).
     staged: Option<u64>,
+    /// The newest step this run handed to the stager: what [`Mirror::finish`] waits for.
+    pending: Option<u64>,
 }
 
 #[cfg(feature = "s3")]
@@ -95,10 +97,11 @@ impl Mirror {
             .map_err(remote_err(url))?
             .last()
             .copied();
-        let mut line = None;
+        let (mut line, mut fetched_step) = (None, None);
         if remote > local {
             let fetched = ckpt::remote::fetch_latest(&store, dir).map_err(remote_err(url))?;
             let step = fetched.checkpoint.step();
+            fetched_step = Some(step);
             let skipped: Vec<String> = fetched
                 .rejected
                 .iter()
@@ -116,22 +119,25 @@ impl Mirror {
         }
         let stager =
             Stager::start(open()?, dir, StagerConfig::default()).map_err(remote_err(url))?;
-        let staged = stager
+        let durable = stager
             .statuses()
             .iter()
             .filter(|s| matches!(s.state, ckpt::remote::StageState::Durable { .. }))
             .map(|s| s.step)
             .max();
-        let mut mirror = Mirror {
+        // Already remote: what is durable and what was just fetched. Of the steps an earlier
+        // run committed locally but never uploaded, only the newest is staged.
+        let never_uploaded = local.filter(|&l| Some(l) > durable);
+        let staged = durable
+            .max(fetched_step)
+            .max(never_uploaded.and_then(|l| l.checked_sub(1)));
+        let mirror = Mirror {
             stager,
             url: url.to_string(),
             dir: dir.to_path_buf(),
             staged,
+            pending: None,
         };
-        // A step committed locally by an earlier run but never uploaded: the newest only.
-        mirror.staged = mirror
-            .staged
-            .max(local.filter(|&l| Some(l) > staged).map(|l| l - 1));
         Ok((mirror, line))
     }
 
@@ -168,20 +174,20 @@ impl Mirror {
         for step in ckpt::list_committed(&self.dir)? {
             if Some(step) > self.staged {
                 self.stager.stage(step).map_err(remote_err(&self.url))?;
-                self.staged = Some(step);
+                (self.staged, self.pending) = (Some(step), Some(step));
             }
         }
         Ok(())
     }
 
-    /// Stages what is left and waits until the newest step is durably committed remotely;
-    /// the line to report.
+    /// Stages what is left and waits until the newest step this run staged is durably
+    /// committed remotely; the line to report (none when this run staged nothing).
     ///
     /// # Errors
     /// The upload's failure, or [`UPLOAD_TIMEOUT`] passing first.
     pub fn finish(mut self) -> Result<Option<String>> {
         self.stage_new()?;
-        let Some(step) = self.staged else {
+        let Some(step) = self.pending else {
             return Ok(None);
         };
         #[cfg(feature = "s3")]
