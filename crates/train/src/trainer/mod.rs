@@ -1,4 +1,8 @@
-//! The single-process trainer: forward, backward, clip, AdamW, schedule.
+//! The single-process trainer: forward, backward, clip, AdamW, schedule. What it holds is read
+//! through `view.rs`; the held-out loss is `eval.rs`.
+mod eval;
+mod view;
+
 use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
 use crate::expert::{BlockGroups, ExpertPart};
@@ -238,192 +242,6 @@ impl Trainer {
         })
     }
 
-    /// The config.
-    pub fn config(&self) -> &TrainConfig {
-        &self.cfg
-    }
-
-    /// The model (layout, dims, logits).
-    pub fn model(&self) -> &Model<f32> {
-        &self.model
-    }
-
-    /// The current parameters (f32; the bf16 values widened under `bf16`).
-    pub fn params(&self) -> &[f32] {
-        &self.params
-    }
-
-    /// The compute threads.
-    pub fn threads(&self) -> &Threads {
-        &self.th
-    }
-
-    /// The data-parallel process group, when this is one rank of several.
-    pub fn group(&self) -> Option<&ProcessGroup> {
-        self.sync
-            .as_ref()
-            .map(GradBuckets::group)
-            .or(self.zero.as_ref().map(|z| z.group()))
-    }
-
-    /// Data-parallel ranks (1 for one process; under hybrid sharding every replica group's).
-    pub fn world(&self) -> usize {
-        match self.zero.as_ref().filter(|z| z.replicas().is_some()) {
-            Some(z) => z.dp_world(),
-            None => self.group().map_or(1, |g| g.size()),
-        }
-    }
-
-    /// This process's data-parallel rank (0 for one process; replica group major under
-    /// hybrid sharding).
-    pub fn rank(&self) -> usize {
-        match self.zero.as_ref().filter(|z| z.replicas().is_some()) {
-            Some(z) => z.dp_rank(),
-            None => self.group().map_or(0, |g| g.rank()),
-        }
-    }
-
-    /// The ZeRO engine, when the state is sharded.
-    pub(crate) fn zero_engine(&self) -> Option<&Zero> {
-        self.zero.as_deref()
-    }
-
-    /// The ZeRO stage, when the state is sharded.
-    pub fn zero_stage(&self) -> Option<Stage> {
-        self.zero.as_ref().map(|z| z.stage())
-    }
-
-    /// The ranges the gradients are communicated in, each with the bytes of its collective's
-    /// buffer: the data-parallel buckets, or the ZeRO segments padded to equal parts (empty for
-    /// one process).
-    pub fn comm_segments(&self) -> Vec<(Range<usize>, usize)> {
-        match (&self.sync, &self.zero) {
-            (Some(s), _) => s
-                .buckets()
-                .iter()
-                .map(|b| (b.clone(), 4 * b.len()))
-                .collect(),
-            (_, Some(z)) => {
-                let p = z.plan();
-                (0..p.segments().len())
-                    .map(|i| (p.segments()[i].clone(), 4 * p.part_len(i) * p.world()))
-                    .collect()
-            }
-            _ => Vec::new(),
-        }
-    }
-
-    /// Steps completed.
-    pub fn steps_done(&self) -> u64 {
-        self.step
-    }
-
-    /// The f32 parameters the optimizer updates: the master weights under bf16, else
-    /// [`Trainer::params`].
-    pub fn master_params(&self) -> &[f32] {
-        match &self.bf16 {
-            Some(store) => store.master(),
-            None => &self.params,
-        }
-    }
-
-    /// The optimizer.
-    pub fn optimizer(&self) -> &AdamW {
-        &self.opt
-    }
-
-    /// Batches drawn from the data source so far.
-    pub fn batches_drawn(&self) -> u64 {
-        self.drawn
-    }
-
-    pub(crate) fn source_mut(&mut self) -> &mut Source {
-        &mut self.source
-    }
-
-    /// Replaces parameters (f32 master weights), optimizer moments and step counters, as a
-    /// checkpoint recorded them.
-    pub(crate) fn load_state(
-        &mut self,
-        master: Vec<f32>,
-        m: Vec<f32>,
-        v: Vec<f32>,
-        optimizer_step: u64,
-        step: u64,
-    ) -> Result<()> {
-        if let Some(z) = &mut self.zero {
-            let (m, v) = z.load_state(&mut self.params, &master, &m, &v);
-            self.opt = AdamW::from_state(self.cfg.adamw, m, v, optimizer_step)?;
-            self.step = step;
-            return Ok(());
-        }
-        self.opt = AdamW::from_state(self.cfg.adamw, m, v, optimizer_step)?;
-        match &mut self.bf16 {
-            Some(store) => {
-                *store = Bf16Store::new(master);
-                store.decode_params(&mut self.params)?;
-            }
-            None => self.params.copy_from_slice(&master),
-        }
-        self.step = step;
-        Ok(())
-    }
-
-    /// Rows of the data stream consumed so far by all ranks together (the global row cursor).
-    pub fn rows_drawn(&self) -> u64 {
-        self.rows_base + self.drawn * self.global_rows()
-    }
-
-    /// Rows of one global micro-batch.
-    fn global_rows(&self) -> u64 {
-        (self.cfg.batch * self.world()) as u64
-    }
-
-    /// Rebuilds the data source at a checkpoint's position: from the loader's saved state for
-    /// token datasets, else by skipping the `rows` rows the run had consumed (on any number of
-    /// ranks) in the deterministic stream.
-    pub(crate) fn reset_source(
-        &mut self,
-        loader: Option<&data::LoaderState>,
-        rows: u64,
-    ) -> Result<()> {
-        let c = &self.cfg;
-        let share = match self.world() {
-            1 => Share::whole(c.batch),
-            world => Share {
-                batch: c.batch,
-                world,
-                rank: self.rank(),
-            },
-        };
-        (self.source, self.drawn, self.rows_base) = Source::resumed_at(
-            &c.data,
-            c.model.vocab,
-            c.seq_len,
-            share,
-            c.seed,
-            loader,
-            rows,
-        )?;
-        Ok(())
-    }
-
-    /// The best achievable loss of the data, when known.
-    pub fn entropy_floor(&self) -> Option<f64> {
-        self.source.entropy_floor()
-    }
-
-    /// Model FLOPs per trained token (6N + 12LTC).
-    pub fn flops_per_token(&self) -> f64 {
-        let mut c = self.cfg.model.clone();
-        c.seq_len = self.cfg.seq_len;
-        let whole = match &self.tensor {
-            Some(t) => t.layout.whole.total,
-            None => self.model.n_params(),
-        };
-        c.flops_per_token(whole)
-    }
-
     /// One optimizer step on the next batch. A non-finite loss or gradient
     /// norm is an error naming the step; the parameters are left as they
     /// were before the step.
@@ -591,6 +409,72 @@ impl Trainer {
         Ok(self.stats(step, lr, out, data_seconds, t0))
     }
 
+    pub(crate) fn source_mut(&mut self) -> &mut Source {
+        &mut self.source
+    }
+
+    /// Replaces parameters (f32 master weights), optimizer moments and step counters, as a
+    /// checkpoint recorded them.
+    pub(crate) fn load_state(
+        &mut self,
+        master: Vec<f32>,
+        m: Vec<f32>,
+        v: Vec<f32>,
+        optimizer_step: u64,
+        step: u64,
+    ) -> Result<()> {
+        if let Some(z) = &mut self.zero {
+            let (m, v) = z.load_state(&mut self.params, &master, &m, &v);
+            self.opt = AdamW::from_state(self.cfg.adamw, m, v, optimizer_step)?;
+            self.step = step;
+            return Ok(());
+        }
+        self.opt = AdamW::from_state(self.cfg.adamw, m, v, optimizer_step)?;
+        match &mut self.bf16 {
+            Some(store) => {
+                *store = Bf16Store::new(master);
+                store.decode_params(&mut self.params)?;
+            }
+            None => self.params.copy_from_slice(&master),
+        }
+        self.step = step;
+        Ok(())
+    }
+
+    /// Rows of one global micro-batch.
+    fn global_rows(&self) -> u64 {
+        (self.cfg.batch * self.world()) as u64
+    }
+
+    /// Rebuilds the data source at a checkpoint's position: from the loader's saved state for
+    /// token datasets, else by skipping the `rows` rows the run had consumed (on any number of
+    /// ranks) in the deterministic stream.
+    pub(crate) fn reset_source(
+        &mut self,
+        loader: Option<&data::LoaderState>,
+        rows: u64,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let share = match self.world() {
+            1 => Share::whole(c.batch),
+            world => Share {
+                batch: c.batch,
+                world,
+                rank: self.rank(),
+            },
+        };
+        (self.source, self.drawn, self.rows_base) = Source::resumed_at(
+            &c.data,
+            c.model.vocab,
+            c.seq_len,
+            share,
+            c.seed,
+            loader,
+            rows,
+        )?;
+        Ok(())
+    }
+
     /// Under ZeRO-3, all-gathers the whole model into [`Trainer::params`] (every rank must
     /// call it; the pages stay resident until the next step releases them); otherwise the
     /// parameters are already whole and this does nothing.
@@ -599,73 +483,6 @@ impl Trainer {
             Some(z) if z.stage() == Stage::Three => z.gather_all(&mut self.params),
             _ => Ok(()),
         }
-    }
-
-    /// Resident bytes of the training state on this rank, measured (see [`StateMemory`]).
-    pub fn state_memory(&self) -> StateMemory {
-        let (shard_params, shard_grads) = self.zero.as_ref().map_or((0, 0), |z| z.shard_bytes());
-        let bf16 = self
-            .bf16
-            .as_ref()
-            .map_or(0, |b| b.param_bytes() + b.grad_bytes() + b.master_bytes());
-        let (m, v) = self.opt.moments();
-        StateMemory {
-            params: self.params.resident_bytes() + shard_params + bf16,
-            grads: self.grads.resident_bytes() + shard_grads,
-            // The other ranks' experts' moments are never touched.
-            optimizer: (m.len() + v.len()
-                - 2 * self
-                    .experts
-                    .as_ref()
-                    .map_or(0, |p| p.others_len(&(0..m.len()))))
-                * 4,
-            comm_buffers: self.sync.as_ref().map_or(0, |s| s.buffer_bytes())
-                + self.zero.as_ref().map_or(0, |z| z.buffer_bytes()),
-        }
-    }
-
-    /// The data loader's metrics, when training on datasets.
-    pub fn data_metrics(&self) -> Option<&data::LoaderMetrics> {
-        self.source.loader_metrics()
-    }
-
-    /// Mean loss over `batches` fresh batches without updating anything.
-    pub fn eval_loss(&mut self, batches: usize) -> Result<f64> {
-        let mut sum = 0.0;
-        let mut groups = BlockGroups::new(self.tensor.as_ref(), self.experts.as_ref());
-        let comm: &mut dyn BlockComm<f32> = &mut groups;
-        for _ in 0..batches {
-            self.source
-                .next_batch(&mut self.inputs, &mut self.targets)?;
-            self.drawn += 1;
-            let (inputs, targets) = (&self.inputs, Some(&self.targets[..]));
-            let loss = match &mut self.zero {
-                Some(z) => z.forward(
-                    &mut self.model,
-                    &self.th,
-                    &mut self.params,
-                    (inputs, targets),
-                    false,
-                    comm,
-                )?,
-                None => self
-                    .model
-                    .forward_with(&self.th, &self.params, inputs, targets, comm)?,
-            };
-            sum += loss.unwrap_or(f64::NAN);
-        }
-        Ok(sum / batches.max(1) as f64)
-    }
-
-    /// [`Trainer::eval_loss`] over `batches` batches of `held_out` (a held-out split) instead
-    /// of the training stream, whose position (and so the data cursor) is left as it was.
-    pub fn eval_loss_on(&mut self, held_out: &mut Source, batches: usize) -> Result<f64> {
-        std::mem::swap(&mut self.source, held_out);
-        let drawn = self.drawn;
-        let loss = self.eval_loss(batches);
-        self.drawn = drawn;
-        std::mem::swap(&mut self.source, held_out);
-        loss
     }
 }
 
