@@ -90,6 +90,34 @@ fn a_slow_rank_is_named_with_its_slowdown_and_changes_no_number() {
         rec.contains(r#""rank":1"#) && rec.contains(&format!(r#""step":{step}"#)),
         "{rec}"
     );
+    // `flotilla report` marks the straggler on the throughput chart and, the launcher having
+    // written the goodput ledger, draws it with the straggler waits.
+    assert!(metrics.contains(r#""kind":"goodput""#), "{metrics}");
+    let m = dir.path().join("slow.jsonl");
+    let out = dir.path().join("report");
+    let (ok, _, err) = cli::flotilla(&[
+        "report",
+        m.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let tput = std::fs::read_to_string(out.join("throughput.svg")).unwrap();
+    assert!(
+        tput.contains("straggler named") && tput.contains("rank 1 "),
+        "no straggler on the throughput chart"
+    );
+    let goodput = std::fs::read_to_string(out.join("goodput.svg")).unwrap();
+    for label in [
+        "Goodput",
+        "productive steps",
+        "straggler waits",
+        "generation 0",
+        "run",
+    ] {
+        assert!(goodput.contains(label), "goodput chart: no {label}");
+    }
+    assert!(out.join("goodput.png").is_file());
     // Same losses as the undisturbed run, step for step.
     for s in 1..=STEPS {
         assert_eq!(

@@ -1,4 +1,4 @@
-//! The three charts of a report, drawn on any plotters backend.
+//! The charts of a report, drawn on any plotters backend.
 use plotters::coord::Shift;
 use plotters::coord::cartesian::Cartesian2d;
 use plotters::coord::types::RangedCoordf64;
@@ -15,6 +15,7 @@ const ORANGE: RGBColor = RGBColor(255, 127, 14);
 const GREEN_: RGBColor = RGBColor(44, 160, 44);
 const RED_: RGBColor = RGBColor(214, 39, 40);
 const GREY: RGBColor = RGBColor(90, 90, 90);
+const PURPLE: RGBColor = RGBColor(148, 103, 189);
 
 type Chart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 /// A stacked layer of the breakdown: its name, colour and seconds of a step.
@@ -80,7 +81,122 @@ where
         let mean = vec![(x0, s.tokens_per_s), (x1, s.tokens_per_s)];
         line(&mut c, mean, GREY, "run mean (steps after the first)")?;
     }
+    // Each straggler named: a dashed line at its step, labelled with the rank and slowdown.
+    for (i, s) in d.stragglers.iter().enumerate() {
+        let x = s.step as f64;
+        let dashes = (0..20).map(|k| {
+            let at = |f: f64| y.0 + (y.1 - y.0) * f;
+            PathElement::new(
+                vec![(x, at(k as f64 / 20.0)), (x, at((k as f64 + 0.5) / 20.0))],
+                RED_.stroke_width(2),
+            )
+        });
+        let series = c.draw_series(dashes).map_err(text)?;
+        if i == 0 {
+            series
+                .label("straggler named")
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], RED_.stroke_width(2)));
+        }
+        let label = format!(" rank {} {:.1}x slower", s.rank, s.slowdown);
+        let at = (x, y.1 - (y.1 - y.0) * (0.06 + 0.05 * i as f64));
+        c.draw_series(std::iter::once(Text::new(
+            label,
+            at,
+            ("sans-serif", LABEL).into_font().color(&RED_),
+        )))
+        .map_err(text)?;
+    }
     legend(&mut c, SeriesLabelPosition::LowerRight)
+}
+
+/// The goodput ledger: one bar per generation and one for the run, its wall time split into
+/// productive steps, steps trained again, restart, checkpoint pauses, data stalls and straggler
+/// waits (seconds).
+pub(super) fn goodput<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, d: &RunData) -> Draw
+where
+    DB::ErrorType: 'static,
+{
+    let Some(l) = &d.goodput else {
+        return Ok(());
+    };
+    type Part = (&'static str, RGBColor, fn(&train::goodput::Share) -> f64);
+    // Step time includes the straggler waits (part of the exposed communication); data
+    // stalls and checkpoint pauses are outside it. What the ledger does not account for
+    // (start-up, time between the steps) is the rest of the wall time.
+    let parts: [Part; 7] = [
+        ("productive steps", BLUE_, |s| {
+            s.productive_s - s.straggler_wait_s
+        }),
+        ("straggler waits", PURPLE, |s| s.straggler_wait_s),
+        ("steps trained again", RED_, |s| s.lost_s),
+        ("checkpoint pauses", ORANGE, |s| s.ckpt_pause_s),
+        ("data stalls", GREEN_, |s| s.data_stall_s),
+        ("restart", GREY, |s| s.restart_s),
+        (
+            "unaccounted (between steps, start-up)",
+            RGBColor(200, 200, 200),
+            |s| {
+                s.wall_s - s.productive_s - s.lost_s - s.ckpt_pause_s - s.data_stall_s - s.restart_s
+            },
+        ),
+    ];
+    let rows: Vec<(String, &train::goodput::Share)> = (l.generations.iter())
+        .map(|g| (format!("generation {}", g.generation), g))
+        .chain(std::iter::once(("run".to_string(), &l.run)))
+        .collect();
+    let widest = rows
+        .iter()
+        .map(|(_, s)| s.wall_s)
+        .fold(0.0, f64::max)
+        .max(1e-3);
+    let mut title = format!(
+        "Goodput {:.1}% of wall time, {} failure(s)",
+        100.0 * l.goodput,
+        l.failures
+    );
+    if let Some(p) = l.planner_goodput {
+        title.push_str(&format!("; planner {:.1}%", 100.0 * p));
+    }
+    let n = rows.len() as f64;
+    let mut c = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", TITLE))
+        .margin(20)
+        .x_label_area_size(60)
+        .y_label_area_size(160)
+        .build_cartesian_2d(0.0..widest * 1.35, -0.5..n - 0.5)
+        .map_err(text)?;
+    let names: Vec<String> = rows.iter().map(|(name, _)| name.clone()).collect();
+    c.configure_mesh()
+        .x_desc("seconds of wall time")
+        .axis_desc_style(("sans-serif", AXIS))
+        .label_style(("sans-serif", LABEL))
+        .y_labels(rows.len())
+        .y_label_formatter(&|v| {
+            let i = v.round();
+            match ((v - i).abs() < 1e-6, names.get(i as usize)) {
+                (true, Some(name)) => name.clone(),
+                _ => String::new(),
+            }
+        })
+        .x_label_formatter(&|v| format!("{v:.1}"))
+        .disable_y_mesh()
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()
+        .map_err(text)?;
+    for (k, (name, color, f)) in parts.iter().enumerate() {
+        let color = *color;
+        let bars = rows.iter().enumerate().map(|(i, (_, s))| {
+            let x0: f64 = parts[..k].iter().map(|p| p.2(s).max(0.0)).sum();
+            let x1 = x0 + f(s).max(0.0);
+            let y = i as f64;
+            Rectangle::new([(x0, y - 0.3), (x1, y + 0.3)], color.filled())
+        });
+        c.draw_series(bars)
+            .map_err(text)?
+            .label(*name)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 20, y + 6)], color.filled()));
+    }
+    legend(&mut c, SeriesLabelPosition::UpperRight)
 }
 
 /// Each step's time, stacked: compute, exposed communication, data wait, checkpoint pause.

@@ -3,7 +3,12 @@
 //! - `loss`: the training loss per step, and the validation loss of `--eval-every`;
 //! - `throughput`: tokens per second per step (all ranks), with the run's mean and MFU;
 //! - `breakdown`: each step's time stacked as compute, exposed communication, data wait and
-//!   checkpoint pause, in milliseconds.
+//!   checkpoint pause, in milliseconds;
+//! - `goodput` (when the launcher wrote the job's ledger): each generation's wall time as
+//!   productive steps, steps trained again, restart, checkpoint pauses, data stalls and
+//!   straggler waits, the run's goodput beside the planner's.
+//!
+//! Stragglers the run named are marked on the throughput chart at the step they were named.
 //!
 //! RUN is the metrics file or a directory holding one (`*.jsonl`). A file that several runs
 //! appended to (a resumed run) is plotted by step, the latest record of a step winning.
@@ -16,7 +21,10 @@ use std::sync::OnceLock;
 
 use plotters::coord::Shift;
 use plotters::prelude::*;
-use train::metrics_log::{MetricsLogError, Record, StepRecord, Summary, read_records};
+use train::goodput::Ledger;
+use train::metrics_log::{
+    MetricsLogError, Record, StepRecord, StragglerRecord, Summary, read_records,
+};
 
 /// Where a sans-serif TrueType font is looked for when none is given (Debian's
 /// `fonts-dejavu-core` first).
@@ -95,20 +103,24 @@ pub struct RunData {
     pub steps: BTreeMap<u64, StepRecord>,
     /// The last summary line, if the run finished.
     pub summary: Option<Summary>,
+    /// The stragglers named, in order.
+    pub stragglers: Vec<StragglerRecord>,
+    /// The job's goodput ledger (the last one written), if the launcher wrote one.
+    pub goodput: Option<Ledger>,
 }
 
 /// Reads the metrics file `path`; a file with no step record is an error.
 pub fn read(path: &Path) -> Result<RunData> {
     let mut steps = BTreeMap::new();
-    let mut summary = None;
+    let (mut summary, mut stragglers, mut goodput) = (None, vec![], None);
     for r in read_records(path)? {
         match r {
             Record::Step(s) => {
                 steps.insert(s.step, s);
             }
             Record::Summary(s) => summary = Some(s),
-            // Named stragglers and the goodput ledger are not plotted (yet).
-            Record::Straggler(_) | Record::Goodput(_) => {}
+            Record::Straggler(s) => stragglers.push(s),
+            Record::Goodput(l) => goodput = Some(l),
         }
     }
     if steps.is_empty() {
@@ -117,7 +129,12 @@ pub fn read(path: &Path) -> Result<RunData> {
             why: "no step records to plot".into(),
         });
     }
-    Ok(RunData { steps, summary })
+    Ok(RunData {
+        steps,
+        summary,
+        stragglers,
+        goodput,
+    })
 }
 
 /// Registers the font at `font` (or the first of [`FONT_PATHS`] that exists) for the plots'
@@ -152,11 +169,15 @@ pub fn plot_all(data: &RunData, out: &Path) -> Result<Vec<PathBuf>> {
         why: e.to_string(),
     })?;
     let mut files = vec![];
-    for (name, which) in [
+    let mut charts = vec![
         ("loss", Which::Loss),
         ("throughput", Which::Throughput),
         ("breakdown", Which::Breakdown),
-    ] {
+    ];
+    if data.goodput.is_some() {
+        charts.push(("goodput", Which::Goodput));
+    }
+    for (name, which) in charts {
         let png = out.join(format!("{name}.png"));
         let svg = out.join(format!("{name}.svg"));
         let drawn = |path: &Path, r: Draw| {
@@ -191,6 +212,7 @@ enum Which {
     Loss,
     Throughput,
     Breakdown,
+    Goodput,
 }
 
 fn text<E: std::fmt::Display>(e: E) -> String {
@@ -207,6 +229,7 @@ where
         Which::Loss => charts::loss(&root, d),
         Which::Throughput => charts::throughput(&root, d),
         Which::Breakdown => charts::breakdown(&root, d),
+        Which::Goodput => charts::goodput(&root, d),
     }?;
     root.present().map_err(text)
 }
