@@ -84,7 +84,7 @@ fn gradient_accumulation_matches_the_larger_batch() {
     assert!(max_rel_diff(acc.params(), big.params()) < 1e-4);
     assert_eq!(acc.batches_drawn(), 6);
     // Two ranks accumulating 2 micro-batches of 1 row: the same global batch of 4 rows.
-    let dp = run_threads(2, GroupConfig::default(), move |g| {
+    let dp = run_threads(2, GroupConfig::for_training().unwrap(), move |g| {
         let mut c = tiny(1, 3);
         c.grad_accum = 2;
         let mut t = Trainer::data_parallel(c, g, 16 << 10).unwrap();

@@ -278,7 +278,7 @@ fn bad_settings_are_refused_by_name() {
         .to_string();
     assert!(e.contains("forward"), "{e}");
     // In a 3-rank group the layer refuses 4 experts, naming the field.
-    let errs = run_threads(3, GroupConfig::default(), move |g| {
+    let errs = run_threads(3, GroupConfig::for_training().unwrap(), move |g| {
         Ok(EpMoeLayer::new(ok, g).err().map(|e| e.to_string()))
     })
     .unwrap();
@@ -388,7 +388,7 @@ fn run_ep_cuts(inp: &Arc<Inputs>, cuts: &[usize], steps: usize) -> Run {
         ]
     } else {
         let inp = inp.clone();
-        run_threads(ep, GroupConfig::default(), move |g| {
+        run_threads(ep, GroupConfig::for_training().unwrap(), move |g| {
             let r = g.rank();
             let th = Threads::single();
             let rows = cuts[r] * C..cuts[r + 1] * C;
@@ -568,7 +568,7 @@ fn ep_uneven_slices_match_single_process() {
 #[test]
 fn mismatched_rank_configs_are_refused() {
     let base = cfg(E, 2, C, F, 1.0, 0.01);
-    let outs = run_threads(2, GroupConfig::default(), move |g| {
+    let outs = run_threads(2, GroupConfig::for_training().unwrap(), move |g| {
         let r = g.rank();
         let mc = MoeConfig {
             capacity_factor: if r == 1 { 1.5 } else { 1.0 },

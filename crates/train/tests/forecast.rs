@@ -93,7 +93,7 @@ fn zero3_moves_half_again_data_parallels_bytes_and_both_are_compared() {
 fn noisy_ranks_wait_for_each_other_at_every_collective() {
     // The same two-rank ZeRO-3 step with and without spread in the probe: the spread holds
     // every gather and reduce-scatter back for the last rank, which shows as exposed time.
-    let out = run_threads(2, GroupConfig::default(), |g| {
+    let out = run_threads(2, GroupConfig::for_training().unwrap(), |g| {
         let mut z3 = trainer(tiny(2, 1), g, 3, 1);
         z3.step().unwrap();
         let quiet = forecast(&z3, &probe_fixed());

@@ -8,7 +8,7 @@ use train::peer_wait::gather_split;
 fn three_ranks_split_their_waits_into_exposed_and_waiting_for_the_slowest() {
     // Step 1: rank 2 computed 0.2 s longer, so ranks 0 and 1 waited for it; step 2: rank 0.
     let waits = [[0.01, 0.21, 0.02], [0.02, 0.22, 0.12], [0.03, 0.01, 0.11]];
-    let out = run_threads(3, GroupConfig::default(), move |g| {
+    let out = run_threads(3, GroupConfig::for_training().unwrap(), move |g| {
         let own = waits[g.rank()];
         gather_split(&g, &own).map_err(|e| comm::CommError::InvalidArgument(e.to_string()))
     })

@@ -29,7 +29,7 @@ fn four_blocks(m: usize, steps: u64, tied: bool) -> TrainConfig {
 type StageOut = (Vec<f32>, Vec<f64>, Vec<f64>);
 
 fn pipe(cfg: TrainConfig, p: usize, kind: ScheduleKind) -> Vec<StageOut> {
-    run_threads(p, GroupConfig::default(), move |g| {
+    run_threads(p, GroupConfig::for_training().unwrap(), move |g| {
         let steps = cfg.steps;
         let mut st = PipelineStage::new(cfg.clone(), g, p, kind).unwrap();
         let (mut losses, mut bubbles) = (Vec::new(), Vec::new());
@@ -153,7 +153,7 @@ fn repeated_runs_are_bit_identical() {
 #[test]
 fn bad_layouts_are_refused_by_name() {
     let refused = |cfg: TrainConfig, world: usize, p: usize, kind: ScheduleKind| -> String {
-        run_threads(world, GroupConfig::default(), move |g| {
+        run_threads(world, GroupConfig::for_training().unwrap(), move |g| {
             Ok(PipelineStage::new(cfg.clone(), g, p, kind)
                 .err()
                 .map(|e| e.to_string()))
@@ -201,7 +201,7 @@ type HybridOut = ((usize, usize), Vec<f32>, Vec<f64>);
 
 /// `dp` replicas of a `pp`-stage pipeline on a `dp * pp`-rank mesh built from the world group.
 fn hybrid(cfg: TrainConfig, dp: usize, pp: usize, kind: ScheduleKind) -> Vec<HybridOut> {
-    run_threads(dp * pp, GroupConfig::default(), move |g| {
+    run_threads(dp * pp, GroupConfig::for_training().unwrap(), move |g| {
         let steps = cfg.steps;
         let mesh = DeviceMesh::new(&g, MeshShape::new(dp, pp, 1), false)?;
         let mut st = PipelineStage::on_mesh(cfg.clone(), &mesh, kind).unwrap();
@@ -326,7 +326,7 @@ fn dp2_pp2_repeated_runs_are_bit_identical() {
 #[test]
 fn bad_meshes_are_refused_by_name() {
     let refused = |cfg: TrainConfig, shape: MeshShape| -> String {
-        run_threads(4, GroupConfig::default(), move |g| {
+        run_threads(4, GroupConfig::for_training().unwrap(), move |g| {
             let r = DeviceMesh::new(&g, shape, false)
                 .map_err(TrainError::from)
                 .and_then(|mesh| PipelineStage::on_mesh(cfg.clone(), &mesh, ScheduleKind::GPipe));
@@ -361,7 +361,7 @@ fn bad_meshes_are_refused_by_name() {
 fn replicas_that_disagree_are_refused_on_every_rank() {
     // Replica 1 would run 4 micro-batches where replica 0 runs 2: their reductions would not
     // pair up, so both refuse before the first step.
-    let errs = run_threads(2, GroupConfig::default(), |g| {
+    let errs = run_threads(2, GroupConfig::for_training().unwrap(), |g| {
         let mesh = DeviceMesh::new(&g, MeshShape::new(2, 1, 1), false)?;
         let cfg = four_blocks(2 + 2 * g.rank(), 1, false);
         Ok(PipelineStage::on_mesh(cfg, &mesh, ScheduleKind::OneFOneB)
@@ -381,7 +381,7 @@ fn dp2_pp2_zero1_is_bit_identical_to_unsharded() {
     // halves gives the bits the unsharded update gives, with half the moments per rank.
     let cfg = four_blocks(2, 2, true);
     let plain = hybrid(cfg.clone(), 2, 2, ScheduleKind::OneFOneB);
-    let sharded = run_threads(4, GroupConfig::default(), move |g| {
+    let sharded = run_threads(4, GroupConfig::for_training().unwrap(), move |g| {
         let mesh = DeviceMesh::new(&g, MeshShape::new(2, 2, 1), false)?;
         let (pp, dp) = (mesh.pp().clone(), mesh.dp().clone());
         let mut st =
@@ -403,7 +403,7 @@ fn dp2_pp2_zero1_is_bit_identical_to_unsharded() {
         assert_eq!(r.2, p.2, "rank {:?}: ZeRO-1 losses differ", r.0);
     }
     // ZeRO-2 and 3 are refused by name.
-    let e = run_threads(2, GroupConfig::default(), |g| {
+    let e = run_threads(2, GroupConfig::for_training().unwrap(), |g| {
         let mesh = DeviceMesh::new(&g, MeshShape::new(2, 1, 1), false)?;
         let (pp, dp) = (mesh.pp().clone(), mesh.dp().clone());
         Ok(PipelineStage::with_zero(

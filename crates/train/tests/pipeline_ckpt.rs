@@ -79,7 +79,7 @@ fn checkpointer(dir: &Path) -> Checkpointer {
 /// steps and save into `save` when given (each rank its rows, rank 0 commits); rank 0's
 /// losses and parameters.
 fn dp4(resume: Option<PathBuf>, steps: u64, save: Option<PathBuf>) -> (Vec<f64>, Vec<f32>) {
-    let mut out = run_threads(4, GroupConfig::default(), move |g: ProcessGroup| {
+    let mut out = run_threads(4, GroupConfig::for_training().unwrap(), move |g: ProcessGroup| {
         let (rank, size) = (g.rank() as u32, g.size() as u32);
         let mut t = Trainer::data_parallel(cfg(), g, 16 << 10).unwrap();
         if let Some(dir) = &resume {
@@ -106,7 +106,7 @@ fn pp2(
     steps: u64,
     save: Option<PathBuf>,
 ) -> (Vec<f64>, Vec<f32>) {
-    let mut out = run_threads(2 * dp, GroupConfig::default(), move |g| {
+    let mut out = run_threads(2 * dp, GroupConfig::for_training().unwrap(), move |g| {
         let mesh = DeviceMesh::new(&g, MeshShape::new(dp, 2, 1), false)?;
         let (c, kind) = (pipe_cfg(), ScheduleKind::OneFOneB);
         let mut st = match zero {
@@ -212,7 +212,7 @@ fn a_pp2_checkpoint_resumes_in_one_process() {
 
 /// Two pipeline stages of `c` restore step 1 of `dir`; stage 0's error.
 fn pp2_restore_error(c: TrainConfig, dir: PathBuf) -> TrainError {
-    run_threads(2, GroupConfig::default(), move |g| {
+    run_threads(2, GroupConfig::for_training().unwrap(), move |g| {
         let mut st = PipelineStage::new(c.clone(), g, 2, ScheduleKind::GPipe).unwrap();
         let ckpt = Checkpoint::open(&dir, 1, Verify::ManifestOnly).unwrap();
         Ok(st.restore(&ckpt).err())
@@ -262,7 +262,7 @@ fn a_failed_write_on_one_rank_commits_nothing() {
         .join(ckpt::rank_file_name(3));
     std::fs::create_dir_all(&blocked).unwrap();
     let root = dir.path().to_path_buf();
-    let out = run_threads(4, GroupConfig::default(), move |g| {
+    let out = run_threads(4, GroupConfig::for_training().unwrap(), move |g| {
         let mesh = DeviceMesh::new(&g, MeshShape::new(2, 2, 1), false)?;
         let mut st = PipelineStage::on_mesh(pipe_cfg(), &mesh, ScheduleKind::GPipe).unwrap();
         st.step().unwrap();

@@ -33,7 +33,7 @@ fn stages(m: ModelConfig, dp: usize, pp: usize, zero: bool) -> Vec<((usize, usiz
     cfg.batch = 1;
     cfg.grad_accum = 2;
     cfg.threads = 1;
-    run_threads(dp * pp, GroupConfig::default(), move |g| {
+    run_threads(dp * pp, GroupConfig::for_training().unwrap(), move |g| {
         let mesh = DeviceMesh::new(&g, MeshShape::new(dp, pp, 1), false)?;
         let kind = ScheduleKind::OneFOneB;
         let mut st = match zero {

@@ -52,7 +52,7 @@ struct RankOut {
 fn mesh_run(cfg: &TrainConfig, shape: MeshShape, kind: ScheduleKind) -> Vec<RankOut> {
     let cfg = cfg.clone();
     let world = shape.world().unwrap();
-    run_threads(world, GroupConfig::default(), move |g| {
+    run_threads(world, GroupConfig::for_training().unwrap(), move |g| {
         let mesh = DeviceMesh::new(&g, shape, false)?;
         let mut st = PipelineStage::on_mesh(cfg.clone(), &mesh, kind).unwrap();
         let c = mesh.coord();
@@ -191,7 +191,7 @@ fn repeated_runs_are_bit_identical() {
 /// Every rank's error building a `shape` stage of `cfg`.
 fn refusals(cfg: TrainConfig, shape: MeshShape) -> Vec<String> {
     let world = shape.world().unwrap();
-    run_threads(world, GroupConfig::default(), move |g| {
+    run_threads(world, GroupConfig::for_training().unwrap(), move |g| {
         let mesh = DeviceMesh::new(&g, shape, false)?;
         let r = PipelineStage::on_mesh(cfg.clone(), &mesh, ScheduleKind::OneFOneB);
         Ok(r.err().map(|e: TrainError| e.to_string()))
@@ -252,7 +252,7 @@ fn mesh_ckpt(
 ) -> (Vec<f64>, Vec<f32>) {
     let cfg = cfg.clone();
     let world = shape.world().unwrap();
-    let mut out = run_threads(world, GroupConfig::default(), move |g| {
+    let mut out = run_threads(world, GroupConfig::for_training().unwrap(), move |g| {
         let mesh = DeviceMesh::new(&g, shape, false)?;
         let mut st = PipelineStage::on_mesh(cfg.clone(), &mesh, ScheduleKind::OneFOneB).unwrap();
         if let Some(dir) = &resume {

@@ -116,7 +116,7 @@ impl BlockComm<f32> for Recording<'_> {
 /// backward apart.
 fn collectives(sp: bool) -> (Vec<Op>, Vec<Op>) {
     let cfg = gpt2();
-    let out = run_threads(2, GroupConfig::default(), move |g| {
+    let out = run_threads(2, GroupConfig::for_training().unwrap(), move |g| {
         let mut m = Model::<f32>::split(&cfg, B, T, vec![false; cfg.layers], (2, sp)).unwrap();
         let p = vec![0.01f32; m.layout().total];
         let mut grads = vec![0f32; p.len()];

@@ -146,7 +146,7 @@ fn run_tp(cfg: &ModelConfig, tp: usize) -> Vec<RankOut> {
     }
     let data = Arc::new(inputs(cfg));
     let cfg = cfg.clone();
-    run_threads(tp, GroupConfig::default(), move |g| {
+    run_threads(tp, GroupConfig::for_training().unwrap(), move |g| {
         let rank = g.rank();
         Ok(run_rank(&cfg, tp, rank, TpGroup::new(&g), &data))
     })
@@ -334,7 +334,7 @@ fn without_the_f_all_reduces_dx_is_wrong() {
     let (out, dx, _) = reference(&cfg, &data.0, &data.1, &data.2);
     let data = Arc::new(data);
     let c2 = cfg.clone();
-    let ranks = run_threads(2, GroupConfig::default(), move |g| {
+    let ranks = run_threads(2, GroupConfig::for_training().unwrap(), move |g| {
         let rank = g.rank();
         let comm = NoBackwardReduce {
             inner: TpGroup::new(&g),

@@ -100,7 +100,7 @@ fn mesh_leg(
     save: Option<PathBuf>,
 ) -> Leg {
     let cfg = cfg.clone();
-    let out = run_threads(dp * tp, GroupConfig::default(), move |g| {
+    let out = run_threads(dp * tp, GroupConfig::for_training().unwrap(), move |g| {
         let mesh = DeviceMesh::new(&g, MeshShape::new(dp, 1, tp), false)?;
         let mut t = Trainer::on_mesh(cfg.clone(), &mesh, (None, false), 1 << 20).unwrap();
         if let Some(dir) = &resume {
@@ -139,7 +139,7 @@ fn dp_leg(
     save: Option<PathBuf>,
 ) -> Leg {
     let cfg = cfg.clone();
-    let mut out = run_threads(world, GroupConfig::default(), move |g: ProcessGroup| {
+    let mut out = run_threads(world, GroupConfig::for_training().unwrap(), move |g: ProcessGroup| {
         let (rank, size) = (g.rank() as u32, g.size() as u32);
         let mut t = common::trainer(cfg.clone(), g, stage, 16 << 10);
         if let Some(dir) = &resume {
@@ -285,7 +285,7 @@ fn a_checkpoint_of_another_model_is_refused() {
     checkpointer(dir.path()).save(&mut t).unwrap();
     let mut other = c.clone();
     other.model = ModelConfig::gpt2(2, 4, 32, 16, 64);
-    let err = run_threads(2, GroupConfig::default(), move |g| {
+    let err = run_threads(2, GroupConfig::for_training().unwrap(), move |g| {
         let mut t = Trainer::tensor_parallel(other.clone(), g).unwrap();
         Ok(t.restore(&Checkpoint::open(dir.path(), 1, Verify::ManifestOnly).unwrap()))
     })

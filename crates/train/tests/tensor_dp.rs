@@ -214,7 +214,7 @@ fn repeated_runs_are_bit_identical() {
     // the bits must not change; an unpinned gradient sum would change them.
     let (dp, tp) = (4, 2);
     let cfg = gpt2();
-    let a = mesh_run((dp, tp), GroupConfig::default(), &cfg);
+    let a = mesh_run((dp, tp), GroupConfig::for_training().unwrap(), &cfg);
     let mut tree = uncalibrated();
     tree.algo.insert(OpKind::AllReduce, Algo::Tree);
     let b = mesh_run((dp, tp), tree, &cfg);

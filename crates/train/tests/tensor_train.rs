@@ -65,7 +65,7 @@ struct RankOut {
 
 fn run_tp(tp: usize, cfg: &TrainConfig) -> Vec<RankOut> {
     let cfg = cfg.clone();
-    run_threads(tp, GroupConfig::default(), move |g| {
+    run_threads(tp, GroupConfig::for_training().unwrap(), move |g| {
         let mut t = Trainer::tensor_parallel(cfg.clone(), g).unwrap();
         let stats = (0..cfg.steps)
             .map(|_| {
@@ -152,7 +152,7 @@ fn repeated_runs_are_bit_identical() {
 
 #[test]
 fn refuses_tp_not_dividing_heads() {
-    let out = run_threads(3, GroupConfig::default(), |g| {
+    let out = run_threads(3, GroupConfig::for_training().unwrap(), |g| {
         Ok(Trainer::tensor_parallel(gpt2(), g)
             .err()
             .map(|e| e.to_string()))
@@ -166,7 +166,7 @@ fn refuses_tp_not_dividing_heads() {
         );
     }
     // bf16 splits as f32 does (the trainer's bf16 store over the rank's buffer).
-    let out = run_threads(2, GroupConfig::default(), |g| {
+    let out = run_threads(2, GroupConfig::for_training().unwrap(), |g| {
         let mut c = gpt2();
         c.bf16 = true;
         let mut t = Trainer::tensor_parallel(c, g).expect("bf16 with tp 2");
@@ -197,7 +197,7 @@ fn state_memory_matches_planner_with_replicated_embeddings() {
         for tp in [1usize, 2, 4] {
             let mut cfg = TrainConfig::new(m.clone(), 1);
             cfg.batch = 1;
-            let out = run_threads(tp, GroupConfig::default(), move |g| {
+            let out = run_threads(tp, GroupConfig::for_training().unwrap(), move |g| {
                 let mut t = Trainer::tensor_parallel(cfg.clone(), g).unwrap();
                 t.step().unwrap();
                 Ok(t.state_memory())

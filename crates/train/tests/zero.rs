@@ -160,7 +160,7 @@ fn elastic_leg(world: usize, cfg: TrainConfig, dir: std::path::PathBuf) -> (Vec<
         let mut t = Trainer::new(cfg).unwrap();
         return leg(&mut t, 0, 1);
     }
-    let out = run_threads(world, GroupConfig::default(), move |g| {
+    let out = run_threads(world, GroupConfig::for_training().unwrap(), move |g| {
         let (rank, size) = (g.rank() as u32, g.size() as u32);
         let mut t = Trainer::zero(cfg.clone(), g, Stage::Two, 16 << 10).unwrap();
         // Every rank only reads the directory; rank 0 alone commits, after the others wrote.

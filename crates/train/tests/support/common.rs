@@ -54,7 +54,7 @@ pub type RankOut = (Vec<f32>, Vec<f64>, StateMemory, usize);
 /// `world` ranks train `cfg` for `steps` steps at ZeRO `stage` (0: plain data parallel) with
 /// buckets of `bucket` bytes.
 pub fn run(world: usize, cfg: TrainConfig, stage: u8, bucket: usize) -> Vec<RankOut> {
-    run_threads(world, GroupConfig::default(), move |g| {
+    run_threads(world, GroupConfig::for_training().unwrap(), move |g| {
         let steps = cfg.steps;
         let mut t = trainer(cfg.clone(), g, stage, bucket);
         let losses = (0..steps).map(|_| t.step().unwrap().loss).collect();
@@ -84,7 +84,7 @@ pub fn max_rel_diff(a: &[f32], b: &[f32]) -> f64 {
 /// every 2 steps into `dir` (asynchronous writes) after resuming from it; returns rank 0's
 /// whole parameters.
 pub fn with_checkpoints(cfg: TrainConfig, stage: u8, dir: std::path::PathBuf) -> Vec<f32> {
-    let out = run_threads(2, GroupConfig::default(), move |g| {
+    let out = run_threads(2, GroupConfig::for_training().unwrap(), move |g| {
         let (rank, size) = (g.rank() as u32, g.size() as u32);
         let mut t = trainer(cfg.clone(), g, stage, 16 << 10);
         if rank == 0 {
