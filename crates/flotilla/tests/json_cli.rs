@@ -199,23 +199,15 @@ fn data_prepare_and_verify_print_json() {
 
 #[test]
 fn bench_model_prints_json() {
-    let (ok, v, err) = json_of(&[
-        "bench",
-        "model",
-        "--config",
-        "tiny",
-        "--layers",
-        "1",
-        "--d-model",
-        "32",
-        "--heads",
-        "2",
-        "--seq-len",
-        "32",
-        "--batch",
-        "4",
-        "--threads",
-        "2",
+    // MICRO's model, batch and threads (not its training-only flags).
+    let model = MICRO
+        .iter()
+        .position(|&a| a == "--config")
+        .map(|at| &MICRO[at..at + 14])
+        .unwrap();
+    let mut args = vec!["bench", "model"];
+    args.extend_from_slice(model);
+    args.extend_from_slice(&[
         "--steps",
         "3",
         "--untimed",
@@ -227,6 +219,7 @@ fn bench_model_prints_json() {
         "--profile",
         "--json",
     ]);
+    let (ok, v, err) = json_of(&args);
     assert!(ok, "{err}");
     assert_eq!(
         (&v["config"], &v["layers"], &v["d_model"]),

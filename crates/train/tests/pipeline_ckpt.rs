@@ -79,19 +79,23 @@ fn checkpointer(dir: &Path) -> Checkpointer {
 /// steps and save into `save` when given (each rank its rows, rank 0 commits); rank 0's
 /// losses and parameters.
 fn dp4(resume: Option<PathBuf>, steps: u64, save: Option<PathBuf>) -> (Vec<f64>, Vec<f32>) {
-    let mut out = run_threads(4, GroupConfig::for_training().unwrap(), move |g: ProcessGroup| {
-        let (rank, size) = (g.rank() as u32, g.size() as u32);
-        let mut t = Trainer::data_parallel(cfg(), g, 16 << 10).unwrap();
-        if let Some(dir) = &resume {
-            assert_eq!(Checkpointer::resume(dir, &mut t).unwrap().unwrap().0, HALF);
-        }
-        let losses: Vec<f64> = (0..steps).map(|_| t.step().unwrap().loss).collect();
-        if let Some(dir) = &save {
-            let mut ck = checkpointer(dir).with_shard(rank, size).unwrap();
-            ck.save(&mut t).unwrap();
-        }
-        Ok((losses, t.params().to_vec()))
-    })
+    let mut out = run_threads(
+        4,
+        GroupConfig::for_training().unwrap(),
+        move |g: ProcessGroup| {
+            let (rank, size) = (g.rank() as u32, g.size() as u32);
+            let mut t = Trainer::data_parallel(cfg(), g, 16 << 10).unwrap();
+            if let Some(dir) = &resume {
+                assert_eq!(Checkpointer::resume(dir, &mut t).unwrap().unwrap().0, HALF);
+            }
+            let losses: Vec<f64> = (0..steps).map(|_| t.step().unwrap().loss).collect();
+            if let Some(dir) = &save {
+                let mut ck = checkpointer(dir).with_shard(rank, size).unwrap();
+                ck.save(&mut t).unwrap();
+            }
+            Ok((losses, t.params().to_vec()))
+        },
+    )
     .unwrap();
     out.swap_remove(0).unwrap()
 }

@@ -139,22 +139,26 @@ fn dp_leg(
     save: Option<PathBuf>,
 ) -> Leg {
     let cfg = cfg.clone();
-    let mut out = run_threads(world, GroupConfig::for_training().unwrap(), move |g: ProcessGroup| {
-        let (rank, size) = (g.rank() as u32, g.size() as u32);
-        let mut t = common::trainer(cfg.clone(), g, stage, 16 << 10);
-        if let Some(dir) = &resume {
-            assert_eq!(Checkpointer::resume(dir, &mut t).unwrap().unwrap().0, HALF);
-        }
-        let stats = train(&mut t, steps);
-        if let Some(dir) = &save {
-            let mut ck = checkpointer(dir).with_shard(rank, size).unwrap();
-            ck.save(&mut t).unwrap();
-            // Rank 0 commits once the others' pieces arrived; nobody reads before then.
-            t.group().unwrap().barrier().unwrap();
-        }
-        t.gather_params().unwrap();
-        Ok((stats, t.params().to_vec()))
-    })
+    let mut out = run_threads(
+        world,
+        GroupConfig::for_training().unwrap(),
+        move |g: ProcessGroup| {
+            let (rank, size) = (g.rank() as u32, g.size() as u32);
+            let mut t = common::trainer(cfg.clone(), g, stage, 16 << 10);
+            if let Some(dir) = &resume {
+                assert_eq!(Checkpointer::resume(dir, &mut t).unwrap().unwrap().0, HALF);
+            }
+            let stats = train(&mut t, steps);
+            if let Some(dir) = &save {
+                let mut ck = checkpointer(dir).with_shard(rank, size).unwrap();
+                ck.save(&mut t).unwrap();
+                // Rank 0 commits once the others' pieces arrived; nobody reads before then.
+                t.group().unwrap().barrier().unwrap();
+            }
+            t.gather_params().unwrap();
+            Ok((stats, t.params().to_vec()))
+        },
+    )
     .unwrap();
     out.swap_remove(0).unwrap()
 }
