@@ -3,12 +3,13 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use data::{Dataset, Tokenizer, TokenizerKind, TokenizerSpec};
+use data::{Tokenizer, TokenizerKind, TokenizerSpec};
 
 /// Options of `flotilla data inspect`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Dataset directory (holding manifest.json).
+    /// Dataset directory (holding manifest.json), or s3://bucket/prefix (its shards fetched
+    /// into the default data cache; feature s3).
     dir: PathBuf,
     /// Documents to decode, from the start of the dataset.
     #[arg(long, default_value_t = 3)]
@@ -30,8 +31,8 @@ pub struct Args {
 
 /// Run `flotilla data inspect`.
 pub fn run(a: Args) -> Result<()> {
-    let ds =
-        Dataset::open(&a.dir).with_context(|| format!("opening dataset {}", a.dir.display()))?;
+    let ds = data::cache::open(&a.dir, &data::CacheConfig::default())
+        .with_context(|| format!("opening dataset {}", a.dir.display()))?;
     let m = ds.manifest();
     if a.json {
         println!("{}", serde_json::to_string_pretty(m)?);

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use data::{Dataset, verify_dataset_with_progress};
+use data::verify_dataset_with_progress;
 use serde_json::json;
 
 use crate::data_prepare_cmd::{advance, byte_bar};
@@ -12,7 +12,8 @@ use crate::flag_range::{MAX_THREADS, usize_in};
 /// Options of `flotilla data verify`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Dataset directory (holding manifest.json).
+    /// Dataset directory (holding manifest.json), or s3://bucket/prefix (its shards fetched
+    /// into the default data cache; feature s3).
     dir: PathBuf,
     /// Threads hashing shards in parallel (0: every core).
     #[arg(long, default_value_t = 0, value_parser = usize_in(0, MAX_THREADS))]
@@ -27,8 +28,8 @@ pub struct Args {
 
 /// Run `flotilla data verify`: prints one line per shard and fails naming every bad one.
 pub fn run(a: Args) -> Result<()> {
-    let dataset =
-        Dataset::open(&a.dir).with_context(|| format!("opening dataset {}", a.dir.display()))?;
+    let dataset = data::cache::open(&a.dir, &data::CacheConfig::default())
+        .with_context(|| format!("opening dataset {}", a.dir.display()))?;
     let bar = byte_bar(a.no_progress)?;
     let report = verify_dataset_with_progress(&dataset, a.threads, advance(&bar))?;
     bar.finish_and_clear();

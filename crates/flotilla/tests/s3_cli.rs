@@ -20,6 +20,8 @@ fn flotilla(server: &S3Server, ckpt_cache: &Path, args: &[&str]) -> String {
         .args(args)
         .envs(server.env())
         .env("FLOTILLA_CKPT_CACHE", ckpt_cache)
+        // The default data cache goes there too, not into the machine's /tmp.
+        .env("TMPDIR", ckpt_cache)
         .output()
         .expect("run flotilla");
     let (stdout, stderr) = (
@@ -40,6 +42,14 @@ fn train(server: &S3Server, ckpt_cache: &Path, steps: &str, extra: &[&str]) -> S
     args.extend_from_slice(&["--steps", steps, "--log-every", "1"]);
     args.extend_from_slice(extra);
     flotilla(server, ckpt_cache, &args)
+}
+
+/// The snapshot id of the local dataset in `dir`.
+fn snapshot(dir: &str) -> String {
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(Path::new(dir).join("manifest.json")).unwrap())
+            .unwrap();
+    m["snapshot"].as_str().unwrap().to_string()
 }
 
 /// Every file `--save` wrote in `dir`, by name, with its bytes.
@@ -194,6 +204,17 @@ fn training_from_an_s3_dataset_is_bit_identical_to_the_local_one() {
         );
     }
     assert!(saved(&tmp.path().join("a")) == saved(&tmp.path().join("b")));
+
+    // `data verify` and `data inspect` read the bucket too (through the default cache).
+    let verified = flotilla(
+        &server,
+        tmp.path(),
+        &["data", "verify", &url, "--json", "--no-progress"],
+    );
+    let v: serde_json::Value = serde_json::from_str(verified.trim()).unwrap();
+    assert_eq!(v["snapshot"], serde_json::json!(snapshot(&p("ds"))), "{v}");
+    let inspected = flotilla(&server, tmp.path(), &["data", "inspect", &url, "--json"]);
+    assert!(inspected.contains(&snapshot(&p("ds"))), "{inspected}");
 
     // The bench measures the loader on the warm cache and says what the fetches did.
     let bench = flotilla(
