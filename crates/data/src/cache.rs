@@ -182,6 +182,9 @@ pub fn read_manifest(path: &Path, cache: &CacheConfig) -> Result<Manifest> {
     if !is_remote(path) {
         return Manifest::read(path);
     }
+    #[cfg(feature = "s3")]
+    return crate::remote::read_manifest(&path.to_string_lossy(), cache);
+    #[cfg(not(feature = "s3"))]
     Ok(remote_open(&path.to_string_lossy(), cache)?
         .manifest()
         .clone())

@@ -48,6 +48,23 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DataError {
 /// [`DataError::Remote`] when the store cannot be opened or the manifest read; the
 /// manifest's own errors ([`Manifest::read`]); [`DataError::Io`] for the cache directory.
 pub(crate) fn open(url: &str, cache: &CacheConfig) -> Result<Dataset> {
+    let (store, dir, manifest) = cached_manifest(url, cache)?;
+    let fetch = RemoteShards::new(store, url, &dir, &manifest, cache)?;
+    Ok(Dataset::with_fetch(&dir, manifest, Some(Box::new(fetch))))
+}
+
+/// The manifest of the dataset at `url`, downloaded into its cache directory as [`open`] does,
+/// without scanning the cache's shard files (what the run's set-up reads before the loader).
+///
+/// # Errors
+/// As [`open`].
+pub(crate) fn read_manifest(url: &str, cache: &CacheConfig) -> Result<Manifest> {
+    Ok(cached_manifest(url, cache)?.2)
+}
+
+/// Downloads the manifest of `url` into its cache directory (emptying the directory when the
+/// manifest changed); the store, the directory and the manifest.
+fn cached_manifest(url: &str, cache: &CacheConfig) -> Result<(RemoteStore, PathBuf, Manifest)> {
     let store = RemoteStore::open(url, &RemoteOptions::default()).map_err(remote_err(url))?;
     let bytes = store
         .get_object(MANIFEST_FILE, MAX_MANIFEST_BYTES)
@@ -67,8 +84,7 @@ pub(crate) fn open(url: &str, cache: &CacheConfig) -> Result<Dataset> {
         std::fs::rename(&tmp, &local).map_err(io_err(&local))?;
     }
     let manifest = Manifest::read(&dir)?;
-    let fetch = RemoteShards::new(store, url, &dir, &manifest, cache)?;
-    Ok(Dataset::with_fetch(&dir, manifest, Some(Box::new(fetch))))
+    Ok((store, dir, manifest))
 }
 
 /// The cache's shards, most recently used last, and their bytes.

@@ -1,5 +1,8 @@
 //! `data::prepare`: inputs to shards and back through `Dataset`.
 
+mod common;
+
+use common::config;
 use std::path::{Path, PathBuf};
 
 use data::prepare::{InputFormat, PrepareConfig, TextDocs, parse_byte_size, prepare};
@@ -10,14 +13,6 @@ use data::{
 /// Runs `prepare` with no progress callback.
 fn run(cfg: &PrepareConfig, tok: &(dyn Tokenizer + Sync)) -> data::Result<PrepareSummary> {
     prepare(cfg, tok, &mut |_| {})
-}
-
-fn config(inputs: &[&Path], out: &Path) -> PrepareConfig {
-    let inputs = inputs
-        .iter()
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect();
-    PrepareConfig::new(inputs, out.to_path_buf())
 }
 
 /// Every document of the dataset in `dir`, in order, as token ids.

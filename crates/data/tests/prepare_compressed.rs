@@ -1,6 +1,9 @@
 //! `data::prepare` on compressed inputs: gzip and zstd text and JSON Lines files, and Parquet
 //! files with snappy, gzip and zstd pages, must give the very shards their plain versions give.
 
+mod common;
+
+use common::config;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -18,14 +21,6 @@ fn run(cfg: &PrepareConfig) -> data::Result<PrepareSummary> {
             p.input_bytes
         );
     })
-}
-
-fn config(inputs: &[&Path], out: &Path) -> PrepareConfig {
-    let inputs = inputs
-        .iter()
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect();
-    PrepareConfig::new(inputs, out.to_path_buf())
 }
 
 /// A compressor: the data and the number of gzip members or zstd frames to make of it.

@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use data::prepare::PrepareConfig;
 use data::{Dataset, Manifest, ShardWriter};
 
 /// Vocabulary of the test datasets.
@@ -33,4 +34,13 @@ pub fn write_dataset(dir: &Path, docs: &[Vec<u64>]) -> Arc<Dataset> {
         .write_atomic(dir)
         .unwrap();
     Arc::new(Dataset::open(dir).unwrap())
+}
+
+/// A `prepare` config of `inputs` into `out`, every other setting at its default.
+pub fn config(inputs: &[&Path], out: &Path) -> PrepareConfig {
+    let inputs = inputs
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    PrepareConfig::new(inputs, out.to_path_buf())
 }
