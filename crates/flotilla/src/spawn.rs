@@ -70,6 +70,7 @@ pub fn agent_config(spec: &NodeSpec, args: Vec<String>) -> Result<launch::AgentC
         metrics_addr: None,
         agreement: Vec::new(),
         straggler: launch::straggler::Policy::Warn,
+        ft: None,
     })
 }
 

@@ -127,6 +127,16 @@ pub struct Args {
     /// Seed of the chaos plan's random choices (default: from the clock; printed).
     #[arg(long)]
     chaos_seed: Option<u64>,
+    /// Per-step fault tolerance: the data-parallel replica groups (each worker, or --dp-shard
+    /// workers sharding with --zero 1) agree on a quorum every step; a failed replica is left
+    /// out while the others train on (its rows skipped), and its restart rejoins with a live
+    /// replica's state (docs/TRAINING.md). Under --ft every --chaos fault is live at once.
+    #[arg(long)]
+    ft: bool,
+    /// Under --ft: steps after a replica's loss at which its restart rejoins (the survivors
+    /// wait there for it if it is not ready, so a fault schedule always gives the same run).
+    #[arg(long, default_value_t = 10, requires = "ft", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    ft_join_after: u64,
     /// Gradient bucket size in MiB (data parallel; see train::ddp::DEFAULT_BUCKET_BYTES).
     #[arg(long, default_value_t = 1.0)]
     bucket_mb: f64,
@@ -340,9 +350,10 @@ pub fn run(mut a: Args) -> Result<()> {
                     plan.nnodes
                 );
             }
+            let ft = ft_replica_size(&a, &cfg, plan.nproc, plan.nproc * plan.nnodes)?;
             let _lock = lock_ckpt_dir(&a, &plan, embedded)?;
             if plan.nproc * plan.nnodes > 1 || chaos.is_some() {
-                launch(&a, &cfg, &plan, chaos.unwrap_or_default(), embedded)
+                launch(&a, &cfg, &plan, chaos.unwrap_or_default(), embedded, ft)
             } else {
                 let sup = Supervision::preemptible(term);
                 let live = Live::serve(a.metrics_port)?;
@@ -359,6 +370,13 @@ pub fn run(mut a: Args) -> Result<()> {
             cfg.generation = w.rdv.generation;
             let sup = Supervision::worker(&w, term)
                 .with_context(|| format!("supervising rank {}", w.rank))?;
+            if a.ft {
+                let live = Live::publish(a.metrics_port.is_some(), &w.rdv, w.rank)?;
+                let (group, ft) = ft_worker(&a, &cfg, &w)?;
+                let mut obs = Bar::observer(&a, sup, live)?;
+                train::run::ft::run(&cfg, group, ft, &mut obs)?;
+                return Ok(());
+            }
             let group = ProcessGroup::new(
                 &w.rdv,
                 "world",
@@ -372,6 +390,63 @@ pub fn run(mut a: Args) -> Result<()> {
             Ok(Supervision::ended(term, ended, grace)?)
         }
     }
+}
+
+/// Under --ft, the ranks per replica group (checked against the layout and the node before any
+/// worker starts); None without --ft.
+fn ft_replica_size(a: &Args, cfg: &RunConfig, nproc: usize, world: usize) -> Result<Option<usize>> {
+    if !a.ft {
+        return Ok(None);
+    }
+    if let Some(why) = train::run::ft::refusal(cfg) {
+        bail!("{why}");
+    }
+    let size = cfg
+        .layout
+        .hybrid_groups(world)?
+        .map_or(1, |(shard, _)| shard);
+    if world / size < 2 {
+        bail!(
+            "--ft: {world} worker(s) in replica groups of {size} make one replica; fault tolerance needs at least two"
+        );
+    }
+    if !nproc.is_multiple_of(size) {
+        bail!(
+            "--ft: a replica group of {size} workers must sit on one node: --dp-shard {size} must divide --nproc {nproc}"
+        );
+    }
+    Ok(Some(size))
+}
+
+/// A worker's replica group and its side of the per-step quorum (`--ft`).
+fn ft_worker(
+    a: &Args,
+    cfg: &RunConfig,
+    w: &Worker,
+) -> Result<(ProcessGroup, std::sync::Arc<train::ft::FaultTolerance>)> {
+    let size = cfg
+        .layout
+        .hybrid_groups(w.world)?
+        .map_or(1, |(shard, _)| shard);
+    let ftc = train::ft::FtConfig {
+        replica_size: size,
+        replicas: w.world / size,
+        join_after: a.ft_join_after,
+        join_timeout: std::time::Duration::from_secs(60),
+        retry_timeout: std::time::Duration::from_secs_f64(2.0 * a.heartbeat_timeout_s + 10.0),
+    };
+    let ft = train::ft::FaultTolerance::join(&w.rdv, w.rank, ftc)
+        .with_context(|| format!("joining the quorum as rank {}", w.rank))?;
+    let name = format!("replica{}i{}", ft.replica(), ft.incarnation());
+    let group = ProcessGroup::new(
+        &w.rdv,
+        &name,
+        w.rank % size,
+        size,
+        GroupConfig::for_training()?,
+    )
+    .with_context(|| format!("joining replica group {} as rank {}", ft.replica(), w.rank))?;
+    Ok((group, std::sync::Arc::new(ft)))
 }
 
 /// Node 0 holds the checkpoint directory's lock for the whole job, across worker restarts: a
@@ -455,6 +530,7 @@ fn launch(
     plan: &NodePlan,
     chaos: launch::Chaos,
     embedded: bool,
+    ft: Option<usize>,
 ) -> Result<()> {
     use std::time::Duration;
     let mut args: Vec<String> = std::env::args().skip(1).collect();
@@ -533,6 +609,7 @@ fn launch(
         .map(|p| std::net::SocketAddr::from(([0, 0, 0, 0], p)));
     agent.agreement = cfg.agreement();
     agent.straggler = a.straggler;
+    agent.ft = ft;
     let since_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);

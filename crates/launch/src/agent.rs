@@ -96,6 +96,9 @@ pub struct AgentConfig {
     pub agreement: Vec<(String, String)>,
     /// What node 0 does with a straggler the workers name ([`crate::straggler`]).
     pub straggler: crate::straggler::Policy,
+    /// Per-step fault tolerance (`--ft`): the ranks per replica group; a failed worker then
+    /// restarts only its replica ([`crate::ft`]). None: any failure restarts the job.
+    pub ft: Option<usize>,
 }
 
 /// What a finished job looked like from this node.
@@ -208,17 +211,60 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
             ));
         }
         view.set(g, members.len() * cfg.nproc, restarts);
-        let fault = chaos_plan(cfg, &store, g, seen_step, members.len())?;
-        let mut workers = spawn_generation(cfg, g, &members, addr, &secret, fault)?;
-        let outcome = watch_generation(
-            cfg,
-            &gang,
-            g,
-            &members,
-            &mut workers,
-            &mut recovery,
-            job_deadline,
-        );
+        let fault = match cfg.ft {
+            Some(_) => ft_chaos(cfg, members.len())?,
+            None => chaos_plan(cfg, &store, g, seen_step, members.len())?.map(|f| f.to_string()),
+        };
+        let mut workers = spawn_generation(cfg, g, &members, addr, &secret, fault.clone())?;
+        let outcome = loop {
+            match watch_generation(
+                cfg,
+                &gang,
+                g,
+                &members,
+                &mut workers,
+                &mut recovery,
+                job_deadline,
+            ) {
+                Ok(Outcome::ReplicasLost(failures)) => {
+                    let slot = (members.slot(cfg.node_rank).unwrap_or(0), members.len());
+                    let env = crate::generation::generation_env(
+                        cfg,
+                        g,
+                        members.len(),
+                        addr,
+                        &secret,
+                        fault.clone(),
+                    )?;
+                    let spawn =
+                        |local| crate::generation::spawn_rank(cfg, g, slot, addr, &env, local);
+                    let size = cfg.ft.unwrap_or(1);
+                    for r in crate::ft::replace(
+                        &store,
+                        &mut workers,
+                        &failures,
+                        (cfg.nproc, size),
+                        spawn,
+                    )? {
+                        restarts += 1;
+                        say(format!(
+                            "ft: replica {} lost ({}); declared down (incarnation {}), its ranks \
+                             restarted ({restarts}/{}); the other replicas train on",
+                            r.replica, r.why, r.incarnation, cfg.max_restarts
+                        ));
+                        if restarts > cfg.max_restarts {
+                            stop_all(&mut workers, cfg.kill_grace)?;
+                            return Err(LaunchError::RestartsExhausted {
+                                restarts: restarts - 1,
+                                max: cfg.max_restarts,
+                                last: r.why,
+                            });
+                        }
+                    }
+                }
+                o => break o,
+            }
+        };
         let outcome = match outcome {
             Ok(o) => o,
             // Node 0 ended a pre-empted job and its store with it: the workers here are
@@ -264,6 +310,7 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
                 detected,
                 last_step,
             } => (what, detected, last_step),
+            Outcome::ReplicasLost(_) => unreachable!("replaced in the watch loop above"),
         };
         seen_step = seen_step.max(last_step.unwrap_or(0));
         say(format!(
@@ -378,6 +425,25 @@ fn chaos_plan(
         "none" => Ok(None),
         f => Fault::parse(f).map(Some),
     }
+}
+
+/// Under `--ft`, every fault of the chaos plan at once (resolved for the job's world), said
+/// and handed to every worker ([`crate::ft`]).
+fn ft_chaos(cfg: &AgentConfig, members: usize) -> Result<Option<String>> {
+    let world = cfg.nproc * members;
+    let faults = crate::ft::resolve_all(&cfg.chaos, cfg.chaos_seed, cfg.steps, world)?;
+    if cfg.node_rank == 0 {
+        for f in &faults {
+            say(
+                cfg,
+                format!(
+                    "chaos: {f} (seed {}): rank {} strikes after step {} (per-step fault tolerance)",
+                    cfg.chaos_seed, f.rank, f.step
+                ),
+            );
+        }
+    }
+    Ok(crate::ft::plan_text(&faults))
 }
 
 /// Prints an agent line (prefixed with the node on multi-node jobs).

@@ -3,7 +3,6 @@
 //! pre-empted (001 sections 12.6-12.8).
 
 use crate::agent::{AgentConfig, say};
-use crate::chaos::Fault;
 use crate::elastic::Membership;
 use crate::env::{
     ENV_CHAOS, ENV_GENERATION, ENV_HEARTBEAT_MS, ENV_RANK, ENV_RDZV, ENV_SECRET, ENV_WORLD,
@@ -39,6 +38,9 @@ pub(crate) enum Outcome {
         detected: Instant,
         last_step: Option<u64>,
     },
+    /// Under per-step fault tolerance: these ranks failed; their replicas are replaced while
+    /// the others train on ([`crate::ft`]).
+    ReplicasLost(Vec<Failure>),
 }
 
 /// Recovery in progress: reported once the new generation trains again.
@@ -56,9 +58,8 @@ pub(crate) fn spawn_generation(
     members: &Membership,
     addr: SocketAddr,
     secret: &Secret,
-    fault: Option<Fault>,
+    fault: Option<String>,
 ) -> Result<Vec<LocalWorker>> {
-    let world = cfg.nproc * members.len();
     let slot = members.slot(cfg.node_rank).ok_or_else(|| {
         LaunchError::invalid(
             "--node-rank",
@@ -66,8 +67,32 @@ pub(crate) fn spawn_generation(
             format!("not a member of generation {g} ({:?})", members.nodes),
         )
     })?;
+    let env = generation_env(cfg, g, members.len(), addr, secret, fault)?;
+    let mut workers = Vec::with_capacity(cfg.nproc);
+    for local in 0..cfg.nproc {
+        match spawn_rank(cfg, g, (slot, members.len()), addr, &env, local) {
+            Ok(w) => workers.push(w),
+            Err(e) => {
+                stop_all(&mut workers, cfg.kill_grace)?;
+                return Err(e);
+            }
+        }
+    }
+    Ok(workers)
+}
+
+/// The environment every worker of generation `g` on this node shares (its identity is added
+/// per rank by [`spawn_rank`]).
+pub(crate) fn generation_env(
+    cfg: &AgentConfig,
+    g: u64,
+    members: usize,
+    addr: SocketAddr,
+    secret: &Secret,
+    fault: Option<String>,
+) -> Result<Vec<(String, String)>> {
     let mut env = vec![
-        (ENV_WORLD.to_string(), world.to_string()),
+        (ENV_WORLD.to_string(), (cfg.nproc * members).to_string()),
         (ENV_RDZV.to_string(), addr.to_string()),
         (ENV_GENERATION.to_string(), g.to_string()),
         (ENV_SECRET.to_string(), secret.to_env_value()?),
@@ -79,41 +104,44 @@ pub(crate) fn spawn_generation(
         ));
     }
     if let Some(f) = fault {
-        env.push((ENV_CHAOS.into(), f.to_string()));
+        env.push((ENV_CHAOS.into(), f));
     }
-    let common = env.len();
-    let mut workers = Vec::with_capacity(cfg.nproc);
-    for local in 0..cfg.nproc {
-        let rank = slot * cfg.nproc + local;
-        env.push((ENV_RANK.into(), rank.to_string()));
-        let torchrun = TorchrunIdentity {
-            rank,
-            local_rank: local,
-            world,
-            local_world: cfg.nproc,
-            group_rank: slot,
-            group_world: members.len(),
-            master: addr,
-            restarts: g,
-            max_restarts: cfg.max_restarts,
-        };
-        env.extend(torchrun.vars());
-        // torchrun's layout: DIR/RUN_ID/attempt_N/LOCAL_RANK/{stdout,stderr}.log.
-        let logs = cfg.log_dir.as_ref().map(|d| {
-            d.join(&cfg.run_id)
-                .join(format!("attempt_{g}"))
-                .join(local.to_string())
-        });
-        match LocalWorker::spawn(&cfg.command, rank, &env, logs.as_deref()) {
-            Ok(w) => workers.push(w),
-            Err(e) => {
-                stop_all(&mut workers, cfg.kill_grace)?;
-                return Err(e);
-            }
-        }
-        env.truncate(common);
-    }
-    Ok(workers)
+    Ok(env)
+}
+
+/// Starts local worker `local` of generation `g` on this node, the node at place `slot` of
+/// `members` nodes, with the generation's environment `common`.
+pub(crate) fn spawn_rank(
+    cfg: &AgentConfig,
+    g: u64,
+    (slot, members): (usize, usize),
+    addr: SocketAddr,
+    common: &[(String, String)],
+    local: usize,
+) -> Result<LocalWorker> {
+    let world = cfg.nproc * members;
+    let rank = slot * cfg.nproc + local;
+    let mut env = common.to_vec();
+    env.push((ENV_RANK.into(), rank.to_string()));
+    let torchrun = TorchrunIdentity {
+        rank,
+        local_rank: local,
+        world,
+        local_world: cfg.nproc,
+        group_rank: slot,
+        group_world: members,
+        master: addr,
+        restarts: g,
+        max_restarts: cfg.max_restarts,
+    };
+    env.extend(torchrun.vars());
+    // torchrun's layout: DIR/RUN_ID/attempt_N/LOCAL_RANK/{stdout,stderr}.log.
+    let logs = cfg.log_dir.as_ref().map(|d| {
+        d.join(&cfg.run_id)
+            .join(format!("attempt_{g}"))
+            .join(local.to_string())
+    });
+    LocalWorker::spawn(&cfg.command, rank, &env, logs.as_deref())
 }
 
 /// The failure a worker's exit status shows, if any.
@@ -216,6 +244,10 @@ pub(crate) fn watch_generation(
                     failures.extend(watch.stalled_with(step, now));
                 }
             }
+        }
+        if !failures.is_empty() && cfg.ft.is_some() {
+            // Per-step fault tolerance: the failed replicas are replaced, the others go on.
+            return Ok(Outcome::ReplicasLost(failures));
         }
         if !failures.is_empty() {
             // Let the peers of a killed rank finish failing, then name the most telling cause.

@@ -19,6 +19,7 @@
 //! - [`straggler`]: `--straggler warn|exclude`, what the job does with a slow rank;
 //! - [`supervision`]: a worker's link to its agent (heartbeat, chaos, SIGTERM, stragglers);
 //! - [`chaos`]: injected faults for recovery tests;
+//! - [`ft`]: per-step fault tolerance's replica restarts (`--ft`);
 //! - [`env`](mod@env): worker identity, Slurm and torchrun-style environments;
 //! - [`exit`]: the exit-code table (success, failed, pre-empted, refused);
 //! - [`term`]: SIGTERM as a pre-emption notice.
@@ -35,6 +36,7 @@ pub mod elastic;
 pub mod env;
 pub mod error;
 pub mod exit;
+pub mod ft;
 pub mod gang;
 mod generation;
 pub mod heartbeat;

@@ -51,6 +51,10 @@ pub enum TrainError {
         value: String,
         reason: String,
     },
+    /// Per-step fault tolerance (`--ft`): a replica was lost during the step (the survivors
+    /// retry it), or the quorum could not be formed.
+    #[error("fault tolerance: {0}")]
+    FaultTolerance(String),
     /// A configuration the run refuses before training, which a restart would refuse again (the
     /// worker exits with the launcher's refusal code instead of being restarted).
     #[error("{0}")]

@@ -18,6 +18,7 @@ pub mod ddp;
 pub mod error;
 pub mod expert;
 pub mod forecast;
+pub mod ft;
 pub mod generation;
 pub mod goodput;
 mod grad;

@@ -71,6 +71,10 @@ pub struct GroupConfig {
     pub direct_read: bool,
     /// How an op that no one forced picks its algorithm. Env `FLOTILLA_CHOOSE=measured|layout`.
     pub choose: Choice,
+    /// How long a failed op waits for the other ranks' failure reports before naming the
+    /// silent ones ([`super::core::DIAGNOSIS_GRACE`] by default; zero for groups whose members'
+    /// deaths are told by other means, as the per-step fault tolerance's agents do).
+    pub diagnosis_grace: Duration,
 }
 
 /// How a group picks each op's algorithm (when neither the call nor [`GroupConfig::algo`]
@@ -112,6 +116,7 @@ impl Default for GroupConfig {
             direct_read: true,
             spin: None,
             choose: Choice::Measured,
+            diagnosis_grace: super::core::DIAGNOSIS_GRACE,
         }
     }
 }

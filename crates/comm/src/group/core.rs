@@ -518,7 +518,7 @@ impl ProcessGroup {
             .filter(|c| *c != ours);
         self.shutdown_links();
         let keys: Vec<String> = (0..inner.size).map(key).collect();
-        let grace = DIAGNOSIS_GRACE.min(inner.cfg.timeout);
+        let grace = inner.cfg.diagnosis_grace.min(inner.cfg.timeout);
         let silent: Vec<usize> = match st.wait(&keys, grace) {
             Ok(_) => Vec::new(),
             Err(_) => (0..inner.size)

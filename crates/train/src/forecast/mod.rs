@@ -231,8 +231,8 @@ pub fn forecast(trainer: &Trainer, probe: &UnitTimes) -> Forecast {
                             kind: OpKind::ReduceScatter,
                             bytes,
                         };
-                        let across = replicas.map_or(0.0, |r| {
-                            r.explain(OpKind::AllReduce, bytes / world)
+                        let across = replicas.and_then(|r| r.group()).map_or(0.0, |g| {
+                            g.explain(OpKind::AllReduce, bytes / world)
                                 .predicted_s
                                 .unwrap_or(0.0)
                         });

@@ -17,6 +17,7 @@ pub mod config;
 pub mod engine;
 pub mod eval;
 pub mod expert;
+pub mod ft;
 pub mod init;
 pub mod mesh;
 pub mod mirror;

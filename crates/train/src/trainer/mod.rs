@@ -1,6 +1,7 @@
 //! The single-process trainer: forward, backward, clip, AdamW, schedule. What it holds is read
 //! through `view.rs`; the held-out loss is `eval.rs`.
 mod eval;
+mod ft;
 mod view;
 
 use crate::config::TrainConfig;
@@ -91,6 +92,8 @@ pub struct Trainer {
     /// The expert-parallel part, when the experts are split over the data-parallel ranks
     /// ([`crate::expert`]).
     pub(crate) experts: Option<ExpertPart>,
+    /// Under per-step fault tolerance: the step's micro-batches, kept for a retry.
+    kept: Option<ft::Kept>,
 }
 
 impl Trainer {
@@ -236,6 +239,7 @@ impl Trainer {
             zero,
             tensor,
             experts: None,
+            kept: None,
             th,
             model,
             cfg,
@@ -369,13 +373,20 @@ impl Trainer {
         let step = self.step + 1;
         let t0 = Instant::now();
         let count = self.cfg.grad_accum.max(1);
-        let z = self.zero.as_mut().expect("a ZeRO trainer");
         let (mut loss_sum, mut data_seconds) = (0.0, 0.0);
+        let rows = self.rows_at_step_start();
         let mut groups = BlockGroups::new(self.tensor.as_ref(), self.experts.as_ref());
         let comm: &mut dyn BlockComm<f32> = &mut groups;
         for i in 0..count {
-            data_seconds += fetch(&mut self.source, &mut self.inputs, &mut self.targets)?;
-            self.drawn += 1;
+            let draw = ft::Draw {
+                kept: &mut self.kept,
+                source: &mut self.source,
+                inputs: &mut self.inputs,
+                targets: &mut self.targets,
+                drawn: &mut self.drawn,
+            };
+            data_seconds += ft::next_micro(draw, i, rows)?;
+            let z = self.zero.as_mut().expect("a ZeRO trainer");
             let loss = z.micro(
                 &mut self.model,
                 &self.th,
@@ -388,6 +399,7 @@ impl Trainer {
             check_finite("loss", step, loss)?;
             loss_sum += loss;
         }
+        let z = self.zero.as_mut().expect("a ZeRO trainer");
         let loss = z.mean(loss_sum / count as f64)?;
         let lr = self.cfg.schedule.lr_at(self.cfg.lr, self.step);
         let tp_seconds = groups.seconds();
@@ -401,6 +413,7 @@ impl Trainer {
             self.tensor.as_ref(),
         )?;
         self.step = step;
+        self.step_committed();
         let out = GradOut {
             loss,
             norm,

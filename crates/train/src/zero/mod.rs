@@ -37,6 +37,9 @@ pub mod state;
 pub mod window;
 
 use std::ops::Range;
+use std::sync::Arc;
+
+use crate::ft::FaultTolerance;
 use std::time::{Duration, Instant};
 
 use comm::dtype::ReduceOp;
@@ -139,7 +142,7 @@ pub struct Zero {
     /// Hybrid sharding (HSDP): the same shard of the other replica groups, over which each
     /// reduced part is summed once more (the state is sharded inside `group` and replicated
     /// across these).
-    replicas: Option<ProcessGroup>,
+    replicas: Option<Replicas>,
     /// Under bf16: the f32 master weights of this rank's parts (local coordinates, as the
     /// moments); the parameters (whole or the stage-3 shard) hold their bf16 values widened.
     master: Option<Vec<f32>>,
@@ -173,6 +176,11 @@ impl Zero {
         self
     }
 
+    /// The f32 master weights of this rank's parts under bf16, to overwrite.
+    pub(crate) fn master_mut(&mut self) -> Option<&mut [f32]> {
+        self.master.as_deref_mut()
+    }
+
     /// The f32 master weights of this rank's parts under bf16 (local coordinates).
     pub fn master(&self) -> Option<&[f32]> {
         self.master.as_deref()
@@ -183,23 +191,38 @@ impl Zero {
     /// update is the mean over every rank of both; parameters are gathered inside the replica
     /// group only. The cross-group traffic is one all-reduce of a `1/shard` part per segment.
     pub fn with_replicas(mut self, replicas: ProcessGroup) -> Self {
-        self.replicas = (replicas.size() > 1).then_some(replicas);
+        self.replicas = (replicas.size() > 1).then_some(Replicas::Group(replicas));
         self
     }
 
-    /// The replica groups' group (hybrid sharding), if any.
-    pub fn replicas(&self) -> Option<&ProcessGroup> {
+    /// Per-step fault tolerance (`--ft`): hybrid sharding whose replica groups are the
+    /// quorum's members of each step ([`crate::ft`]); the update runs only once every member
+    /// committed the step's sums.
+    pub fn with_quorum(mut self, ft: Arc<FaultTolerance>) -> Self {
+        self.replicas = Some(Replicas::Quorum(ft));
+        self
+    }
+
+    /// The replica groups this rank sums across (hybrid sharding), if any.
+    pub fn replicas(&self) -> Option<&Replicas> {
         self.replicas.as_ref()
     }
 
-    /// Every data-parallel rank: the replica group's times the replica groups.
+    /// Every data-parallel rank: the replica group's times the replica groups (all of the
+    /// job's, present or not: each keeps its place in the data order).
     pub fn dp_world(&self) -> usize {
-        self.plan.world() * self.replicas.as_ref().map_or(1, ProcessGroup::size)
+        self.plan.world() * self.replicas.as_ref().map_or(1, Replicas::size)
+    }
+
+    /// The data-parallel ranks whose gradients this step's mean is over (under `--ft`, the
+    /// replicas present).
+    fn present_world(&self) -> usize {
+        self.plan.world() * self.replicas.as_ref().map_or(1, Replicas::present)
     }
 
     /// This rank among [`Zero::dp_world`]: replica group major.
     pub fn dp_rank(&self) -> usize {
-        let r = self.replicas.as_ref().map_or(0, ProcessGroup::rank);
+        let r = self.replicas.as_ref().map_or(0, Replicas::rank);
         r * self.plan.world() + self.group.rank()
     }
     /// The summing collectives with `options` (a pinned algorithm: tensor-parallel ranks'
@@ -492,7 +515,7 @@ impl Zero {
     fn finish(&mut self, grads: &mut [f32], scale: f32) -> Result<()> {
         let t = Instant::now();
         self.ready(0..0, grads);
-        let scale = scale / self.dp_world() as f32;
+        let scale = scale / self.present_world() as f32;
         let mut first_err = self.failed.take();
         for (s, work) in std::mem::take(&mut self.inflight) {
             let summed = work
@@ -501,7 +524,7 @@ impl Zero {
                 .and_then(|(input, mut out)| {
                     if let Some(r) = &self.replicas {
                         let part = self.plan.part_len(s).min(out.len());
-                        r.all_reduce_with(&mut out[..part], ReduceOp::Sum, &self.options)?;
+                        r.sum(&mut out[..part], &self.options)?;
                     }
                     Ok((input, out))
                 });
@@ -536,9 +559,9 @@ impl Zero {
         let mut v = [value];
         self.group.all_reduce(&mut v, ReduceOp::Sum)?;
         if let Some(r) = &self.replicas {
-            r.all_reduce(&mut v, ReduceOp::Sum)?;
+            r.sum(&mut v, &OpOptions::default())?;
         }
-        Ok(v[0] / self.dp_world() as f64)
+        Ok(v[0] / self.present_world() as f64)
     }
 
     /// The optimizer half of step `step`: the global gradient norm (summed over the ranks'
@@ -558,6 +581,10 @@ impl Zero {
         step: u64,
         tensor: Option<&TpPart>,
     ) -> Result<(f64, Duration)> {
+        if let Some(Replicas::Quorum(ft)) = &self.replicas {
+            // Nothing is updated unless every member of the quorum summed this step.
+            ft.commit(step)?;
+        }
         let t = Instant::now();
         let segments = self.plan.segments().len();
         let mut sq = [0f64];
@@ -706,4 +733,55 @@ fn disjoint_mut<'a>(buf: &'a mut [f32], ranges: &[Range<usize>]) -> Vec<&'a mut 
         base = r.end;
     }
     out.into_iter().map(|s| s.unwrap_or_default()).collect()
+}
+
+/// What a hybrid-sharded rank sums its reduced parts across.
+#[derive(Clone)]
+pub enum Replicas {
+    /// The same shard of every replica group (HSDP).
+    Group(ProcessGroup),
+    /// The replica groups of each step's quorum (`--ft`).
+    Quorum(Arc<FaultTolerance>),
+}
+
+impl Replicas {
+    /// Replica groups in the job.
+    pub fn size(&self) -> usize {
+        match self {
+            Replicas::Group(g) => g.size(),
+            Replicas::Quorum(ft) => ft.replicas(),
+        }
+    }
+
+    /// This rank's replica group.
+    pub fn rank(&self) -> usize {
+        match self {
+            Replicas::Group(g) => g.rank(),
+            Replicas::Quorum(ft) => ft.replica(),
+        }
+    }
+
+    /// Replica groups summed over this step.
+    pub fn present(&self) -> usize {
+        match self {
+            Replicas::Group(g) => g.size(),
+            Replicas::Quorum(ft) => ft.participants(),
+        }
+    }
+
+    /// The process group across the replica groups (under `--ft`, the current quorum's).
+    pub fn group(&self) -> Option<ProcessGroup> {
+        match self {
+            Replicas::Group(g) => Some(g.clone()),
+            Replicas::Quorum(ft) => ft.group(),
+        }
+    }
+
+    /// Sums `buf` across the replica groups.
+    fn sum<T: comm::Element>(&self, buf: &mut [T], options: &OpOptions) -> Result<()> {
+        match self {
+            Replicas::Group(g) => Ok(g.all_reduce_with(buf, ReduceOp::Sum, options)?),
+            Replicas::Quorum(ft) => ft.sum(buf),
+        }
+    }
 }

@@ -1,0 +1,155 @@
+//! The run loop under per-step fault tolerance (`--ft`, [`crate::ft`]): each replica group
+//! runs the same steps, its sums across replicas going through the step's quorum; a step
+//! whose quorum lost a member is retried by the survivors on the same micro-batches, and a
+//! restarted replica receives the state of a live one at the step that admits it.
+use std::sync::Arc;
+use std::time::Instant;
+
+use comm::group::ProcessGroup;
+
+use super::{Ended, Observer, RunConfig, engine::Engine, outputs, report};
+use crate::error::{Result, TrainError};
+use crate::ft::FaultTolerance;
+use crate::metrics::{gemm_gflops, mfu};
+use crate::trainer::Trainer;
+
+/// Why `--ft` cannot run `cfg`, if it cannot: the settings it does not build yet.
+pub fn refusal(cfg: &RunConfig) -> Option<String> {
+    let l = &cfg.layout;
+    let why = if l.splits_model() {
+        format!(
+            "--tp {} --pp {}: per-step fault tolerance is built for data-parallel replica groups \
+             (with ZeRO-1 inside them) so far",
+            l.tp, l.pp
+        )
+    } else if l.ep > 1 {
+        "--ep: experts split over replicas cannot survive a replica's loss".into()
+    } else if l.zero > 1 {
+        format!(
+            "--zero {}: under --ft the replica groups shard with ZeRO-1 (--zero 1 --dp-shard N)",
+            l.zero
+        )
+    } else if l.zero == 1 && l.hybrid.0.is_none() && l.hybrid.1.is_none() {
+        "--zero 1 without --dp-shard: ZeRO over the whole job cannot lose a replica; shard \
+         inside replica groups with --dp-shard N"
+            .into()
+    } else if cfg.checkpoint.is_some() {
+        "--ckpt-dir: under --ft a lost replica recovers from a live one; checkpoints under \
+         --ft are not built yet (run without --ft for restart-from-checkpoint)"
+            .into()
+    } else if cfg.eval_every > 0 || cfg.trace.is_some() || cfg.export_hf.is_some() {
+        "--eval-every, --trace and --export-hf are not built under --ft yet".into()
+    } else {
+        return None;
+    };
+    Some(format!("--ft: {why}"))
+}
+
+/// Trains `cfg` as one rank of `replica` (its replica group) under the quorum `ft`.
+pub fn run(
+    cfg: &RunConfig,
+    replica: ProcessGroup,
+    ft: Arc<FaultTolerance>,
+    obs: &mut dyn Observer,
+) -> Result<Ended> {
+    if let Some(why) = refusal(cfg) {
+        return Err(TrainError::Refused(why));
+    }
+    let steps = cfg.train.steps;
+    let peak = match cfg.peak_gflops {
+        Some(p) => p,
+        None => gemm_gflops(&model::Threads::new(cfg.train.threads)?, 2048, 5),
+    };
+    let t = Trainer::fault_tolerant(
+        cfg.train.clone(),
+        replica,
+        ft.clone(),
+        cfg.layout.bucket_bytes,
+    )?;
+    let mut engine = Engine::Data(Box::new(t));
+    let fpt = engine.flops_per_token(&cfg.train);
+    let world = ft.replicas() * ft.replica_size();
+    let peak_all = peak * world as f64;
+    if ft.is_lead() && !ft.joining() {
+        for l in outputs::header(cfg, &engine, fpt, peak) {
+            obs.line(&l);
+        }
+        obs.line(&format!(
+            "# ft: {} replica group(s) of {} rank(s); a lost replica is left out and rejoins {} \
+             steps after (its rows of those steps are skipped)",
+            ft.replicas(),
+            world / ft.replicas(),
+            ft.join_after()
+        ));
+    }
+    obs.resumed(0, steps);
+    let (mut timed_tokens, mut timed_s, mut last_loss) = (0usize, 0.0f64, f64::NAN);
+    let first_step = Instant::now();
+    loop {
+        let next = engine.steps_done() + 1;
+        if next > steps && !ft.joining() {
+            break;
+        }
+        obs.starting();
+        let Engine::Data(t) = &mut engine else {
+            unreachable!("built above as a data-parallel engine")
+        };
+        let attempt = ft.begin(next).and_then(|b| {
+            if let (Some(root), Some(g)) = (b.transfer_from, ft.group()) {
+                let began = Instant::now();
+                t.share_state(&g, root)?;
+                if b.receiving {
+                    obs.line(&format!(
+                        "# ft: replica {} received the state of step {} from a live replica in \
+                         {:.1} ms",
+                        ft.replica(),
+                        t.steps_done(),
+                        began.elapsed().as_secs_f64() * 1e3
+                    ));
+                    obs.resumed(t.steps_done(), steps);
+                }
+            }
+            t.step()
+        });
+        for l in ft.take_lines() {
+            obs.line(&l);
+        }
+        let s = match attempt {
+            Ok(s) => s,
+            Err(e @ (TrainError::FaultTolerance(_) | TrainError::Comm(_))) => {
+                if matches!(&e, TrainError::FaultTolerance(m) if m.contains("declared down")) {
+                    return Err(e);
+                }
+                ft.retry()?;
+                t.retry_step();
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        last_loss = s.loss;
+        if s.step > 1 {
+            timed_tokens += s.tokens;
+            timed_s += s.seconds;
+        }
+        let lead = ft.is_lead();
+        if lead && (s.step % cfg.log_every.max(1) == 0 || s.step == 1 || s.step == steps) {
+            obs.line(&report::step_line(&s, steps, fpt, peak_all, world));
+        }
+        obs.completed(&s).map_err(TrainError::Observer)?;
+    }
+    obs.finishing();
+    let lead = ft.is_lead();
+    let mut lines = Vec::new();
+    let tps = timed_tokens as f64 / timed_s.max(1e-9);
+    lines.push(format!(
+        "# done: {steps} steps, final loss {last_loss:.4}, {tps:.1} tokens/s, MFU {:.1}% (steps \
+         after the first; {:.1} s wall)",
+        100.0 * mfu(tps, fpt, peak_all),
+        first_step.elapsed().as_secs_f64()
+    ));
+    lines.extend(outputs::write_models(cfg, &mut engine, lead)?);
+    if lead {
+        lines.iter().for_each(|l| obs.line(l));
+    }
+    Ok(Ended::Completed)
+}
