@@ -478,15 +478,19 @@ fn validate(cfg: &AgentConfig) -> Result<()> {
         ));
     }
     let failing = cfg.chaos.failing() as u64;
-    if failing > cfg.max_restarts.saturating_add(1) {
+    // Each failing fault fails a generation (or, under --ft, restarts a replica group).
+    let (fit, each) = match cfg.ft {
+        Some(_) => (cfg.max_restarts, "restarts a replica group (--ft)"),
+        None => (cfg.max_restarts.saturating_add(1), "fails a generation"),
+    };
+    if failing > fit {
         return Err(LaunchError::invalid(
             "--chaos",
             format!("{failing} failing faults"),
             format!(
-                "each fails a generation, and the job ends after --max-restarts {} restarts: \
-                 only the first {} could fire",
+                "each {each}, and the job ends after --max-restarts {} restarts: only the first \
+                 {fit} could fire",
                 cfg.max_restarts,
-                cfg.max_restarts.saturating_add(1)
             ),
         ));
     }

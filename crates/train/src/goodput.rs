@@ -12,6 +12,10 @@
 //! - **straggler waits**: the lead's gradient wait beyond the smallest of its generation (the
 //!   exposed communication itself is the smallest wait; the rest is waiting for slower ranks).
 //!
+//! Under per-step fault tolerance (`--ft`) there is one generation; a replica's loss costs the
+//! survivors the attempts of the step it hit (the records' `retried` and `retried_s`), counted
+//! as lost steps recomputed, and each such step is a failure.
+//!
 //! Goodput is productive time over wall time (first step's start to the last record).
 
 use serde::{Deserialize, Serialize};
@@ -98,8 +102,11 @@ pub fn ledger(records: &[Record], since_ms: u64) -> Option<Ledger> {
             steps: g.len() as u64,
             wall_s: (end - begin) / 1e3,
             productive_s: total(g.iter().filter(|s| !lost(s)).map(|s| s.step_s)),
-            lost_steps: g.iter().filter(|s| lost(s)).count() as u64,
-            lost_s: total(g.iter().filter(|s| lost(s)).map(|s| secs(s))),
+            // Under --ft a failure costs the attempts of the step it hit, trained again.
+            lost_steps: g.iter().filter(|s| lost(s)).count() as u64
+                + g.iter().filter_map(|s| s.retried).sum::<u64>(),
+            lost_s: total(g.iter().filter(|s| lost(s)).map(|s| secs(s)))
+                + total(g.iter().filter_map(|s| s.retried_s)),
             restart_s: prev_end.map_or(0.0, |p| ((begin - p) / 1e3).max(0.0)),
             ckpt_pause_s: total(g.iter().filter_map(|s| s.ckpt_pause_s)),
             ckpts: g.iter().filter(|s| s.ckpt_pause_s.is_some()).count() as u64,
@@ -125,7 +132,11 @@ pub fn ledger(records: &[Record], since_ms: u64) -> Option<Ledger> {
         run.data_stall_s += r.data_stall_s;
         run.straggler_wait_s += r.straggler_wait_s;
     }
-    let failures = rows.len() as u64 - 1;
+    // Restarts of the whole job, and under --ft the steps a lost replica made the others retry.
+    let ft_failures = (gens.iter().flatten())
+        .filter(|s| s.retried.is_some_and(|r| r > 0))
+        .count() as u64;
+    let failures = rows.len() as u64 - 1 + ft_failures;
     let mtbf_s = (failures > 0).then(|| run.wall_s / failures as f64);
     let (mut planner_goodput, mut young_interval_s) = (None, None);
     if let Some(m) = mtbf_s
@@ -232,6 +243,9 @@ mod tests {
             data_s: 0.0,
             ckpt_pause_s: ckpt,
             val_loss: None,
+            retried: None,
+            retried_s: None,
+            replicas: None,
             rank: 0,
             world: 2,
             generation,

@@ -149,6 +149,16 @@ pub struct StepRecord {
     pub generation: u64,
     /// When the record was made, milliseconds since the Unix epoch.
     pub unix_ms: u64,
+    /// Under per-step fault tolerance (`--ft`): attempts of this step that failed on a lost
+    /// replica and were trained again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retried: Option<u64>,
+    /// Under `--ft`: the time those attempts and the waits for their quorums took, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retried_s: Option<f64>,
+    /// Under `--ft`: replica groups that trained this step (of `world` ranks' groups).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<usize>,
 }
 
 impl StepRecord {
@@ -174,6 +184,9 @@ impl StepRecord {
             world: run.world,
             generation: run.generation,
             unix_ms: unix_ms(),
+            retried: None,
+            retried_s: None,
+            replicas: None,
         }
     }
 }

@@ -75,6 +75,9 @@ pub struct GroupConfig {
     /// silent ones ([`super::core::DIAGNOSIS_GRACE`] by default; zero for groups whose members'
     /// deaths are told by other means, as the per-step fault tolerance's agents do).
     pub diagnosis_grace: Duration,
+    /// Failures are expected and handled by the caller (per-step fault tolerance's groups):
+    /// a failed op is logged at debug level, its flight recorder included, not as an error.
+    pub quiet_failures: bool,
 }
 
 /// How a group picks each op's algorithm (when neither the call nor [`GroupConfig::algo`]
@@ -117,6 +120,7 @@ impl Default for GroupConfig {
             spin: None,
             choose: Choice::Measured,
             diagnosis_grace: super::core::DIAGNOSIS_GRACE,
+            quiet_failures: false,
         }
     }
 }

@@ -566,7 +566,12 @@ impl ProcessGroup {
         let inner = &self.inner;
         inner.gate.poison(e.to_string());
         self.shutdown_links();
-        tracing::error!(group = %inner.name, rank = inner.rank, "collective failed: {e}\nflight recorder (rank {}):\n{}", inner.rank, inner.flight.dump());
+        let dump = inner.flight.dump();
+        if inner.cfg.quiet_failures {
+            tracing::debug!(group = %inner.name, rank = inner.rank, "collective failed (handled by the caller): {e}\nflight recorder (rank {}):\n{dump}", inner.rank);
+        } else {
+            tracing::error!(group = %inner.name, rank = inner.rank, "collective failed: {e}\nflight recorder (rank {}):\n{dump}", inner.rank);
+        }
     }
 
     /// Runs `job` on the group's background worker (started on first use), in submission order.

@@ -210,7 +210,8 @@ impl FaultTolerance {
         std::mem::take(&mut self.state().lines)
     }
 
-    /// Seconds lost to failed attempts and quorum waits since the last call.
+    /// Seconds from the first attempt of the last committed step to its commit when that step
+    /// needed more than one attempt (0 otherwise), since the last call.
     pub fn take_lost_seconds(&self) -> f64 {
         std::mem::take(&mut self.state().lost_s)
     }
@@ -218,6 +219,11 @@ impl FaultTolerance {
     /// Notes whether this rank was asked to stop; its next vote says so.
     pub fn request_stop(&self, stop: bool) {
         self.state().stop_wanted |= stop;
+    }
+
+    /// The attempt at which the last committed step succeeded (0: at the first).
+    pub fn committed_attempt(&self) -> u64 {
+        self.state().committed.as_ref().map_or(0, |q| q.attempt)
     }
 
     /// Whether the ranks agreed to stop after the last committed step.
@@ -451,6 +457,7 @@ impl FaultTolerance {
         cfg.connect_timeout = Duration::from_secs(20);
         cfg.timeout = self.cfg.retry_timeout.max(Duration::from_secs(10));
         cfg.diagnosis_grace = Duration::ZERO;
+        cfg.quiet_failures = true;
         let name = format!("ftx{}s{}a{}", self.inner, q.step, q.attempt);
         let g = ProcessGroup::new(&self.rdv, &name, me, q.members.len(), cfg)?;
         self.state().group = Some((q.members.clone(), g));
@@ -540,13 +547,18 @@ impl FaultTolerance {
         if self.inner == 0
             && (first || (!dropped.is_empty() && q.members[0].replica == self.replica))
         {
+            let since = self.keys().declared_at(self.replica, self.inc);
             let line = match first {
                 true => format!(
                     "# ft: replica {} rejoined at step {step} with the state of a live replica \
-                     ({} of {} replicas)",
+                     ({} of {} replicas){}",
                     self.replica,
                     q.members.len(),
-                    self.cfg.replicas
+                    self.cfg.replicas,
+                    since.map_or(String::new(), |s| format!(
+                        "; rejoin time {:.2} s from its loss being declared",
+                        s.as_secs_f64()
+                    ))
                 ),
                 false => format!(
                     "# ft: step {step} trained without replica(s) {dropped:?} after {} \

@@ -90,6 +90,13 @@ pub(crate) struct Keys<'a> {
     pub(crate) store: &'a StoreClient,
 }
 
+/// Milliseconds since the Unix epoch.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 fn parse_u64(v: Option<Vec<u8>>) -> u64 {
     v.and_then(|b| String::from_utf8(b).ok())
         .and_then(|s| s.trim().parse().ok())
@@ -129,8 +136,24 @@ impl Keys<'_> {
     /// Declares replica `r` down (its agent): the next incarnation.
     pub fn declare_down(store: &StoreClient, r: usize, why: &str) -> Result<u64> {
         let inc = store.add(&format!("ft/down/{r}"), 1)? as u64;
+        store.set(
+            &format!("ft/downat/{r}/{inc}"),
+            unix_ms().to_string().as_bytes(),
+        )?;
         Keys { store }.event(&format!("replica {r} down ({why})"))?;
         Ok(inc)
+    }
+
+    /// How long ago replica `r` was declared down, starting incarnation `inc` (the agent that
+    /// restarts it and the restarted ranks share a host, hence a clock).
+    pub(crate) fn declared_at(&self, r: usize, inc: u64) -> Option<Duration> {
+        let at = parse_u64(
+            self.store
+                .get(&format!("ft/downat/{r}/{inc}"))
+                .ok()
+                .flatten(),
+        );
+        (at > 0).then(|| Duration::from_millis(unix_ms().saturating_sub(at)))
     }
 
     /// Rank `i` of replica `r`'s incarnation `inc` is ready to join.

@@ -11,6 +11,7 @@ use super::{Ended, Observer, RunConfig, engine::Engine, outputs, report};
 use crate::error::{Result, TrainError};
 use crate::ft::FaultTolerance;
 use crate::metrics::{gemm_gflops, mfu};
+use crate::metrics_log::{MetricsLog, RunInfo, StepRecord};
 use crate::trainer::Trainer;
 
 /// Why `--ft` cannot run `cfg`, if it cannot: the settings it does not build yet.
@@ -83,6 +84,15 @@ pub fn run(
         ));
     }
     obs.resumed(0, steps);
+    let info = RunInfo {
+        rank: ft.replica() * ft.replica_size(),
+        world,
+        generation: cfg.generation,
+        peak_gflops: peak_all,
+        flops_per_token: fpt,
+    };
+    // Written by the lead of each step (rank 0 of the first replica present), appended.
+    let mut metrics: Option<MetricsLog> = None;
     let (mut timed_tokens, mut timed_s, mut last_loss) = (0usize, 0.0f64, f64::NAN);
     let first_step = Instant::now();
     loop {
@@ -98,7 +108,7 @@ pub fn run(
             if let (Some(root), Some(g)) = (b.transfer_from, ft.group()) {
                 let began = Instant::now();
                 t.share_state(&g, root)?;
-                if b.receiving {
+                if b.receiving && t.rank() % ft.replica_size() == 0 {
                     obs.line(&format!(
                         "# ft: replica {} received the state of step {} from a live replica in \
                          {:.1} ms",
@@ -135,6 +145,25 @@ pub fn run(
         if lead && (s.step % cfg.log_every.max(1) == 0 || s.step == 1 || s.step == steps) {
             obs.line(&report::step_line(&s, steps, fpt, peak_all, world));
         }
+        let (attempts, span) = (ft.committed_attempt(), ft.take_lost_seconds());
+        let record = StepRecord {
+            retried: Some(attempts),
+            retried_s: Some((span - s.seconds - s.data_seconds).max(0.0)),
+            replicas: Some(ft.participants()),
+            ..StepRecord::new(&s, &info, None)
+        };
+        match (&cfg.metrics, lead) {
+            (Some(path), true) => {
+                if metrics.is_none() {
+                    metrics = Some(MetricsLog::open(path, info)?);
+                }
+                if let Some(log) = &mut metrics {
+                    log.write_step(&record)?;
+                }
+            }
+            _ => metrics = None,
+        }
+        obs.recorded(&record);
         obs.completed(&s).map_err(TrainError::Observer)?;
     }
     obs.finishing();
@@ -147,6 +176,11 @@ pub fn run(
         100.0 * mfu(tps, fpt, peak_all),
         first_step.elapsed().as_secs_f64()
     ));
+    if let Some(log) = metrics.take().filter(|_| lead) {
+        let path = log.path().display().to_string();
+        log.finish()?;
+        lines.push(format!("# metrics in {path}"));
+    }
     lines.extend(outputs::write_models(cfg, &mut engine, lead)?);
     if lead {
         lines.iter().for_each(|l| obs.line(l));
