@@ -71,7 +71,7 @@ pub struct Args {
     /// 29500): no agent, so no heartbeats, watchdog, restarts, chaos or elastic ranges; Slurm's
     /// requeue restarts the job (docs/LAUNCH.md).
     #[arg(long, conflicts_with_all = ["nproc", "nnodes", "node_rank", "rdzv", "master_addr", "chaos", "straggler", "log_dir",
-        "max_restarts", "heartbeat_timeout_s", "metrics_port", "watchdog_s", "startup_timeout_s", "admission_timeout_s"])]
+        "max_restarts", "heartbeat_timeout_s", "metrics_port", "watchdog_s", "startup_timeout_s", "admission_timeout_s", "ft"])]
     srun: bool,
     /// Serve the job's live figures for Prometheus on this port (0: a free one, printed):
     /// http://HOST:PORT/metrics in the OpenMetrics text format, names prefixed flotilla_
