@@ -310,7 +310,15 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
                 detected,
                 last_step,
             } => (what, detected, last_step),
-            Outcome::ReplicasLost(_) => unreachable!("replaced in the watch loop above"),
+            // Replaced in the watch loop above; were one to reach here, it fails the generation.
+            Outcome::ReplicasLost(f) => (
+                format!(
+                    "replica ranks {:?} lost",
+                    f.iter().map(|f| f.rank).collect::<Vec<_>>()
+                ),
+                Instant::now(),
+                None,
+            ),
         };
         seen_step = seen_step.max(last_step.unwrap_or(0));
         say(format!(

@@ -132,6 +132,26 @@ impl StoreClient {
         }
     }
 
+    /// [`StoreClient::wait`] that reports the timeout as `None` instead of an error: for
+    /// callers that wait in bounded slices and look at something else in between.
+    pub fn wait_for<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        timeout: Duration,
+    ) -> Result<Option<Vec<Vec<u8>>>> {
+        let keys: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
+        let n = keys.len();
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let op = Op::Wait { keys, timeout_ms };
+        match self.request(op, timeout.saturating_add(WAIT_MARGIN))? {
+            Response::WaitTimeout { .. } => Ok(None),
+            response => match into_reply("wait", response)? {
+                Reply::Values(values) if values.len() == n => Ok(Some(values)),
+                other => Err(unexpected("wait", &other)),
+            },
+        }
+    }
+
     /// [`StoreClient::wait`] for a single key.
     pub fn wait_one(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
         let mut values = self.wait(&[key], timeout)?;

@@ -239,14 +239,17 @@ impl FaultTolerance {
 
     /// Starts an attempt of step `step`: its quorum (composed or read), the cross-replica
     /// group rebuilt if the members changed, and whether state must be transferred.
-    pub fn begin(&self, step: u64) -> Result<Begun> {
+    /// None: the job ended before this (restarted) replica was admitted.
+    pub fn begin(&self, step: u64) -> Result<Option<Begun>> {
         let waiting = {
             let st = self.state();
             self.inc > 0 && st.committed.is_none() && st.admitted.is_none()
         };
         if waiting {
             let bound = self.cfg.join_timeout * 4 + Duration::from_secs(600);
-            let a = self.keys().admitted(self.replica, self.inc, bound)?;
+            let Some(a) = self.keys().admitted(self.replica, self.inc, bound)? else {
+                return Ok(None);
+            };
             let mut st = self.state();
             st.admitted = Some(a);
             st.attempt = st.attempt.max(a.1);
@@ -291,11 +294,16 @@ impl FaultTolerance {
                 })?)
             }
         };
-        Ok(Begun {
+        Ok(Some(Begun {
             transfer_from,
             receiving,
             step,
-        })
+        }))
+    }
+
+    /// This rank trained the last step: replicas still waiting to rejoin give up.
+    pub fn finish(&self) -> Result<()> {
+        self.keys().finish()
     }
 
     /// The members of `q` new since the last committed quorum (every member for a joiner

@@ -17,6 +17,7 @@
 //!   first rank to compose it, read by every other.
 //! - `admit/{r}/{inc}`: `s a`, the attempt that admitted that incarnation.
 //! - `v/{s}/{a}/{rank}`: a rank's commit vote on that attempt.
+//! - `done`: the last step is committed (a replica still waiting to rejoin gives up).
 use std::time::Duration;
 
 use comm::store::StoreClient;
@@ -123,14 +124,8 @@ impl Keys<'_> {
 
     /// Blocks until event `after + 1` exists or `timeout` passes; whether it came.
     pub(crate) fn wait_event(&self, after: u64, timeout: Duration) -> Result<bool> {
-        match self
-            .store
-            .wait(&[format!("ft/event/{}", after + 1)], timeout)
-        {
-            Ok(_) => Ok(true),
-            Err(comm::CommError::Timeout { .. }) => Ok(false),
-            Err(e) => Err(e.into()),
-        }
+        let key = format!("ft/event/{}", after + 1);
+        Ok(self.store.wait_for(&[key], timeout)?.is_some())
     }
 
     /// Declares replica `r` down (its agent): the next incarnation.
@@ -215,19 +210,43 @@ impl Keys<'_> {
         Ok(())
     }
 
-    /// Waits up to `timeout` for the attempt that admits replica `r`'s incarnation `inc`.
-    pub(crate) fn admitted(&self, r: usize, inc: u64, timeout: Duration) -> Result<(u64, u64)> {
-        let v = self
-            .store
-            .wait_one(&format!("ft/admit/{r}/{inc}"), timeout)?;
+    /// Waits up to `timeout` for the attempt that admits replica `r`'s incarnation `inc`;
+    /// None if the job finished first ([`Keys::finish`]).
+    pub(crate) fn admitted(
+        &self,
+        r: usize,
+        inc: u64,
+        timeout: Duration,
+    ) -> Result<Option<(u64, u64)>> {
+        let key = format!("ft/admit/{r}/{inc}");
+        let deadline = std::time::Instant::now() + timeout;
+        let v = loop {
+            if let Some(mut v) = self.store.wait_for(&[&key], Duration::from_secs(1))? {
+                break v.remove(0);
+            }
+            if self.store.get("ft/done")?.is_some() {
+                return Ok(None);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(TrainError::FaultTolerance(format!(
+                    "replica {r} was not admitted within {:.0} s",
+                    timeout.as_secs_f64()
+                )));
+            }
+        };
         let s = String::from_utf8_lossy(&v);
         let mut it = s.split(' ').map(|t| t.parse::<u64>());
         match (it.next(), it.next()) {
-            (Some(Ok(s)), Some(Ok(a))) => Ok((s, a)),
+            (Some(Ok(s)), Some(Ok(a))) => Ok(Some((s, a))),
             _ => Err(TrainError::FaultTolerance(format!(
                 "malformed admission of replica {r}: {s}"
             ))),
         }
+    }
+
+    /// The job trained its last step: a replica still waiting to rejoin gives up.
+    pub(crate) fn finish(&self) -> Result<()> {
+        Ok(self.store.set("ft/done", b"1")?)
     }
 
     /// This rank's vote on attempt `a` of step `s`.
@@ -247,11 +266,8 @@ impl Keys<'_> {
         timeout: Duration,
     ) -> Result<Option<Vec<Vote>>> {
         let keys: Vec<String> = ranks.iter().map(|r| format!("ft/v/{s}/{a}/{r}")).collect();
-        match self.store.wait(&keys, timeout) {
-            Ok(vals) => Ok(Some(vals.iter().map(|v| Vote::parse(v)).collect())),
-            Err(comm::CommError::Timeout { .. }) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        let votes = self.store.wait_for(&keys, timeout)?;
+        Ok(votes.map(|vals| vals.iter().map(|v| Vote::parse(v)).collect()))
     }
 }
 

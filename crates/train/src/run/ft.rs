@@ -101,10 +101,19 @@ pub fn run(
             break;
         }
         obs.starting();
-        let Engine::Data(t) = &mut engine else {
-            unreachable!("built above as a data-parallel engine")
+        let t = trainer(&mut engine)?;
+        let begun = match ft.begin(next) {
+            Ok(None) => {
+                obs.line(&format!(
+                    "# ft: the job finished before replica {} could rejoin",
+                    ft.replica()
+                ));
+                return Ok(Ended::Completed);
+            }
+            Ok(Some(b)) => Ok(b),
+            Err(e) => Err(e),
         };
-        let attempt = ft.begin(next).and_then(|b| {
+        let attempt = begun.and_then(|b| {
             if let (Some(root), Some(g)) = (b.transfer_from, ft.group()) {
                 let began = Instant::now();
                 t.share_state(&g, root)?;
@@ -167,6 +176,7 @@ pub fn run(
         obs.completed(&s).map_err(TrainError::Observer)?;
     }
     obs.finishing();
+    ft.finish()?;
     let lead = ft.is_lead();
     let mut lines = Vec::new();
     let tps = timed_tokens as f64 / timed_s.max(1e-9);
@@ -186,4 +196,14 @@ pub fn run(
         lines.iter().for_each(|l| obs.line(l));
     }
     Ok(Ended::Completed)
+}
+
+/// The data-parallel trainer `engine` was built as.
+fn trainer(engine: &mut Engine) -> Result<&mut Trainer> {
+    match engine {
+        Engine::Data(t) => Ok(t),
+        _ => Err(TrainError::FaultTolerance(
+            "per-step fault tolerance runs a data-parallel engine".into(),
+        )),
+    }
 }
