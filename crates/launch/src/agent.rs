@@ -340,8 +340,9 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
         } else {
             match gang.await_decision(g, cfg.admission_timeout)? {
                 Decision::Restart(next) => {
-                    restarts += 1;
                     g = next;
+                    // The leader's count (a generation ended to admit a node is not one).
+                    restarts = gang.restarts().unwrap_or(restarts + 1);
                     say(format!("restarting with generation {g}"));
                 }
                 Decision::Abort(why) => return Err(LaunchError::Aborted(why)),
