@@ -226,7 +226,7 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
             // exiting with the pre-emption's code (within a bound), which is the outcome.
             Err(e @ LaunchError::Store(_)) if !gang.leads() => {
                 let detected = Instant::now();
-                let deadline = detected + STORE_GONE_WAIT;
+                let deadline = detected + stores.gone_wait(STORE_GONE_WAIT);
                 loop {
                     for w in workers.iter_mut() {
                         w.poll()?;

@@ -42,6 +42,8 @@ use std::time::{Duration, Instant};
 
 /// The key of an active store naming the leader (absent from a standby).
 pub const LEADER_KEY: &str = "launch/leader";
+/// How long the workers of a pre-empted job may take to exit after its store went away.
+pub const PREEMPTION_GRACE: Duration = Duration::from_secs(1);
 /// How long a look at another endpoint may spend connecting.
 const PROBE_CONNECT: Duration = Duration::from_millis(300);
 /// Per-request timeout of a look at another endpoint.
@@ -133,6 +135,20 @@ impl Stores {
     /// Whether the job can outlive its store's host (more than one endpoint).
     pub fn replicated(&self) -> bool {
         self.endpoints.len() > 1
+    }
+
+    /// How long an agent whose store went away waits for its workers to exit (with the
+    /// pre-emption code if the job was pre-empted: node 0 ends a pre-empted job's store only
+    /// once every worker passed its last barrier) before it takes the loss for a failure:
+    /// `single` with one endpoint (the job ends either way), at most [`PREEMPTION_GRACE`] with
+    /// several, since the workers of a job whose store died may hang in store requests of
+    /// their own and the survivors should go on at once.
+    pub fn gone_wait(&self, single: Duration) -> Duration {
+        if self.replicated() {
+            single.min(PREEMPTION_GRACE)
+        } else {
+            single
+        }
     }
 
     /// The active store at the highest generation among the other endpoints, if any.
