@@ -21,6 +21,7 @@ use crate::elastic::{LeaseKeeper, NodeRange};
 use crate::env::ENV_SECRET;
 use crate::error::{LaunchError, Result};
 use crate::exit::Preempted;
+use crate::failover::{self, Stores};
 use crate::gang::{Admitted, Decision, Gang, Next};
 use crate::generation::{
     Outcome, Recovery, STORE_GONE_WAIT, preempted, spawn_generation, watch_generation,
@@ -30,7 +31,6 @@ use crate::metrics::{JobView, StoreSource};
 use crate::process::{WorkerCommand, stop_all, wait_for_exit};
 use crate::term::Termination;
 use crate::watchdog::WatchRules;
-use crate::failover::{self, Stores};
 use comm::store::{Secret, StoreClient};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -301,7 +301,11 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
         if gang.leads() {
             // A generation ended to admit a waiting node is no failure: not counted.
             let grows = failover::is_growth(&what);
-            restarts = if grows { restarts } else { gang.count_restart()? };
+            restarts = if grows {
+                restarts
+            } else {
+                gang.count_restart()?
+            };
             if restarts > cfg.max_restarts {
                 let e = LaunchError::RestartsExhausted {
                     restarts: restarts - 1,
@@ -330,7 +334,9 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
             gang.await_failure_seen(g, &members, FAILURE_SEEN_WAIT)?;
             g = gang.advance(g)?;
             say(if grows {
-                format!("generation {g} admits the waiting node; every worker starts from the last committed checkpoint (not counted as a restart)")
+                format!(
+                    "generation {g} admits the waiting node; every worker starts from the last committed checkpoint (not counted as a restart)"
+                )
             } else {
                 format!(
                     "restart {restarts}/{}: generation {g} starts every worker from the last committed checkpoint",
@@ -360,7 +366,10 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
 fn endpoints(cfg: &AgentConfig) -> failover::Endpoints {
     let mut list = vec![cfg.rdzv];
     list.extend(cfg.rdzv_standbys.iter().copied());
-    let silence = cfg.watch.as_ref().map_or(STORE_TIMEOUT, |w| w.heartbeat_timeout);
+    let silence = cfg
+        .watch
+        .as_ref()
+        .map_or(STORE_TIMEOUT, |w| w.heartbeat_timeout);
     failover::Endpoints {
         list,
         node: cfg.node_rank,

@@ -287,7 +287,10 @@ mod tests {
         assert_eq!(Membership::decode(m.encode().as_bytes()), Some(m.clone()));
         assert_eq!((m.slot(3), m.slot(2), m.len()), (Some(2), None, 3));
         // After a failover node 0 may be gone; ids stay ascending.
-        assert_eq!(Membership::decode(b"1,2").map(|m| m.nodes), Some(vec![1, 2]));
+        assert_eq!(
+            Membership::decode(b"1,2").map(|m| m.nodes),
+            Some(vec![1, 2])
+        );
         assert_eq!(Membership::decode(b"2,1"), None);
         assert_eq!(Membership::decode(b"0,x"), None);
     }

@@ -200,7 +200,9 @@ impl Stores {
                         last: format!("the store at {lost} was lost"),
                     });
                 }
-                return self.activate(store, gang, g, restarts + 1, old_leader).map(Some);
+                return self
+                    .activate(store, gang, g, restarts + 1, old_leader)
+                    .map(Some);
             }
             if let Some(found) = self.await_active(self.endpoints[k], g) {
                 store.redirect(found.addr);
@@ -301,9 +303,15 @@ pub(crate) fn any_failed(workers: &[LocalWorker]) -> bool {
 pub(crate) fn took_over(lost: SocketAddr, next: &Active, leads: bool, detected: Instant) -> String {
     let (g, leader) = (next.generation, next.leader);
     let how = if leads {
-        format!("this node now hosts the job's store at {} and leads it", next.addr)
+        format!(
+            "this node now hosts the job's store at {} and leads it",
+            next.addr
+        )
     } else {
-        format!("following node {leader}, which now hosts it at {}", next.addr)
+        format!(
+            "following node {leader}, which now hosts it at {}",
+            next.addr
+        )
     };
     format!(
         "store failover: the store at {lost} is lost; {how} from generation {g} ({:.2} s after the loss was noticed)",

@@ -78,7 +78,10 @@ impl Gang<'_> {
     /// lease timeout, with how long, if any.
     pub fn lost_member(&self, m: &Membership) -> Result<Option<(usize, Duration)>> {
         let mut leases = self.leases();
-        leases.poll(self.store, m.nodes.iter().copied().filter(|&n| n != self.node))?;
+        leases.poll(
+            self.store,
+            m.nodes.iter().copied().filter(|&n| n != self.node),
+        )?;
         let now = Instant::now();
         Ok(m.nodes
             .iter()

@@ -161,8 +161,7 @@ pub(crate) fn watch_generation(
         // refuses this generation's requests, which says the same.
         let seen_step = last_step(&watches);
         let moved_on = |e: LaunchError| match e {
-            LaunchError::Store(CommError::StaleGeneration { current, .. }) if !gang.leads() =>
-            {
+            LaunchError::Store(CommError::StaleGeneration { current, .. }) if !gang.leads() => {
                 Ok(Outcome::Failed {
                     what: format!(
                         "node 0 ended generation {g} (the job is in generation {current})"

@@ -153,13 +153,9 @@ fn wait_times_out_with_missing_keys_and_wakes_on_bump() {
 fn a_fenced_store_refuses_older_stamps_and_never_goes_back() {
     let secret = Secret::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap();
     let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), secret.clone()).unwrap();
-    let old = crate::store::StoreClient::connect(
-        server.local_addr(),
-        &secret,
-        2,
-        Duration::from_secs(5),
-    )
-    .unwrap();
+    let old =
+        crate::store::StoreClient::connect(server.local_addr(), &secret, 2, Duration::from_secs(5))
+            .unwrap();
     assert_eq!(server.fence(3), 3);
     assert_eq!(server.fence(1), 3, "fencing never lowers the generation");
     assert_eq!(server.generation(), 3);
@@ -187,7 +183,10 @@ fn a_redirect_moves_a_client_and_its_clones_to_another_store() {
     client.set("where", b"a").unwrap();
     b.fence(4);
     client.redirect(b.local_addr());
-    assert_eq!((client.addr(), clone.addr()), (b.local_addr(), b.local_addr()));
+    assert_eq!(
+        (client.addr(), clone.addr()),
+        (b.local_addr(), b.local_addr())
+    );
     // The clone's open connection still reaches `a`: its next call moves it to `b`, where its
     // old stamp is refused.
     assert!(matches!(
