@@ -177,7 +177,17 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
     // The last step any failed generation reached (later chaos faults fall after it).
     let mut seen_step = 0;
     loop {
-        let members = match gang.admit(g, cfg.admission_timeout)? {
+        let admitted = gang.admit(g, cfg.admission_timeout);
+        let max = cfg.max_restarts;
+        let members = match stores.unless_lost(admitted, &store, &gang, g, restarts, max)? {
+            Err(t) => {
+                say(t.line);
+                (g, restarts) = (t.to.generation, restarts + 1);
+                continue;
+            }
+            Ok(a) => a,
+        };
+        let members = match members {
             Admitted::Member(m) => m,
             Admitted::Excluded(m) => {
                 let nodes = &m.nodes;
@@ -243,14 +253,14 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
                     Some(p) => p,
                     None => {
                         stop_all(&mut workers, cfg.kill_grace)?;
-                        let lost = store.addr();
-                        let Some(next) =
-                            stores.take_over(&store, &gang, g, restarts, cfg.max_restarts)?
+                        let max = cfg.max_restarts;
+                        let Some(t) =
+                            stores.take_over(&store, &gang, g, restarts, max, detected)?
                         else {
                             return Err(e);
                         };
-                        say(failover::took_over(lost, &next, gang.leads(), detected));
-                        (g, restarts) = (next.generation, restarts + 1);
+                        say(t.line);
+                        (g, restarts) = (t.to.generation, restarts + 1);
                         let last_step = gang.last_step_seen();
                         seen_step = seen_step.max(last_step.unwrap_or(0));
                         recovery = Some(Recovery {
@@ -344,14 +354,20 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
                 )
             });
         } else {
-            match gang.await_decision(g, cfg.admission_timeout)? {
-                Decision::Restart(next) => {
+            let decided = gang.await_decision(g, cfg.admission_timeout);
+            let max = cfg.max_restarts;
+            match stores.unless_lost(decided, &store, &gang, g, restarts, max)? {
+                Err(t) => {
+                    say(t.line);
+                    (g, restarts) = (t.to.generation, restarts + 1);
+                }
+                Ok(Decision::Restart(next)) => {
                     g = next;
                     // The leader's count (a generation ended to admit a node is not one).
                     restarts = gang.restarts().unwrap_or(restarts + 1);
                     say(format!("restarting with generation {g}"));
                 }
-                Decision::Abort(why) => return Err(LaunchError::Aborted(why)),
+                Ok(Decision::Abort(why)) => return Err(LaunchError::Aborted(why)),
             }
         }
         recovery = Some(Recovery {

@@ -75,6 +75,15 @@ pub struct Endpoints {
     pub takeover_wait: Duration,
 }
 
+/// A take-over done: the store the job uses now, and the line an agent says about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Takeover {
+    /// The job's store now.
+    pub to: Active,
+    /// What happened, in words.
+    pub line: String,
+}
+
 /// The job's store endpoints, and this node's own store (active or standby) if it has one.
 pub struct Stores {
     endpoints: Vec<SocketAddr>,
@@ -169,10 +178,35 @@ impl Stores {
         best
     }
 
-    /// After `store` was lost in generation `g` (this agent's workers stopped): finds or
-    /// becomes the job's next store (see the module docs), moves `store` and its clones there,
-    /// and returns it; `None` if the job has a single endpoint. `restarts` is this agent's count
-    /// so far; a new leader refuses to go on past `max_restarts`.
+    /// `r` as it came, unless it failed because this follower's store stopped answering (an
+    /// I/O error) and the job has standbys: then [`Stores::take_over`]'s result (no worker runs
+    /// at the agent's admission and decision waits, where this is used).
+    pub fn unless_lost<T>(
+        &self,
+        r: Result<T>,
+        store: &StoreClient,
+        gang: &Gang<'_>,
+        g: u64,
+        restarts: u64,
+        max_restarts: u64,
+    ) -> Result<std::result::Result<T, Takeover>> {
+        match r {
+            Err(LaunchError::Store(comm::CommError::Io { .. }))
+                if self.replicated() && !gang.leads() =>
+            {
+                let noticed = Instant::now();
+                let t = self.take_over(store, gang, g, restarts, max_restarts, noticed)?;
+                t.map(Err)
+                    .ok_or_else(|| LaunchError::invalid("--rdzv", self.list(), "no store"))
+            }
+            r => r.map(Ok),
+        }
+    }
+
+    /// After `store` was lost in generation `g` (noticed at `noticed`; this agent's workers
+    /// stopped): finds or becomes the job's next store (see the module docs), moves `store` and
+    /// its clones there, and returns it; `None` if the job has a single endpoint. `restarts` is
+    /// this agent's count so far; a new leader refuses to go on past `max_restarts`.
     pub fn take_over(
         &self,
         store: &StoreClient,
@@ -180,7 +214,8 @@ impl Stores {
         g: u64,
         restarts: u64,
         max_restarts: u64,
-    ) -> Result<Option<Active>> {
+        noticed: Instant,
+    ) -> Result<Option<Takeover>> {
         if !self.replicated() {
             return Ok(None);
         }
@@ -200,15 +235,16 @@ impl Stores {
                         last: format!("the store at {lost} was lost"),
                     });
                 }
-                return self
-                    .activate(store, gang, g, restarts + 1, old_leader)
-                    .map(Some);
+                let to = self.activate(store, gang, g, restarts + 1, old_leader)?;
+                let line = took_over(lost, &to, true, noticed);
+                return Ok(Some(Takeover { to, line }));
             }
-            if let Some(found) = self.await_active(self.endpoints[k], g) {
-                store.redirect(found.addr);
-                store.set_generation(found.generation);
-                gang.set_leader(found.leader);
-                return Ok(Some(found));
+            if let Some(to) = self.await_active(self.endpoints[k], g) {
+                store.redirect(to.addr);
+                store.set_generation(to.generation);
+                gang.set_leader(to.leader);
+                let line = took_over(lost, &to, false, noticed);
+                return Ok(Some(Takeover { to, line }));
             }
         }
         Err(LaunchError::invalid(
@@ -300,7 +336,7 @@ pub(crate) fn any_failed(workers: &[LocalWorker]) -> bool {
 }
 
 /// The agent's line after a take-over: `lost` was the store, `next` the one the job uses now.
-pub(crate) fn took_over(lost: SocketAddr, next: &Active, leads: bool, detected: Instant) -> String {
+fn took_over(lost: SocketAddr, next: &Active, leads: bool, detected: Instant) -> String {
     let (g, leader) = (next.generation, next.leader);
     let how = if leads {
         format!(

@@ -57,10 +57,16 @@ fn survivors_meet_at_the_next_endpoint_fenced_above_the_lost_generation() {
     // Node 0 dies with its store.
     drop((s0, c0));
     let (a1, a2) = std::thread::scope(|scope| {
-        let t2 = scope.spawn(|| s2.take_over(&c2, &g2, 1, 0, 3).unwrap().unwrap());
+        let t2 = scope.spawn(|| {
+            (s2.take_over(&c2, &g2, 1, 0, 3, Instant::now()))
+                .unwrap()
+                .unwrap()
+        });
         // Node 1 notices later than node 2: node 2 waits for it rather than taking over.
         std::thread::sleep(Duration::from_millis(300));
-        let a1 = s1.take_over(&c1, &g1, 1, 0, 3).unwrap().unwrap();
+        let a1 = (s1.take_over(&c1, &g1, 1, 0, 3, Instant::now()))
+            .unwrap()
+            .unwrap();
         (a1, t2.join().unwrap())
     });
     let want = Active {
@@ -68,7 +74,15 @@ fn survivors_meet_at_the_next_endpoint_fenced_above_the_lost_generation() {
         generation: 2,
         leader: 1,
     };
-    assert_eq!((a1, a2), (want, want));
+    assert_eq!((a1.to, a2.to), (want, want));
+    assert!(
+        a1.line.contains("this node now hosts the job's store")
+            && a2.line.contains("following node 1")
+            && a2
+                .line
+                .contains(&format!("the store at {} is lost", list[0])),
+        "{a1:?} {a2:?}"
+    );
     assert!(g1.leads() && !g2.leads() && g2.leader() == 1);
     assert_eq!((c1.addr(), c2.addr(), c2.stamp()), (list[1], list[1], 2));
     assert_eq!(c2.get("launch/restarts").unwrap(), Some(b"1".to_vec()));
@@ -95,12 +109,17 @@ fn a_dead_endpoint_is_passed_over_and_restarts_are_bounded() {
     let g2 = Gang::new(&c2, range(), 2, LEASE);
     drop(s0);
     // Node 1 never started: node 2 is next.
-    let e = s2.take_over(&c2, &g2, 0, 2, 2).unwrap_err().to_string();
+    let e = (s2.take_over(&c2, &g2, 0, 2, 2, Instant::now()))
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("was lost") && e.contains("restarts exhausted: 2 of --max-restarts 2"),
         "{e}"
     );
-    let a = s2.take_over(&c2, &g2, 0, 1, 2).unwrap().unwrap();
+    let a = (s2.take_over(&c2, &g2, 0, 1, 2, Instant::now()))
+        .unwrap()
+        .unwrap()
+        .to;
     assert_eq!((a.addr, a.generation, a.leader), (list[2], 1, 2));
     assert!(g2.leads());
 }
@@ -111,7 +130,10 @@ fn a_single_endpoint_has_no_failover() {
     let (s0, c0) = start(&list, 0);
     let g0 = Gang::new(&c0, 1, 0, LEASE);
     assert!(!s0.replicated());
-    assert_eq!(s0.take_over(&c0, &g0, 0, 0, 5).unwrap(), None);
+    assert_eq!(
+        s0.take_over(&c0, &g0, 0, 0, 5, Instant::now()).unwrap(),
+        None
+    );
     // No leader key: a single-endpoint store is as it was.
     assert_eq!(c0.get(LEADER_KEY).unwrap(), None);
 }
@@ -158,4 +180,34 @@ fn a_node_registering_late_is_waiting_until_the_job_is_at_max() {
     assert_eq!(leader.waiting_node(0, &full).unwrap(), None);
     leader.exclude(0);
     assert_eq!(leader.waiting_node(0, &m).unwrap(), None);
+}
+
+#[test]
+fn a_follower_waiting_for_a_decision_takes_over_when_the_store_goes() {
+    let list = endpoints(2);
+    let (s0, c0) = start(&list, 0);
+    let (s1, c1) = start(&list, 1);
+    let g1 = Gang::new(&c1, range(), 1, LEASE);
+    // Other outcomes pass through untouched.
+    let kept = s1.unless_lost(Ok(7), &c1, &g1, 0, 0, 3).unwrap();
+    assert_eq!(kept, Ok(7));
+    let other = s1.unless_lost::<()>(Err(LaunchError::NoDecision(LEASE, 0)), &c1, &g1, 0, 0, 3);
+    assert!(matches!(other, Err(LaunchError::NoDecision(..))));
+    // Node 0 dies while node 1 waits for its decision after generation 0 failed.
+    let decided = std::thread::scope(|scope| {
+        let t = scope.spawn(|| g1.await_decision(0, Duration::from_secs(10)));
+        std::thread::sleep(Duration::from_millis(300));
+        drop((s0, c0));
+        t.join().unwrap()
+    });
+    assert!(
+        matches!(decided, Err(LaunchError::Store(CommError::Io { .. }))),
+        "{decided:?}"
+    );
+    let t = s1
+        .unless_lost(decided, &c1, &g1, 0, 0, 3)
+        .unwrap()
+        .unwrap_err();
+    assert_eq!((t.to.addr, t.to.generation, t.to.leader), (list[1], 1, 1));
+    assert!(g1.leads());
 }
