@@ -18,6 +18,7 @@ use cli::{loss_at, micro_on_node};
 use netns::{Hosts, Outcome, kill_group};
 use std::path::PathBuf;
 use std::process::{Child, Command};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_flotilla");
@@ -33,9 +34,10 @@ const TEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// MICRO on one worker per host, every step logged, checkpoints every 2 steps in `ckpt` (all
 /// namespaces share the file system), the store endpoints `rdzv` (a list).
-fn train_args(node: usize, rdzv: &str, ckpt: &str) -> Vec<String> {
+fn train_args(node: usize, rdzv: &str, ckpt: &str, admission_s: u64) -> Vec<String> {
     let mut args = micro_on_node(node, rdzv);
     let (steps, job_timeout) = (STEPS.to_string(), JOB_TIMEOUT_S.to_string());
+    let admission = admission_s.to_string();
     let rest = [
         "--nnodes",
         "2:3",
@@ -51,7 +53,7 @@ fn train_args(node: usize, rdzv: &str, ckpt: &str) -> Vec<String> {
         "--heartbeat-timeout-s",
         "5",
         "--admission-timeout-s",
-        "20",
+        &admission,
         "--max-restarts",
         "2",
         "--job-timeout-s",
@@ -100,6 +102,35 @@ impl Running {
     }
 }
 
+/// Waits for every command of `running` (more may be added), showing `watch` the time since
+/// `t0` and the commands every 20 ms; kills what still runs at [`TEST_TIMEOUT`].
+fn drive(
+    mut running: Vec<Running>,
+    t0: Instant,
+    mut watch: impl FnMut(Duration, &mut Vec<Running>),
+) -> Vec<Outcome> {
+    let deadline = t0 + TEST_TIMEOUT;
+    loop {
+        let now = t0.elapsed();
+        for r in running.iter_mut().filter(|r| r.ended.is_none()) {
+            if let Ok(Some(s)) = r.child.try_wait() {
+                r.ended = Some((s, now));
+            }
+        }
+        if running.iter().all(|r| r.ended.is_some()) || Instant::now() >= deadline {
+            break;
+        }
+        watch(now, &mut running);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for r in running.iter_mut().filter(|r| r.ended.is_none()) {
+        kill_group(r.child.id());
+        let _ = r.child.kill();
+        let _ = r.child.wait();
+    }
+    running.iter().map(|r| r.outcome(t0)).collect()
+}
+
 /// The test's timeline, each moment measured from the start (the watch loop looks every
 /// 20 ms).
 #[derive(Default, Debug)]
@@ -117,8 +148,16 @@ fn secs(d: Option<Duration>) -> f64 {
     d.map_or(f64::NAN, |d| d.as_secs_f64())
 }
 
+/// One job at a time: the machine may have only 2 cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[test]
 fn an_elastic_job_outlives_node_0_and_takes_it_back() {
+    let _serial = serial();
     let test = "an_elastic_job_outlives_node_0_and_takes_it_back";
     let Some(hosts) = Hosts::up_or_skip(test, 3, None) else {
         return;
@@ -129,7 +168,7 @@ fn an_elastic_job_outlives_node_0_and_takes_it_back() {
     let rdzv = rdzv.join(",");
     let command = |i: usize| {
         let mut c = hosts.job_command(i, BIN, SECRET, 30);
-        c.args(train_args(i, &rdzv, ckpt.to_str().unwrap()));
+        c.args(train_args(i, &rdzv, ckpt.to_str().unwrap(), 20));
         c
     };
     let t0 = Instant::now();
@@ -145,17 +184,7 @@ fn an_elastic_job_outlives_node_0_and_takes_it_back() {
     // rank 0 there).
     let back_tag = format!("step {:>6}/{STEPS} loss ", CUT_AFTER + 6);
     let mut at = Moments::default();
-    let deadline = t0 + TEST_TIMEOUT;
-    loop {
-        let now = t0.elapsed();
-        for r in running.iter_mut().filter(|r| r.ended.is_none()) {
-            if let Ok(Some(s)) = r.child.try_wait() {
-                r.ended = Some((s, now));
-            }
-        }
-        if running.iter().all(|r| r.ended.is_some()) || Instant::now() >= deadline {
-            break;
-        }
+    let out = drive(running, t0, |now, running| {
         let out1 = running[1].stdout();
         if at.killed.is_none() && running[0].stdout().contains(&cut_tag) {
             // Node 0's launcher and worker: its whole process group.
@@ -189,15 +218,8 @@ fn an_elastic_job_outlives_node_0_and_takes_it_back() {
             &out1,
             "# node 1: generation 2 is training again",
         );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    for r in running.iter_mut().filter(|r| r.ended.is_none()) {
-        kill_group(r.child.id());
-        let _ = r.child.kill();
-        let _ = r.child.wait();
-    }
+    });
     let wall = t0.elapsed();
-    let out: Vec<Outcome> = running.iter().map(|r| r.outcome(t0)).collect();
     let report = netns::report(&out);
     assert_eq!(out.len(), 4, "node 0 was never restarted\n{report}");
     assert!(!out[0].success(), "{report}");
@@ -305,6 +327,76 @@ fn an_elastic_job_outlives_node_0_and_takes_it_back() {
         secs(at.restarted),
         secs(at.grown) - secs(at.restarted),
         secs(at.training_on_three) - secs(at.restarted),
+        wall.as_secs_f64()
+    );
+}
+
+/// Node 0's link goes down instead (nothing closes: its host is silent). The survivors' store
+/// requests time out after the heartbeat timeout (5 s), and they fail over as above; node 0,
+/// cut off, cannot form a generation of MIN nodes and ends.
+#[test]
+fn a_silent_node_0_is_replaced_within_the_heartbeat_timeout() {
+    let _serial = serial();
+    let test = "a_silent_node_0_is_replaced_within_the_heartbeat_timeout";
+    let Some(hosts) = Hosts::up_or_skip(test, 3, None) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ck");
+    let rdzv: Vec<String> = (0..3).map(|i| format!("{}:{PORT}", hosts.ip(i))).collect();
+    let rdzv = rdzv.join(",");
+    let t0 = Instant::now();
+    let mut running = Vec::new();
+    for i in 0..3 {
+        let mut c = hosts.job_command(i, BIN, SECRET, 30);
+        c.args(train_args(i, &rdzv, ckpt.to_str().unwrap(), 8));
+        running.push(Running::start(c, &format!("node{i}"), dir.path()));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let cut_tag = format!("step {CUT_AFTER:>6}/{STEPS} loss ");
+    let (mut cut, mut said, mut training) = (None, None, None);
+    let out = drive(running, t0, |now, running| {
+        if cut.is_none() && running[0].stdout().contains(&cut_tag) {
+            hosts.link_down(0).expect("take host 0's link down");
+            cut = Some(now);
+        }
+        let out1 = running[1].stdout();
+        if cut.is_some() && said.is_none() && out1.contains("# node 1: store failover: ") {
+            said = Some(now);
+        }
+        if training.is_none() && out1.contains("# node 1: generation 1 is training again") {
+            training = Some(now);
+        }
+    });
+    let wall = t0.elapsed();
+    let report = netns::report(&out);
+    assert!(out[1].success() && out[2].success(), "{report}");
+    assert!(!out[0].success() && !out[0].timed_out, "{report}");
+    let out1 = &out[1].stdout;
+    for line in [
+        format!(
+            "# node 1: store failover: the store at {}:{PORT} is lost; this node now hosts the job's store at {}:{PORT} and leads it from generation 1",
+            hosts.ip(0),
+            hosts.ip(1)
+        ),
+        "# node 1: generation 1 admitted nodes [1, 2] (2 of --nnodes 2:3): world 2".into(),
+        "# job finished in generation 1 after 1 restart(s)".into(),
+    ] {
+        assert!(out1.contains(&line), "no {line:?}\n{report}");
+    }
+    let tag = format!("step {STEPS:>6}/{STEPS} loss ");
+    assert!(out1.contains(&tag), "{report}");
+    // Noticed within the heartbeat timeout (5 s) plus the 1 s pre-emption wait, with slack.
+    let detect = secs(said) - secs(cut);
+    assert!(
+        detect < 8.0,
+        "failover {detect:.2} s after the cut\n{report}"
+    );
+    println!("{report}");
+    println!(
+        "silent node 0: link cut at {:.2} s; failover said {detect:.2} s later, training on [1, 2] {:.2} s after the cut; job {:.1} s",
+        secs(cut),
+        secs(training) - secs(cut),
         wall.as_secs_f64()
     );
 }
