@@ -223,8 +223,8 @@ fn an_elastic_job_outlives_node_0_and_takes_it_back() {
     let report = netns::report(&out);
     assert_eq!(out.len(), 4, "node 0 was never restarted\n{report}");
     assert!(!out[0].success(), "{report}");
-    for i in 1..4 {
-        assert!(out[i].success(), "command {i} failed\n{report}");
+    for (i, o) in out.iter().enumerate().skip(1) {
+        assert!(o.success(), "command {i} failed\n{report}");
     }
     let (out1, out2, again) = (&out[1].stdout, &out[2].stdout, &out[3].stdout);
     let ip = |i: usize| format!("{}:{PORT}", hosts.ip(i));
