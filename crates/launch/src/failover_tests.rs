@@ -211,3 +211,31 @@ fn a_follower_waiting_for_a_decision_takes_over_when_the_store_goes() {
     assert_eq!((t.to.addr, t.to.generation, t.to.leader), (list[1], 1, 1));
     assert!(g1.leads());
 }
+
+#[test]
+fn a_straggler_dropped_before_the_failover_stays_out_after_it() {
+    let list = endpoints(3);
+    let (s0, c0) = start(&list, 0);
+    let (s1, c1) = start(&list, 1);
+    let (g0, g1) = (
+        Gang::new(&c0, range(), 0, LEASE),
+        Gang::new(&c1, range(), 1, LEASE),
+    );
+    g0.exclude(2);
+    let _lease1 = LeaseKeeper::start(&c1, 1).unwrap();
+    std::thread::scope(|scope| {
+        let t = scope.spawn(|| g1.admit(0, Duration::from_secs(10)).unwrap());
+        let m = g0.admit(0, Duration::from_secs(10)).unwrap();
+        assert_eq!(m, Admitted::Member(Membership { nodes: vec![0, 1] }));
+        assert_eq!(t.join().unwrap(), m);
+    });
+    // Node 1 took the list at admission; node 0 dies; node 1's store keeps node 2 out.
+    assert_eq!(g1.excluded(), vec![2]);
+    drop(g0);
+    drop((s0, c0));
+    let t = (s1.take_over(&c1, &g1, 0, 0, 3, Instant::now()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(t.to.leader, 1);
+    assert_eq!(c1.get(EXCLUDED_KEY).unwrap(), Some(b"2".to_vec()));
+}
