@@ -54,6 +54,7 @@ pub fn agent_config(spec: &NodeSpec, args: Vec<String>) -> Result<launch::AgentC
         min_nnodes: elastic_minimum(spec.nnodes),
         node_rank: spec.node_rank,
         rdzv: spec.rdzv,
+        rdzv_standbys: Vec::new(),
         watch: None,
         max_restarts: 0,
         chaos: launch::Chaos::default(),
@@ -106,6 +107,9 @@ pub struct NodePlan {
     pub node_rank: usize,
     /// The store's address.
     pub rdzv: SocketAddr,
+    /// Standby store endpoints (`--rdzv H0:P0,H1:P1,...` past the first): node k hosts the
+    /// k-th, which takes the job over if the store before it is lost (`launch::failover`).
+    pub standbys: Vec<SocketAddr>,
     /// The scheduler convention that supplied a value, if any did.
     pub source: Option<&'static str>,
 }
@@ -147,20 +151,14 @@ impl NodePlan {
                 .as_ref()
                 .map(|h| format!("{h}:{}", e.master_port.unwrap_or(launch::env::DEFAULT_PORT)))
         });
-        let rdzv = match rdzv_text {
-            Some(t) => {
-                use std::net::ToSocketAddrs;
-                let mut addrs: Vec<SocketAddr> = t
-                    .to_socket_addrs()
-                    .with_context(|| format!("--rdzv '{t}': expected HOST:PORT that resolves"))?
-                    .collect();
-                addrs.sort_by_key(|a| !a.is_ipv4());
-                *addrs
-                    .first()
-                    .with_context(|| format!("--rdzv '{t}': no address"))?
-            }
-            None => "127.0.0.1:0".parse().context("loopback address")?,
+        let mut endpoints = match rdzv_text {
+            Some(t) => t
+                .split(',')
+                .map(|one| resolve_endpoint(&t, one.trim()))
+                .collect::<Result<Vec<_>>>()?,
+            None => vec!["127.0.0.1:0".parse().context("loopback address")?],
         };
+        let rdzv = endpoints.remove(0);
         let nodes = nnodes.or(e.nnodes).unwrap_or(launch::NodeRange::from(1));
         let plan = NodePlan {
             nproc: nproc.or(e.nproc_per_node).unwrap_or(DEFAULT_NPROC),
@@ -168,6 +166,7 @@ impl NodePlan {
             min_nnodes: nodes.min,
             node_rank: node_rank.or(e.node_rank).unwrap_or(0),
             rdzv,
+            standbys: endpoints,
             source: env.map(|e| e.source),
         };
         if plan.nproc == 0 || plan.nnodes == 0 || plan.node_rank >= plan.nnodes {
@@ -191,6 +190,20 @@ impl NodePlan {
         }
         Ok(plan)
     }
+}
+
+/// One endpoint `one` of the `--rdzv` list `list`: HOST:PORT, IPv4 preferred.
+fn resolve_endpoint(list: &str, one: &str) -> Result<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let mut addrs: Vec<SocketAddr> = one
+        .to_socket_addrs()
+        .with_context(|| format!("--rdzv '{list}': expected HOST:PORT[,HOST:PORT...] that resolves ('{one}' does not)"))?
+        .collect();
+    addrs.sort_by_key(|a| !a.is_ipv4());
+    addrs
+        .first()
+        .copied()
+        .with_context(|| format!("--rdzv '{list}': no address for '{one}'"))
 }
 
 #[cfg(test)]
@@ -246,6 +259,22 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("--rdzv 'nowhere'"), "{e}");
+        // A list: the first endpoint is the store, the others its standbys.
+        let p = NodePlan::combine(
+            Some(1),
+            Some(elastic),
+            Some(1),
+            Some("127.0.0.1:7, 127.0.0.2:8"),
+            None,
+        )
+        .unwrap();
+        assert_eq!(p.rdzv.to_string(), "127.0.0.1:7");
+        assert_eq!(p.standbys, vec!["127.0.0.2:8".parse().unwrap()]);
+        let e = NodePlan::combine(None, None, None, Some("127.0.0.1:7,nowhere"), None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("'nowhere' does not"), "{e}");
     }
 
     #[test]

@@ -46,7 +46,9 @@ pub struct Args {
     #[arg(long, visible_alias = "node_rank", env = "PET_NODE_RANK")]
     node_rank: Option<usize>,
     /// The rendezvous store, HOST:PORT, hosted by node 0 (default: MASTER_ADDR:MASTER_PORT or
-    /// the first host of SLURM_JOB_NODELIST; one node: a free loopback port).
+    /// the first host of SLURM_JOB_NODELIST; one node: a free loopback port). A list
+    /// HOST0:PORT,HOST1:PORT,... makes node k host the k-th endpoint as a standby: an elastic
+    /// job then survives the loss of the store's host (the next live endpoint takes over).
     #[arg(long, visible_aliases = ["rdzv-endpoint", "rdzv_endpoint"], env = "PET_RDZV_ENDPOINT")]
     rdzv: Option<String>,
     /// torchrun's static rendezvous: the store's host, with --master-port (29500 if absent);
@@ -581,6 +583,7 @@ fn launch(
         job_timeout: Duration::from_secs(a.job_timeout_s),
     };
     let mut agent = agent_config(&spec, args)?;
+    agent.rdzv_standbys = plan.standbys.clone();
     agent.watch = Some(launch::WatchRules {
         heartbeat_timeout: Duration::from_secs_f64(a.heartbeat_timeout_s),
         watchdog: Duration::from_secs_f64(a.watchdog_s),

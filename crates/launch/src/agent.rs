@@ -12,13 +12,16 @@
 //! agent renews a lease, and node 0 fails the generation when a member's lease stands still for
 //! the lease timeout (the heartbeat timeout), so the next generation goes on without the lost
 //! host as long as MIN nodes remain. The workers resume from the last committed checkpoint
-//! whatever the new world size (resharded state, elastic data cursor in crates/train).
+//! whatever the new world size (resharded state, elastic data cursor in crates/train). With
+//! several rendezvous endpoints the job also outlives node 0, and a node that comes back is
+//! admitted at the next generation ([`crate::failover`]).
 
 use crate::chaos::{self, Chaos, Fault};
 use crate::elastic::{LeaseKeeper, NodeRange};
 use crate::env::ENV_SECRET;
 use crate::error::{LaunchError, Result};
 use crate::exit::Preempted;
+use crate::failover::{self, Stores};
 use crate::gang::{Admitted, Decision, Gang, Next};
 use crate::generation::{
     Outcome, Recovery, STORE_GONE_WAIT, preempted, spawn_generation, watch_generation,
@@ -28,7 +31,7 @@ use crate::metrics::{JobView, StoreSource};
 use crate::process::{WorkerCommand, stop_all, wait_for_exit};
 use crate::term::Termination;
 use crate::watchdog::WatchRules;
-use comm::store::{Secret, StoreClient, StoreServer};
+use comm::store::{Secret, StoreClient};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -58,6 +61,10 @@ pub struct AgentConfig {
     pub node_rank: usize,
     /// The store's address: node 0 binds it (port 0 picks one; single node only).
     pub rdzv: SocketAddr,
+    /// Further store endpoints (`--rdzv H0:P0,H1:P1,...`): node k binds the k-th (counting
+    /// `rdzv` as the 0th) as a standby that takes the job over if the store before it in the
+    /// list is lost ([`crate::failover`]). Empty: losing node 0 ends the job.
+    pub rdzv_standbys: Vec<SocketAddr>,
     /// Heartbeat and watchdog limits; `None`: only exit statuses are watched.
     pub watch: Option<WatchRules>,
     /// Restarts allowed for the whole job.
@@ -127,14 +134,7 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
             ));
         }
     };
-    let server = if cfg.node_rank == 0 {
-        Some(StoreServer::bind(cfg.rdzv, secret.clone())?)
-    } else {
-        None
-    };
-    let addr = server.as_ref().map_or(cfg.rdzv, |s| s.local_addr());
-    let store =
-        StoreClient::connect(addr, &secret, 0, cfg.admission_timeout)?.with_timeout(STORE_TIMEOUT);
+    let (stores, store) = Stores::start(&endpoints(cfg), &secret)?;
     let mut g = store.generation()?;
     store.set_generation(g);
     let nodes = NodeRange::new(cfg.min_nnodes, cfg.nnodes)?;
@@ -144,6 +144,7 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
         .map_or(DEFAULT_LEASE_TIMEOUT, |w| w.heartbeat_timeout);
     let gang = Gang::new(&store, nodes, cfg.node_rank, lease_timeout)
         .with_agreement(cfg.agreement.clone());
+    gang.set_leader(stores.leader_at_start());
     if cfg.nnodes > 1 && !cfg.agreement.is_empty() {
         say(
             cfg,
@@ -154,7 +155,7 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
             ),
         );
     }
-    let _lease = if nodes.is_elastic() && cfg.node_rank != 0 {
+    let _lease = if nodes.is_elastic() && (!gang.leads() || stores.replicated()) {
         Some(LeaseKeeper::start(&store, cfg.node_rank)?)
     } else {
         None
@@ -179,7 +180,17 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
     // The last step any failed generation reached (later chaos faults fall after it).
     let mut seen_step = 0;
     loop {
-        let members = match gang.admit(g, cfg.admission_timeout)? {
+        let admitted = gang.admit(g, cfg.admission_timeout);
+        let max = cfg.max_restarts;
+        let members = match stores.unless_lost(admitted, &store, &gang, g, restarts, max)? {
+            Err(t) => {
+                say(t.line);
+                (g, restarts) = (t.to.generation, restarts + 1);
+                continue;
+            }
+            Ok(a) => a,
+        };
+        let members = match members {
             Admitted::Member(m) => m,
             Admitted::Excluded(m) => {
                 let nodes = &m.nodes;
@@ -202,7 +213,7 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
                 }
             }
         };
-        if nodes.is_elastic() && cfg.node_rank == 0 {
+        if nodes.is_elastic() && gang.leads() {
             say(format!(
                 "generation {g} admitted nodes {:?} ({} of --nnodes {nodes}): world {}",
                 members.nodes,
@@ -212,9 +223,11 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
         }
         view.set(g, members.len() * cfg.nproc, restarts);
         let fault = match cfg.ft {
-            Some(_) => ft_chaos(cfg, members.len())?,
-            None => chaos_plan(cfg, &store, g, seen_step, members.len())?.map(|f| f.to_string()),
+            Some(_) => ft_chaos(cfg, gang.leads(), members.len())?,
+            None => chaos_plan(cfg, &store, gang.leads(), g, seen_step, members.len())?
+                .map(|f| f.to_string()),
         };
+        let addr = store.addr();
         let mut workers = spawn_generation(cfg, g, &members, addr, &secret, fault.clone())?;
         let outcome = loop {
             match watch_generation(
@@ -269,13 +282,17 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
             Ok(o) => o,
             // Node 0 ended a pre-empted job and its store with it: the workers here are
             // exiting with the pre-emption's code (within a bound), which is the outcome.
-            Err(e @ LaunchError::Store(_)) if cfg.node_rank != 0 => {
-                let deadline = Instant::now() + STORE_GONE_WAIT;
+            Err(e @ LaunchError::Store(_)) if !gang.leads() => {
+                let detected = Instant::now();
+                let deadline = detected + stores.gone_wait(STORE_GONE_WAIT);
                 loop {
                     for w in workers.iter_mut() {
                         w.poll()?;
                     }
-                    if workers.iter().all(|w| !w.running()) || Instant::now() >= deadline {
+                    if workers.iter().all(|w| !w.running())
+                        || Instant::now() >= deadline
+                        || (stores.replicated() && failover::any_failed(&workers))
+                    {
                         break;
                     }
                     wait_for_exit(&workers, STORE_GONE_WAIT / 10);
@@ -284,7 +301,22 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
                     Some(p) => p,
                     None => {
                         stop_all(&mut workers, cfg.kill_grace)?;
-                        return Err(e);
+                        let max = cfg.max_restarts;
+                        let Some(t) =
+                            stores.take_over(&store, &gang, g, restarts, max, detected)?
+                        else {
+                            return Err(e);
+                        };
+                        say(t.line);
+                        (g, restarts) = (t.to.generation, restarts + 1);
+                        let last_step = gang.last_step_seen();
+                        seen_step = seen_step.max(last_step.unwrap_or(0));
+                        recovery = Some(Recovery {
+                            detected,
+                            last_step,
+                            resumed_reported: false,
+                        });
+                        continue;
                     }
                 }
             }
@@ -324,17 +356,23 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
         say(format!(
             "generation {g} failed: {what}; stopped this node's workers"
         ));
-        if cfg.node_rank != 0 {
+        if !gang.leads() {
             gang.failure_seen(g);
         }
-        if cfg.node_rank == 0 && crate::watchdog::is_refusal(&what) {
+        if gang.leads() && crate::watchdog::is_refusal(&what) {
             let e = LaunchError::Refused(what);
             let linger = cfg.kill_grace + Duration::from_secs(5);
             gang.abort(g, &members, &e.to_string(), linger)?;
             return Err(e);
         }
-        if cfg.node_rank == 0 {
-            restarts = gang.count_restart()?;
+        if gang.leads() {
+            // A generation ended to admit a waiting node is no failure: not counted.
+            let grows = failover::is_growth(&what);
+            restarts = if grows {
+                restarts
+            } else {
+                gang.count_restart()?
+            };
             if restarts > cfg.max_restarts {
                 let e = LaunchError::RestartsExhausted {
                     restarts: restarts - 1,
@@ -362,18 +400,31 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
             }
             gang.await_failure_seen(g, &members, FAILURE_SEEN_WAIT)?;
             g = gang.advance(g)?;
-            say(format!(
-                "restart {restarts}/{}: generation {g} starts every worker from the last committed checkpoint",
-                cfg.max_restarts
-            ));
+            say(if grows {
+                format!(
+                    "generation {g} admits the waiting node; every worker starts from the last committed checkpoint (not counted as a restart)"
+                )
+            } else {
+                format!(
+                    "restart {restarts}/{}: generation {g} starts every worker from the last committed checkpoint",
+                    cfg.max_restarts
+                )
+            });
         } else {
-            match gang.await_decision(g, cfg.admission_timeout)? {
-                Decision::Restart(next) => {
-                    restarts += 1;
+            let decided = gang.await_decision(g, cfg.admission_timeout);
+            let max = cfg.max_restarts;
+            match stores.unless_lost(decided, &store, &gang, g, restarts, max)? {
+                Err(t) => {
+                    say(t.line);
+                    (g, restarts) = (t.to.generation, restarts + 1);
+                }
+                Ok(Decision::Restart(next)) => {
                     g = next;
+                    // The leader's count (a generation ended to admit a node is not one).
+                    restarts = gang.restarts().unwrap_or(restarts + 1);
                     say(format!("restarting with generation {g}"));
                 }
-                Decision::Abort(why) => return Err(LaunchError::Aborted(why)),
+                Ok(Decision::Abort(why)) => return Err(LaunchError::Aborted(why)),
             }
         }
         recovery = Some(Recovery {
@@ -381,6 +432,29 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
             last_step,
             resumed_reported: false,
         });
+    }
+}
+
+/// The job's store endpoints as this node sees them ([`crate::failover`]).
+fn endpoints(cfg: &AgentConfig) -> failover::Endpoints {
+    let mut list = vec![cfg.rdzv];
+    list.extend(cfg.rdzv_standbys.iter().copied());
+    let silence = cfg
+        .watch
+        .as_ref()
+        .map_or(STORE_TIMEOUT, |w| w.heartbeat_timeout);
+    failover::Endpoints {
+        list,
+        node: cfg.node_rank,
+        connect_timeout: cfg.admission_timeout,
+        // With standbys, a silent store is given up on as fast as a silent node.
+        request_timeout: if cfg.rdzv_standbys.is_empty() {
+            STORE_TIMEOUT
+        } else {
+            STORE_TIMEOUT.min(silence)
+        },
+        // A live survivor notices the loss and stops its workers within this.
+        takeover_wait: STORE_GONE_WAIT + silence,
     }
 }
 
@@ -392,12 +466,13 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
 fn chaos_plan(
     cfg: &AgentConfig,
     store: &StoreClient,
+    leads: bool,
     g: u64,
     seen: u64,
     members: usize,
 ) -> Result<Option<Fault>> {
     let key = format!("launch/g{g}/chaos");
-    if cfg.node_rank == 0 {
+    if leads {
         let world = cfg.nproc * members;
         let fault = match cfg
             .chaos
@@ -437,10 +512,10 @@ fn chaos_plan(
 
 /// Under `--ft`, every fault of the chaos plan at once (resolved for the job's world), said
 /// and handed to every worker ([`crate::ft`]).
-fn ft_chaos(cfg: &AgentConfig, members: usize) -> Result<Option<String>> {
+fn ft_chaos(cfg: &AgentConfig, leads: bool, members: usize) -> Result<Option<String>> {
     let world = cfg.nproc * members;
     let faults = crate::ft::resolve_all(&cfg.chaos, cfg.chaos_seed, cfg.steps, world)?;
-    if cfg.node_rank == 0 {
+    if leads {
         for f in &faults {
             say(
                 cfg,

@@ -5,14 +5,18 @@
 //! admission with a deadline, members of a generation only).
 //!
 //! - [`NodeRange`]: `--nnodes N` or `--nnodes MIN:MAX` (torchrun's convention);
-//! - [`Membership`]: the nodes node 0 admitted to a generation, in rank order (node 0 first);
+//! - [`Membership`]: the nodes the leader admitted to a generation, in rank order (ascending);
 //! - [`LeaseKeeper`]: a thread of every other node's agent that renews its membership lease in
-//!   the store, so node 0 can tell a live agent from a lost host;
-//! - [`Leases`]: node 0's view of those leases: a node whose lease has not moved for the lease
-//!   timeout is lost.
+//!   the store, so the leader can tell a live agent from a lost host;
+//! - [`Leases`]: the leader's view of those leases: a node whose lease has not moved for the
+//!   lease timeout is lost.
 //!
-//! Node 0 hosts the store and decides every generation, so losing node 0 ends the job: the other
-//! agents' store requests fail within their timeout and they stop their workers and exit.
+//! The leader (node 0 at the start) hosts the store and decides every generation. With a list
+//! of rendezvous endpoints (`--rdzv H0:P,H1:P,...`) the job survives its loss: the next node of
+//! the list re-hosts the store at a fenced generation and leads from there, and a node that
+//! comes back is admitted at the next generation boundary ([`crate::failover`]). With a single
+//! endpoint, losing node 0 ends the job: the other agents' store requests fail within their
+//! timeout and they stop their workers and exit.
 
 use crate::error::{LaunchError, Result};
 use comm::store::StoreClient;
@@ -95,7 +99,8 @@ impl fmt::Display for NodeRange {
 }
 
 /// The nodes of one generation, in rank order: `nodes[slot]` runs global ranks
-/// `slot * nproc .. (slot + 1) * nproc`. Node 0 (the store's host) is always slot 0.
+/// `slot * nproc .. (slot + 1) * nproc`, ascending node ids (node 0 first while it is a member;
+/// after a failover the leader need not be).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Membership {
     /// Node ids (`--node-rank`) of the members, ascending.
@@ -109,14 +114,14 @@ impl Membership {
         ids.join(",")
     }
 
-    /// Parses [`Membership::encode`]'s text; `None` if malformed.
+    /// Parses [`Membership::encode`]'s text; `None` if malformed (not ascending ids).
     pub fn decode(text: &[u8]) -> Option<Membership> {
         let text = std::str::from_utf8(text).ok()?;
         let nodes = text
             .split(',')
             .map(|t| t.parse().ok())
             .collect::<Option<Vec<usize>>>()?;
-        (nodes.first() == Some(&0)).then_some(Membership { nodes })
+        (nodes.windows(2).all(|w| w[0] < w[1])).then_some(Membership { nodes })
     }
 
     /// Node `node`'s position (its block of ranks), if it is a member.
@@ -235,6 +240,18 @@ impl Leases {
         self.seen.entry(node).or_insert((Vec::new(), now));
     }
 
+    /// Records that `node` is lost as of `now` (its host's store went away): it counts as lost
+    /// until a lease value other than any seen arrives.
+    pub fn lost_now(&mut self, node: usize, now: Instant) {
+        let since = now.checked_sub(self.timeout).unwrap_or(now);
+        self.seen.insert(node, (Vec::new(), since));
+    }
+
+    /// Whether `node`'s lease was seen and has not stood still for the timeout.
+    pub fn live(&self, node: usize, now: Instant) -> bool {
+        self.seen.contains_key(&node) && self.lost(node, now).is_none()
+    }
+
     /// How long `node`'s lease has stood still, if it is lost (seen or admitted, then silent for
     /// the timeout). A node neither seen nor admitted is not judged here: admission's deadline
     /// covers it.
@@ -263,13 +280,18 @@ mod tests {
     }
 
     #[test]
-    fn memberships_round_trip_and_put_node_0_first() {
+    fn memberships_round_trip_in_ascending_order() {
         let m = Membership {
             nodes: vec![0, 1, 3],
         };
         assert_eq!(Membership::decode(m.encode().as_bytes()), Some(m.clone()));
         assert_eq!((m.slot(3), m.slot(2), m.len()), (Some(2), None, 3));
-        assert_eq!(Membership::decode(b"1,2"), None);
+        // After a failover node 0 may be gone; ids stay ascending.
+        assert_eq!(
+            Membership::decode(b"1,2").map(|m| m.nodes),
+            Some(vec![1, 2])
+        );
+        assert_eq!(Membership::decode(b"2,1"), None);
         assert_eq!(Membership::decode(b"0,x"), None);
     }
 

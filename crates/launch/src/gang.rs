@@ -1,5 +1,7 @@
-//! Job-level coordination of the agents through the store hosted by node 0 (004 section 28.8,
-//! Algorithm 28.2: gang admission with a deadline; nothing runs until the whole gang is there).
+//! Job-level coordination of the agents through the store hosted by the leader (004 section
+//! 28.8, Algorithm 28.2: gang admission with a deadline; nothing runs until the whole gang is
+//! there). The leader is node 0 until its store is lost; then the node whose standby store took
+//! over ([`crate::failover`]). "Node 0" below means the leader.
 //!
 //! Keys, all under `launch/g{generation}/` and written with that generation's stamp, so the
 //! store refuses anything an agent or worker of an older generation still tries to say:
@@ -21,8 +23,9 @@
 //!   done; node i saw that.
 //!
 //! `launch/restarts` counts the job's restarts (node 0 adds to it); `launch/lease/{i}` is node
-//! i's lease counter in an elastic job (it spans generations); the store's generation counter
-//! is the generation itself, bumped by node 0 only.
+//! i's lease counter in an elastic job (it spans generations); `launch/excluded` lists the nodes
+//! dropped as stragglers (so a leader taking over keeps them out); the store's generation
+//! counter is the generation itself, bumped by node 0 only.
 
 use crate::agree::{self, Registration};
 use crate::elastic::{Leases, Membership, NodeRange};
@@ -30,6 +33,7 @@ use crate::error::{LaunchError, Result};
 use crate::heartbeat::{self, Beat};
 use comm::CommError;
 use comm::store::StoreClient;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -76,9 +80,17 @@ pub struct Gang<'a> {
     leases: Mutex<Leases>,
     /// What this agent registers with: its identity and run configuration.
     registration: Registration,
-    /// Node 0: nodes dropped from the job (`--straggler exclude`), never admitted again.
+    /// Node 0: nodes dropped from the job (`--straggler exclude`), never admitted again (the
+    /// other nodes keep a copy read at admission, for a failover).
     excluded: Mutex<Vec<usize>>,
+    /// The node that decides the generations (node 0 until a failover).
+    leader: AtomicUsize,
+    /// The last step read in any heartbeat ([`Gang::beat`]) plus one; 0: none.
+    last_step: AtomicU64,
 }
+
+/// The store key listing the nodes dropped as stragglers.
+pub(crate) const EXCLUDED_KEY: &str = "launch/excluded";
 
 /// The prefix of a `members` value that refuses admission.
 const REFUSED: &str = "refused: ";
@@ -105,20 +117,14 @@ impl<'a> Gang<'a> {
             leases: Mutex::new(Leases::new(lease_timeout)),
             registration: Registration::new(Vec::new()),
             excluded: Mutex::new(Vec::new()),
+            leader: AtomicUsize::new(0),
+            last_step: AtomicU64::new(0),
         }
     }
 
     /// The store this agent coordinates through.
     pub(crate) fn store(&self) -> &StoreClient {
         self.store
-    }
-
-    /// Node 0: drops `node` from every later generation (`--straggler exclude`).
-    pub fn exclude(&self, node: usize) {
-        let mut e = self.excluded.lock().unwrap_or_else(|p| p.into_inner());
-        if !e.contains(&node) {
-            e.push(node);
-        }
     }
 
     /// This agent registers with the run configuration `fields` (see [`crate::agree`]): node
@@ -167,7 +173,7 @@ impl<'a> Gang<'a> {
     fn linger_refused(&self, g: u64, nodes: &[usize]) {
         let seen: Vec<String> = nodes
             .iter()
-            .filter(|&&n| n != 0)
+            .filter(|&&n| n != self.node)
             .map(|n| key(g, &format!("refusal-seen/{n}")))
             .collect();
         if !seen.is_empty()
@@ -204,7 +210,7 @@ impl<'a> Gang<'a> {
             }
             return Err(LaunchError::Refused(why));
         }
-        if self.node != 0 {
+        if !self.leads() {
             // Node 0 decides within `timeout` of its own start; allow for it starting later.
             let wait = timeout + timeout.min(Duration::from_secs(30));
             let text = match self.store.wait_one(&key(g, "members"), wait) {
@@ -213,7 +219,7 @@ impl<'a> Gang<'a> {
                     return Err(LaunchError::Admission {
                         generation: g,
                         waited: start.elapsed(),
-                        missing: vec![0],
+                        missing: vec![self.leader()],
                     });
                 }
                 Err(e) => return Err(e.into()),
@@ -234,6 +240,7 @@ impl<'a> Gang<'a> {
                     format!("node 0 published a malformed member list for generation {g}"),
                 )
             })?;
+            self.load_excluded();
             return Ok(match m.slot(self.node) {
                 Some(_) => Admitted::Member(m),
                 None => Admitted::Excluded(m),
@@ -243,7 +250,7 @@ impl<'a> Gang<'a> {
         loop {
             let now = Instant::now();
             let mut leases = self.leases();
-            leases.poll(self.store, 1..self.nodes.max)?;
+            leases.poll(self.store, (0..self.nodes.max).filter(|&n| n != self.node))?;
             let mut registered = Vec::new();
             let mut missing = Vec::new();
             let mut refusals = Vec::new();
@@ -286,7 +293,7 @@ impl<'a> Gang<'a> {
             let all_lost =
                 (missing.iter()).all(|&i| leases.lost(i, now).is_some() || excluded.contains(&i));
             if missing.is_empty() || (enough && (all_lost || now >= deadline)) {
-                for &n in registered.iter().filter(|&&n| n != 0) {
+                for &n in registered.iter().filter(|&&n| n != self.node) {
                     leases.admitted(n, now);
                 }
                 let m = Membership { nodes: registered };
@@ -316,17 +323,6 @@ impl<'a> Gang<'a> {
     /// The lease record (a poisoned lock still holds valid observations).
     fn leases(&self) -> MutexGuard<'_, Leases> {
         self.leases.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Node 0: the first member of `m` (other than node 0) whose lease has stood still for the
-    /// lease timeout, with how long, if any.
-    pub fn lost_member(&self, m: &Membership) -> Result<Option<(usize, Duration)>> {
-        let mut leases = self.leases();
-        leases.poll(self.store, m.nodes.iter().copied().filter(|&n| n != 0))?;
-        let now = Instant::now();
-        Ok(m.nodes
-            .iter()
-            .find_map(|&n| Some((n, leases.lost(n, now)?))))
     }
 
     /// An excluded node: waits (at most `timeout`) for the job to start a new generation,
@@ -385,9 +381,9 @@ impl<'a> Gang<'a> {
         let now = Instant::now();
         let keys: Vec<String> = {
             let leases = self.leases();
-            m.nodes[1..]
+            m.nodes
                 .iter()
-                .filter(|&&n| leases.lost(n, now).is_none())
+                .filter(|&&n| n != self.node && leases.lost(n, now).is_none())
                 .map(|n| key(g, &format!("failure-seen/{n}")))
                 .collect()
         };
@@ -430,8 +426,8 @@ impl<'a> Gang<'a> {
     pub fn abort(&self, g: u64, m: &Membership, why: &str, linger: Duration) -> Result<()> {
         self.store
             .set(&key(g, "verdict"), format!("abort: {why}").as_bytes())?;
-        let seen: Vec<String> = m.nodes[1..]
-            .iter()
+        let seen: Vec<String> = (m.nodes.iter())
+            .filter(|&&n| n != self.node)
             .map(|i| key(g, &format!("abort-seen/{i}")))
             .collect();
         if !seen.is_empty()
@@ -481,10 +477,11 @@ impl<'a> Gang<'a> {
 
     /// Rank `rank`'s latest heartbeat in generation `g` (`None`: none yet, or malformed).
     pub fn beat(&self, g: u64, rank: usize) -> Result<Option<Beat>> {
-        Ok(self
-            .store
-            .get(&heartbeat::key(g, rank))?
-            .and_then(|v| Beat::decode(&v)))
+        let beat = (self.store.get(&heartbeat::key(g, rank))?).and_then(|v| Beat::decode(&v));
+        if let Some(step) = beat.and_then(|b| b.step) {
+            self.last_step.fetch_max(step + 1, Ordering::SeqCst);
+        }
+        Ok(beat)
     }
 
     /// This node's workers of generation `g` all succeeded.
@@ -498,7 +495,7 @@ impl<'a> Gang<'a> {
     /// member done) and then waits, at most `linger`, for the others to acknowledge before its
     /// store goes away; other members acknowledge it.
     pub fn complete(&self, g: u64, m: &Membership, linger: Duration) -> Result<bool> {
-        if self.node == 0 {
+        if self.leads() {
             for i in &m.nodes {
                 if self.store.get(&key(g, &format!("done/{i}")))?.is_none() {
                     return Ok(false);
@@ -516,8 +513,8 @@ impl<'a> Gang<'a> {
                 let now = Instant::now();
                 dropped.retain(|&n| leases.lost(n, now).is_none());
             }
-            let acks: Vec<String> = m.nodes[1..]
-                .iter()
+            let acks: Vec<String> = (m.nodes.iter())
+                .filter(|&&n| n != self.node)
                 .chain(&dropped)
                 .map(|i| key(g, &format!("ack/{i}")))
                 .collect();
@@ -539,6 +536,10 @@ impl<'a> Gang<'a> {
         Ok(true)
     }
 }
+
+// Leadership, membership changes and what survives a failover (split off for size).
+#[path = "gang_members.rs"]
+mod members;
 
 #[cfg(test)]
 #[path = "gang_tests.rs"]

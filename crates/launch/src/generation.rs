@@ -189,9 +189,7 @@ pub(crate) fn watch_generation(
         // refuses this generation's requests, which says the same.
         let seen_step = last_step(&watches);
         let moved_on = |e: LaunchError| match e {
-            LaunchError::Store(CommError::StaleGeneration { current, .. })
-                if cfg.node_rank != 0 =>
-            {
+            LaunchError::Store(CommError::StaleGeneration { current, .. }) if !gang.leads() => {
                 Ok(Outcome::Failed {
                     what: format!(
                         "node 0 ended generation {g} (the job is in generation {current})"
@@ -271,7 +269,7 @@ pub(crate) fn watch_generation(
                 last_step: last_step(&watches),
             });
         }
-        if cfg.node_rank == 0
+        if gang.leads()
             && cfg.min_nnodes < cfg.nnodes
             && let Some((node, still)) = gang.lost_member(members)?
         {
@@ -285,7 +283,17 @@ pub(crate) fn watch_generation(
                 last_step: last_step(&watches),
             });
         }
-        if cfg.node_rank == 0
+        if gang.leads()
+            && let Some(node) = gang.waiting_node(g, members)?
+        {
+            let grow = crate::failover::growth(node, g, members.len(), cfg.nnodes);
+            return Ok(Outcome::Failed {
+                what: gang.report_failure(g, &grow)?,
+                detected: now,
+                last_step: last_step(&watches),
+            });
+        }
+        if gang.leads()
             && cfg.straggler == crate::straggler::Policy::Exclude
             && let Some((node, what)) = crate::straggler::to_exclude(
                 gang,

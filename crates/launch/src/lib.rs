@@ -11,6 +11,8 @@
 //! - [`agree`]: agreement at admission (run configurations compared, duplicate ranks refused);
 //! - [`gang`]: coordination of the nodes' agents through the rendezvous store;
 //! - [`elastic`]: `--nnodes MIN:MAX`, generation membership and node leases;
+//! - [`failover`]: the store re-hosted on the next endpoint of `--rdzv H0:P0,H1:P1,...` when
+//!   its host is lost, and nodes that come back admitted at the next generation;
 //! - [`heartbeat`]: the worker's heartbeat thread and the beat format;
 //! - [`watchdog`]: failure rules (exit, signal, heartbeat silence, stalled step);
 //! - [`process`]: spawning and stopping worker processes (and their logs);
@@ -36,6 +38,7 @@ pub mod elastic;
 pub mod env;
 pub mod error;
 pub mod exit;
+pub mod failover;
 pub mod ft;
 pub mod gang;
 mod generation;

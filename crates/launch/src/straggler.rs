@@ -92,7 +92,7 @@ pub fn report(rdv: &Rendezvous, r: &Report) -> Result<()> {
 
 /// Node 0 under [`Policy::Exclude`]: the node to drop for generation `g`'s straggler report,
 /// if there is one to act on, with the failure text that ends the generation. A straggler on
-/// node 0, or one whose exclusion would leave fewer than `min_nnodes` members, is only named
+/// the leader (node 0 unless the store failed over), or one whose exclusion would leave fewer than `min_nnodes` members, is only named
 /// (`said` keeps that from being printed more than once).
 pub(crate) fn to_exclude(
     gang: &Gang<'_>,
@@ -119,14 +119,15 @@ pub(crate) fn to_exclude(
         "straggler: rank {} on node {node} is {:.2}x slower than the others (named at step {})",
         r.rank, r.slowdown, r.step
     );
-    if node == 0 || nodes.len() <= min_nnodes {
+    let leader = gang.leader();
+    if node == leader || nodes.len() <= min_nnodes {
         if !std::mem::replace(said, true) {
-            let why = if node == 0 {
-                "node 0 hosts the store"
+            let why = if node == leader {
+                format!("node {leader} hosts the store")
             } else {
-                "that would leave fewer than MIN nodes"
+                "that would leave fewer than MIN nodes".to_string()
             };
-            println!("# node 0: {named}; not excluded: {why}");
+            println!("# node {leader}: {named}; not excluded: {why}");
         }
         return Ok(None);
     }

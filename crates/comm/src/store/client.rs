@@ -5,10 +5,14 @@
 //! [`WAIT_MARGIN`]. A call that fails on the wire drops the connection (its state is unknown,
 //! e.g. a late reply may still be in flight); the next call reconnects. A failed call is never
 //! retried, since `add` and `compare_set` are not idempotent.
+//!
+//! A client and its clones follow one endpoint: [`StoreClient::redirect`] moves all of them to
+//! another store (the launcher's failover to a standby store, after the one it used was lost);
+//! each reconnects there at its next call.
 
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::auth::{Secret, client_handshake};
@@ -32,12 +36,14 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// [`StoreClient::try_clone`].
 #[derive(Debug)]
 pub struct StoreClient {
-    addr: SocketAddr,
+    /// The store this client and its clones talk to ([`StoreClient::redirect`] moves them all).
+    target: Arc<Mutex<SocketAddr>>,
     secret: Secret,
     generation: AtomicU64,
     timeout: Duration,
-    /// `None` after a failed exchange; the next call reconnects.
-    conn: Mutex<Option<TcpStream>>,
+    /// The open connection and the address it reaches; `None` after a failed exchange; the
+    /// next call reconnects (also when the target moved).
+    conn: Mutex<Option<(SocketAddr, TcpStream)>>,
 }
 
 impl StoreClient {
@@ -52,11 +58,11 @@ impl StoreClient {
     ) -> Result<StoreClient> {
         let stream = open(addr, secret, connect_timeout, DEFAULT_TIMEOUT)?;
         Ok(StoreClient {
-            addr,
+            target: Arc::new(Mutex::new(addr)),
             secret: secret.clone(),
             generation: AtomicU64::new(generation),
             timeout: DEFAULT_TIMEOUT,
-            conn: Mutex::new(Some(stream)),
+            conn: Mutex::new(Some((addr, stream))),
         })
     }
 
@@ -66,21 +72,29 @@ impl StoreClient {
         self
     }
 
-    /// A second, independently authenticated connection with the same settings.
+    /// A second, independently authenticated connection with the same settings, following the
+    /// same endpoint (a [`StoreClient::redirect`] of either moves both).
     pub fn try_clone(&self) -> Result<StoreClient> {
-        let stream = open(self.addr, &self.secret, self.timeout, self.timeout)?;
+        let addr = self.addr();
+        let stream = open(addr, &self.secret, self.timeout, self.timeout)?;
         Ok(StoreClient {
-            addr: self.addr,
+            target: Arc::clone(&self.target),
             secret: self.secret.clone(),
             generation: AtomicU64::new(self.stamp()),
             timeout: self.timeout,
-            conn: Mutex::new(Some(stream)),
+            conn: Mutex::new(Some((addr, stream))),
         })
     }
 
     /// The store's address.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        *lock(&self.target)
+    }
+
+    /// Moves this client and its clones to the store at `addr` (same secret): each one's next
+    /// call connects there. Stamps are not changed (see [`StoreClient::set_generation`]).
+    pub fn redirect(&self, addr: SocketAddr) {
+        *lock(&self.target) = addr;
     }
 
     /// The per-request I/O timeout.
@@ -235,20 +249,19 @@ impl StoreClient {
             generation: self.stamp(),
             op,
         })?;
+        let addr = self.addr();
         let mut conn = lock(&self.conn);
-        if conn.is_none() {
-            *conn = Some(open(self.addr, &self.secret, self.timeout, self.timeout)?);
+        if conn.as_ref().is_none_or(|(at, _)| *at != addr) {
+            *conn = None;
+            *conn = Some((addr, open(addr, &self.secret, self.timeout, self.timeout)?));
         }
-        let Some(stream) = conn.as_mut() else {
-            return Err(CommError::Store(format!(
-                "{name}: no connection to {}",
-                self.addr
-            )));
+        let Some((_, stream)) = conn.as_mut() else {
+            return Err(CommError::Store(format!("{name}: no connection to {addr}")));
         };
         exchange(stream, &frame, io_timeout).map_err(|e| {
             // The stream may hold half a request or a late reply: never reuse it.
             *conn = None;
-            annotate(e, name, self.addr)
+            annotate(e, name, addr)
         })
     }
 }

@@ -156,6 +156,26 @@ impl StoreServer {
         self.shared.live.load(Ordering::SeqCst)
     }
 
+    /// The store's current generation.
+    pub fn generation(&self) -> u64 {
+        lock(&self.shared.state).generation
+    }
+
+    /// Raises the store's generation to `generation` if it is below (never lowers it) and
+    /// returns the generation now. This is how a standby store takes over a job whose store was
+    /// lost (`launch`'s failover, 001 section 12.7): started at a generation above any the lost
+    /// store reached, it refuses every request a worker or agent of an older generation still
+    /// stamps, so nothing left over from before the loss can act on it.
+    pub fn fence(&self, generation: u64) -> u64 {
+        let mut st = lock(&self.shared.state);
+        if st.generation < generation {
+            st.generation = generation;
+            self.shared.changed.notify_all();
+            tracing::info!("store generation fenced to {generation}");
+        }
+        st.generation
+    }
+
     /// Stops the server: no new connections, every live connection closed, every pending wait
     /// answered with an error; returns once all server threads have exited. Idempotent.
     pub fn shutdown(&self) {

@@ -148,3 +148,55 @@ fn wait_times_out_with_missing_keys_and_wakes_on_bump() {
     );
     assert!(t0.elapsed() < Duration::from_secs(2));
 }
+
+#[test]
+fn a_fenced_store_refuses_older_stamps_and_never_goes_back() {
+    let secret = Secret::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap();
+    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), secret.clone()).unwrap();
+    let old =
+        crate::store::StoreClient::connect(server.local_addr(), &secret, 2, Duration::from_secs(5))
+            .unwrap();
+    assert_eq!(server.fence(3), 3);
+    assert_eq!(server.fence(1), 3, "fencing never lowers the generation");
+    assert_eq!(server.generation(), 3);
+    assert!(matches!(
+        old.set("k", b"v"),
+        Err(CommError::StaleGeneration { got: 2, current: 3 })
+    ));
+    old.set_generation(3);
+    old.set("k", b"v").unwrap();
+    assert_eq!(old.get("k").unwrap(), Some(b"v".to_vec()));
+}
+
+#[test]
+fn a_redirect_moves_a_client_and_its_clones_to_another_store() {
+    let secret = Secret::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap();
+    let any = "127.0.0.1:0".parse().unwrap();
+    let (a, b) = (
+        StoreServer::bind(any, secret.clone()).unwrap(),
+        StoreServer::bind(any, secret.clone()).unwrap(),
+    );
+    let client =
+        crate::store::StoreClient::connect(a.local_addr(), &secret, 0, Duration::from_secs(5))
+            .unwrap();
+    let clone = client.try_clone().unwrap();
+    client.set("where", b"a").unwrap();
+    b.fence(4);
+    client.redirect(b.local_addr());
+    assert_eq!(
+        (client.addr(), clone.addr()),
+        (b.local_addr(), b.local_addr())
+    );
+    // The clone's open connection still reaches `a`: its next call moves it to `b`, where its
+    // old stamp is refused.
+    assert!(matches!(
+        clone.get("where"),
+        Err(CommError::StaleGeneration { got: 0, current: 4 })
+    ));
+    client.set_generation(4);
+    assert_eq!(client.get("where").unwrap(), None);
+    client.set("where", b"b").unwrap();
+    drop(a);
+    clone.set_generation(4);
+    assert_eq!(clone.get("where").unwrap(), Some(b"b".to_vec()));
+}
