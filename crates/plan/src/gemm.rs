@@ -56,7 +56,7 @@ pub const TILES: [(f64, f64); 3] = [(128.0, 256.0), (256.0, 128.0), (128.0, 128.
 ///   Architecture whitepaper), B200 148, MI300X 304 compute units (AMD CDNA 3 whitepaper).
 /// - `gemm_bf16` (A100) and `gemm_fp8` (H100) are fitted on the fitting half of the published
 ///   suite (`crates/plan/tests/published/`, see docs/PLAN.md "Validation"); the H100 BF16
-///   ceiling is the same fraction as the FP8 one. Devices without suite cases take the H100
+///   ceiling is the same fraction of its peak as the A100 BF16 one. Devices without suite cases take the H100
 ///   values (an assumption).
 /// - `flash_attention`: FlashAttention-2 (Dao 2023, §4) reports 50–73% of the A100's peak
 ///   forward and lower backward; we take 0.55 of the BF16 peak for forward + backward on every
@@ -94,13 +94,13 @@ pub fn kernel_curve(device: &Device) -> KernelCurve {
 /// Fitted: A100 BF16 GEMM ceiling (fraction of 312 TFLOP/s), `plan::validate::fit` on the
 /// fitting half of the suite (3 A100 cases). See [`kernel_curve`].
 pub const FIT_A100_BF16: f64 = 0.55;
-/// H100 BF16 GEMM ceiling (fraction of 989.4 TFLOP/s): the same fraction as the fitted FP8
-/// one. In the suite's FP8 runs only the LM head runs BF16 GEMMs, too little to pin a ceiling
-/// of its own (fitted free it ran to 0.96, which no GEMM reaches). See [`kernel_curve`].
-pub const FIT_H100_BF16: f64 = FIT_H100_FP8;
+/// H100 BF16 GEMM ceiling (fraction of 989.4 TFLOP/s): the same fraction of the BF16 peak as
+/// the fitted A100 one (`plan::validate::fit` ties them). In the suite's FP8 runs only the LM
+/// head runs BF16 GEMMs, too little to pin a ceiling of its own. See [`kernel_curve`].
+pub const FIT_H100_BF16: f64 = FIT_A100_BF16;
 /// Fitted: H100 FP8 GEMM ceiling (fraction of 1,978.9 TFLOP/s), `plan::validate::fit` on the
 /// fitting half of the suite (8 H100 cases). See [`kernel_curve`].
-pub const FIT_H100_FP8: f64 = 0.485;
+pub const FIT_H100_FP8: f64 = 0.48;
 /// Flash-attention efficiency (assumption, FlashAttention-2 §4; see [`kernel_curve`]).
 pub const FLASH_ATTENTION_EFF: f64 = 0.55;
 /// Streaming-kernel fraction of HBM bandwidth (assumption; see [`kernel_curve`]).

@@ -167,7 +167,7 @@ impl ErrorStats {
 pub struct FitParams {
     /// A100 BF16 ceiling.
     pub a100_bf16: f64,
-    /// H100 BF16 ceiling (in the FP8 runs: the LM head).
+    /// H100 BF16 ceiling (in the FP8 runs: the LM head); the fit ties it to `a100_bf16`.
     pub h100_bf16: f64,
     /// H100 FP8 ceiling.
     pub h100_fp8: f64,
@@ -309,8 +309,8 @@ pub fn validate(params: FitParams) -> Result<ValidationReport> {
     })
 }
 
-/// Fits the three parameters (A100 BF16 ceiling, H100 ceiling for FP8 and BF16 alike, flash
-/// half length) on the dense cases marked `fit` by coordinate descent: each in
+/// Fits the three parameters (BF16 ceiling of the A100 and the H100 alike, H100 FP8 ceiling,
+/// flash half length) on the dense cases marked `fit` by coordinate descent: each in
 /// turn over its grid (ceilings 0.30–1.00 in steps of 0.005, the flash half length 0–4,096
 /// tokens in steps of 64), the others fixed, minimising
 /// the mean absolute error of the fitting half, from the shipped values until none moves (at
@@ -331,15 +331,17 @@ pub fn fit() -> Result<FitParams> {
     let ceiling: Vec<f64> = (60..=200).map(|i| i as f64 * 0.005).collect();
     let half_len: Vec<f64> = (0..=64).map(|i| i as f64 * 64.0).collect();
     type Set = fn(&mut FitParams, f64);
-    // One H100 ceiling: the BF16 GEMMs of the FP8 runs (the LM head alone) cannot pin a
-    // second one (fitted free, it ran to 0.96 of the BF16 peak, a value no GEMM reaches),
-    // so BF16 and FP8 GEMMs reach the same fraction of their peaks.
+    // One BF16 ceiling for both devices: the BF16 GEMMs of the H100 runs (all FP8: the LM
+    // head alone) cannot pin one of their own (fitted free it is flat within 0.5-0.8), so
+    // BF16 GEMMs reach the same fraction of the BF16 peak on the A100 and the H100, and FP8
+    // GEMMs their own fraction of the FP8 peak. (Tying the H100 BF16 ceiling to the FP8
+    // fraction instead, as before, gives a higher loss on the fitting half.)
     let axes: [(&[f64], Set); 3] = [
-        (&ceiling, |p, x| p.a100_bf16 = x),
         (&ceiling, |p, x| {
-            p.h100_fp8 = x;
+            p.a100_bf16 = x;
             p.h100_bf16 = x;
         }),
+        (&ceiling, |p, x| p.h100_fp8 = x),
         (&half_len, |p, x| p.flash_half_len = x),
     ];
     let mut p = FitParams::shipped();
@@ -367,7 +369,7 @@ pub fn fit() -> Result<FitParams> {
 /// The report as a table: every case, then the means.
 pub fn render(r: &ValidationReport) -> String {
     let mut out = format!(
-        "published runs: {} cases; free parameters: GEMM ceilings A100 BF16 {:.3}, H100 BF16 {:.3} (tied to FP8), H100 FP8 {:.3}; flash half length {:.0} tokens\n\
+        "published runs: {} cases; free parameters: GEMM ceilings A100 BF16 {:.3}, H100 BF16 {:.3} (tied to A100 BF16), H100 FP8 {:.3}; flash half length {:.0} tokens\n\
          {:<28} {:<12} {:<6} {:>4} {:>12} {:>12} {:>8} {:>14}\n",
         r.cases.len(),
         r.params.a100_bf16,

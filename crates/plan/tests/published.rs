@@ -31,6 +31,14 @@ fn shipped_ceilings_are_the_fit() {
         (f.h100_fp8 - s.h100_fp8).abs() < 1e-9,
         "fit {f:?} shipped {s:?}"
     );
+    assert!(
+        (f.h100_bf16 - s.h100_bf16).abs() < 1e-9,
+        "fit {f:?} shipped {s:?}"
+    );
+    assert!(
+        (f.flash_half_len - s.flash_half_len).abs() < 1e-9,
+        "fit {f:?} shipped {s:?}"
+    );
 }
 
 #[test]
