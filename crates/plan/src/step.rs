@@ -418,9 +418,9 @@ pub(crate) fn evaluate_valid(
         }
         _ => 0.0,
     };
-    let optimizer =
-        2.0 * (memory.weights + memory.grads + memory.optimizer) / cluster.device.hbm_bw
-            + weight_cast;
+    let optimizer = 2.0 * (memory.weights + memory.grads + memory.optimizer)
+        / cluster.device.hbm_bw
+        + weight_cast;
     term(
         "optimizer",
         &|| {

@@ -39,7 +39,10 @@ fn shipped_ceilings_are_the_fit() {
         (f.flash_half_len - s.flash_half_len).abs() < 1e-9,
         "fit {f:?} shipped {s:?}"
     );
-    assert!((f.m_ramp - s.m_ramp).abs() < 1e-9, "fit {f:?} shipped {s:?}");
+    assert!(
+        (f.m_ramp - s.m_ramp).abs() < 1e-9,
+        "fit {f:?} shipped {s:?}"
+    );
 }
 
 #[test]
