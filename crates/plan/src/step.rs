@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::job::{ComputeModel, Job};
 use crate::kernels::layer_times;
 use crate::layout::{Layout, Recompute, ZeroStage};
-use crate::memory::{MemoryBreakdown, device_memory, params_per_device};
+use crate::memory::{MemoryBreakdown, device_memory, params_busiest_stage};
 use crate::pipeline::{Schedule, bubble_fraction, bubble_time};
 use crate::units::{fmt_bytes, fmt_time};
 use serde::{Deserialize, Serialize};
@@ -356,7 +356,7 @@ pub(crate) fn evaluate_valid(
 
     // DP: gradient all-reduce (2 half-units), ZeRO-2 m reduce-scatters + 1 all-gather, ZeRO-3
     // 2m all-gathers + m reduce-scatters (000 F20: FSDP ≈ 3 units vs DDP 2 at m = 1).
-    let (dense, expert) = params_per_device(job, l);
+    let (dense, expert) = params_busiest_stage(job, l);
     let g = job.grad_comm_bytes();
     let units = match l.zero {
         ZeroStage::None | ZeroStage::Optimizer => 2.0,
