@@ -106,22 +106,22 @@ pub fn kernel_curve(device: &Device) -> KernelCurve {
 
 /// Fitted: A100 BF16 GEMM ceiling (fraction of 312 TFLOP/s), `plan::validate::fit` on the
 /// fitting half of the suite (3 A100 cases). See [`kernel_curve`].
-pub const FIT_A100_BF16: f64 = 0.665;
+pub const FIT_A100_BF16: f64 = 0.68;
 /// H100 BF16 GEMM ceiling (fraction of 989.4 TFLOP/s): the same fraction of the BF16 peak as
 /// the fitted A100 one (`plan::validate::fit` ties them). In the suite's FP8 runs only the LM
 /// head runs BF16 GEMMs, too little to pin a ceiling of its own. See [`kernel_curve`].
 pub const FIT_H100_BF16: f64 = FIT_A100_BF16;
 /// Fitted: H100 FP8 GEMM ceiling (fraction of 1,978.9 TFLOP/s), `plan::validate::fit` on the
 /// fitting half of the suite (8 H100 cases). See [`kernel_curve`].
-pub const FIT_H100_FP8: f64 = 0.54;
+pub const FIT_H100_FP8: f64 = 0.545;
 /// Flash-attention efficiency (assumption, FlashAttention-2 §4; see [`kernel_curve`]).
 pub const FLASH_ATTENTION_EFF: f64 = 0.55;
 /// Streaming-kernel fraction of HBM bandwidth (assumption; see [`kernel_curve`]).
 pub const MEMORY_EFF: f64 = 0.8;
 /// Fitted: flash-attention half-efficiency length (tokens), every device. See [`kernel_curve`].
-pub const FIT_FLASH_HALF_LEN: f64 = 1472.0;
+pub const FIT_FLASH_HALF_LEN: f64 = 1216.0;
 /// Fitted: the GEMM M ramp (rows), every device. See [`kernel_curve`] and the module doc.
-pub const FIT_M_RAMP: f64 = 512.0;
+pub const FIT_M_RAMP: f64 = 576.0;
 /// K ramp of a GEMM tile (assumption; see [`kernel_curve`]).
 pub const K_RAMP: f64 = 64.0;
 
