@@ -180,8 +180,8 @@ pub struct TrainingFile {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GradCommPrecision {
-    /// The kept gradient's bytes ([`Job::grad_bytes`] less the weights-precision copy when an
-    /// FP32 copy is kept).
+    /// The kept gradient's bytes: the weights' bytes, or 4 when an FP32 gradient is kept
+    /// ([`Job::grad_comm_bytes`]; today's meaning).
     #[default]
     Grad,
     /// The weights' bytes: the FP32 gradient is cast for the reduction and cast back.

@@ -214,9 +214,10 @@ pub fn device_memory(job: &Job, cluster: &Cluster, l: &Layout) -> MemoryBreakdow
 }
 
 /// The CUDA context and the kernels the framework loads, as `nvidia-smi` counts them on top
-/// of what the allocator holds: 1,271 MiB, measured by BigScience on Jean Zay with their
-/// Megatron-DeepSpeed stack ("also need to take into account the cuda kernels (1271MiB)",
-/// tr11-176B-ml `chronicles-prequel.md`, "104B topology / memory usage").
+/// of what the allocator holds: 1,271 MiB, measured by BigScience on Jean Zay's V100 32 GB
+/// partition with their Megatron-DeepSpeed stack ("also need to take into account the cuda
+/// kernels (1271MiB)", tr11-176B-ml `chronicles-prequel.md`, "104B topology / memory usage");
+/// taken as the same on other devices.
 pub const CUDA_CONTEXT_BYTES: f64 = 1271.0 * 1024.0 * 1024.0;
 
 /// The kernel model's additions to Korthikanti's per-layer formula, as (bytes the first stage
