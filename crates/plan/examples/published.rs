@@ -9,7 +9,60 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let f = fit()?;
     println!("{f:?}");
     println!("{}", render(&validate(f)?));
-    breakdowns()
+    breakdowns()?;
+    bigscience_memory()
+}
+
+/// BLOOM's shape at the layouts BigScience measured with `nvidia-smi` on their first node (the
+/// first pipeline stage: DeepSpeed numbers ranks TP fastest, then DP, then PP) on 2022-02-28,
+/// with the BF16 optimizer and the `type:transformer|embedding` partition
+/// (bigscience-workshop/bigscience `train/tr11-176B-ml/chronicles-prequel.md`, "Rebalancing
+/// layers", NHIDDEN=14336, NLAYERS=70): (tp, dp, micro-batch, heads, GB, seconds per
+/// iteration at global batch 2048).
+const BIGSCIENCE_MEMORY: [(u64, u64, u64, u64, f64, f64); 5] = [
+    (8, 4, 2, 64, 40.0, 121.63),
+    (4, 8, 2, 64, 59.0, 102.03),
+    (4, 8, 2, 112, 59.0, 104.50),
+    (4, 8, 2, 128, 60.0, 105.89),
+    (4, 8, 4, 64, 73.0, 102.27),
+];
+
+/// Memory per GPU of the BLOOM case at the layouts of [`BIGSCIENCE_MEMORY`], term by term.
+fn bigscience_memory() -> Result<(), Box<dyn std::error::Error>> {
+    use plan::cluster::Cluster;
+    use plan::job::Job;
+    let Some((_, c)) = cases()?.into_iter().find(|(n, _)| n.starts_with("bloom")) else {
+        return Ok(());
+    };
+    let gb = 1e9;
+    for (tp, dp, micro_batch, heads, published, seconds) in BIGSCIENCE_MEMORY {
+        let mut file = c.job.clone();
+        file.model.heads = Some(heads);
+        file.model.kv_heads = Some(heads);
+        let job = Job::from_file(&file)?;
+        let cl = Cluster::from_file(&c.cluster)?;
+        let Some(mut l) = job.layout.clone() else {
+            continue;
+        };
+        (l.tp, l.dp, l.micro_batch) = (tp, dp, micro_batch);
+        let e = plan::step::evaluate(&job, &cl, &l)?;
+        let m = e.memory;
+        println!(
+            "bloom tp {tp} dp {dp} mbs {micro_batch} heads {heads:3}: {:6.2} s vs {seconds} ({:+.1}%); {:5.1} GB vs {published} ({:+.1}%) = weights {:.1} + grads {:.1} + optimizer {:.1} + activations {:.1} + reserve {:.1} + context {:.2} (after the flush: {:.1})",
+            e.step.total,
+            (e.step.total / seconds - 1.0) * 100.0,
+            m.total / gb,
+            (m.total / gb / published - 1.0) * 100.0,
+            m.weights / gb,
+            m.grads / gb,
+            m.optimizer / gb,
+            m.activations / gb,
+            m.reserve / gb,
+            m.context / gb,
+            m.step_transient / gb,
+        );
+    }
+    Ok(())
 }
 
 /// Every case's step terms and one layer's kernel times.

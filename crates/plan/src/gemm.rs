@@ -7,10 +7,17 @@
 //! (tile quantisation). Its time is the roofline of 004 eq. 28.2 with that efficiency:
 //!
 //! ```text
-//! t = max( 2·M·N·K / (R · e_max · q_tile · q_wave · K/(K + k_ramp)),
+//! t = max( 2·M·N·K / (R · e_max · q_tile · q_wave · K/(K + k_ramp) · M/(M + m_ramp)),
 //!          (M·K + K·N)·bytes_in + M·N·bytes_out) / (B_mem · e_mem) )
 //! q_tile = M·N / (⌈M/t_m⌉·t_m · ⌈N/t_n⌉·t_n)      q_wave = tiles / (⌈tiles/SMs⌉ · SMs)
 //! ```
+//!
+//! The M ramp is the part of a GEMM's time that does not shrink with M: 2·m_ramp·N·K FLOPs'
+//! worth per call, a fixed cost per element of the N×K operand (for the forward and input-
+//! gradient GEMMs, the weights), which tile and wave quantisation do not give. It is the
+//! model's answer to runs that go faster per token at a larger micro-batch (BigScience's
+//! tr11-176B README: "MBS=2 performs the fastest in this setup"; NeMo 24.07's GPT-3 175B at
+//! micro-batch 2 against 1); its length is fitted (`plan::validate::fit`).
 //!
 //! The library picks the tile shape that runs fastest, so the cost is the minimum over the
 //! device's tile shapes (cuBLAS heuristics do the same; NVIDIA, "Matrix Multiplication
@@ -43,6 +50,10 @@ pub struct KernelCurve {
     /// under load-balanced context parallelism).
     #[serde(default)]
     pub flash_half_len: f64,
+    /// M at which a GEMM reaches half its speed for the part of its time that does not shrink
+    /// with M: efficiency × M/(M + m_ramp). Absent in older curves: 0, no ramp.
+    #[serde(default)]
+    pub m_ramp: f64,
 }
 
 /// Output-tile shapes (M × N) the GEMM library chooses from: CUTLASS/cuBLAS's large tensor-core
@@ -56,7 +67,7 @@ pub const TILES: [(f64, f64); 3] = [(128.0, 256.0), (256.0, 128.0), (128.0, 128.
 ///   Architecture whitepaper), B200 148, MI300X 304 compute units (AMD CDNA 3 whitepaper).
 /// - `gemm_bf16` (A100) and `gemm_fp8` (H100) are fitted on the fitting half of the published
 ///   suite (`crates/plan/tests/published/`, see docs/PLAN.md "Validation"); the H100 BF16
-///   ceiling is the same fraction as the FP8 one. Devices without suite cases take the H100
+///   ceiling is the same fraction of its peak as the A100 BF16 one. Devices without suite cases take the H100
 ///   values (an assumption).
 /// - `flash_attention`: FlashAttention-2 (Dao 2023, §4) reports 50–73% of the A100's peak
 ///   forward and lower backward; we take 0.55 of the BF16 peak for forward + backward on every
@@ -64,6 +75,7 @@ pub const TILES: [(f64, f64); 3] = [(128.0, 256.0), (256.0, 128.0), (128.0, 128.
 /// - `memory`: 0.8 of the HBM bandwidth for streaming kernels (an assumption: STREAM-style copies
 ///   reach 80–90% of the datasheet figure on A100/H100).
 /// - `flash_half_len`: fitted with the ceilings (one value for every device).
+/// - `m_ramp`: fitted with the ceilings (one value for every device; module doc).
 /// - `k_ramp`: 64 (one 64-deep K-slice of the main loop lost to pipeline fill and the epilogue;
 ///   an assumption from the CUTLASS tile structure).
 pub fn kernel_curve(device: &Device) -> KernelCurve {
@@ -88,25 +100,28 @@ pub fn kernel_curve(device: &Device) -> KernelCurve {
         memory: MEMORY_EFF,
         k_ramp: K_RAMP,
         flash_half_len: FIT_FLASH_HALF_LEN,
+        m_ramp: FIT_M_RAMP,
     }
 }
 
 /// Fitted: A100 BF16 GEMM ceiling (fraction of 312 TFLOP/s), `plan::validate::fit` on the
 /// fitting half of the suite (3 A100 cases). See [`kernel_curve`].
-pub const FIT_A100_BF16: f64 = 0.55;
-/// H100 BF16 GEMM ceiling (fraction of 989.4 TFLOP/s): the same fraction as the fitted FP8
-/// one. In the suite's FP8 runs only the LM head runs BF16 GEMMs, too little to pin a ceiling
-/// of its own (fitted free it ran to 0.96, which no GEMM reaches). See [`kernel_curve`].
-pub const FIT_H100_BF16: f64 = FIT_H100_FP8;
+pub const FIT_A100_BF16: f64 = 0.68;
+/// H100 BF16 GEMM ceiling (fraction of 989.4 TFLOP/s): the same fraction of the BF16 peak as
+/// the fitted A100 one (`plan::validate::fit` ties them). In the suite's FP8 runs only the LM
+/// head runs BF16 GEMMs, too little to pin a ceiling of its own. See [`kernel_curve`].
+pub const FIT_H100_BF16: f64 = FIT_A100_BF16;
 /// Fitted: H100 FP8 GEMM ceiling (fraction of 1,978.9 TFLOP/s), `plan::validate::fit` on the
 /// fitting half of the suite (8 H100 cases). See [`kernel_curve`].
-pub const FIT_H100_FP8: f64 = 0.485;
+pub const FIT_H100_FP8: f64 = 0.545;
 /// Flash-attention efficiency (assumption, FlashAttention-2 §4; see [`kernel_curve`]).
 pub const FLASH_ATTENTION_EFF: f64 = 0.55;
 /// Streaming-kernel fraction of HBM bandwidth (assumption; see [`kernel_curve`]).
 pub const MEMORY_EFF: f64 = 0.8;
 /// Fitted: flash-attention half-efficiency length (tokens), every device. See [`kernel_curve`].
-pub const FIT_FLASH_HALF_LEN: f64 = 1344.0;
+pub const FIT_FLASH_HALF_LEN: f64 = 1216.0;
+/// Fitted: the GEMM M ramp (rows), every device. See [`kernel_curve`] and the module doc.
+pub const FIT_M_RAMP: f64 = 576.0;
 /// K ramp of a GEMM tile (assumption; see [`kernel_curve`]).
 pub const K_RAMP: f64 = 64.0;
 
@@ -184,6 +199,7 @@ pub fn gemm_time(
     }
     let sms = curve.sms.max(1) as f64;
     let k_eff = g.k / (g.k + curve.k_ramp);
+    let m_eff = g.m / (g.m + curve.m_ramp.max(0.0));
     let quant = TILES
         .iter()
         .map(|&(tm, tn)| {
@@ -194,7 +210,7 @@ pub fn gemm_time(
             q_tile * q_wave
         })
         .fold(0.0, f64::max);
-    let t_flop = g.flops() / (peak * ceiling * quant * k_eff);
+    let t_flop = g.flops() / (peak * ceiling * quant * k_eff * m_eff);
     let bytes = g.batch * ((g.m * g.k + g.k * g.n) * bytes_in + g.m * g.n * bytes_out);
     t_flop.max(memory_time(curve, hbm_bw, bytes))
 }

@@ -63,6 +63,8 @@ pub struct ModelFile {
     pub tied_embeddings: Option<bool>,
     /// Head width when it is not hidden/heads.
     pub head_dim: Option<u64>,
+    /// A layer norm on the embedding output (BLOOM); default false.
+    pub embedding_norm: Option<bool>,
 }
 
 impl ModelFile {
@@ -94,6 +96,7 @@ impl ModelFile {
                     gated: false,
                     tied_embeddings: true,
                     head_dim: None,
+                    embedding_norm: false,
                 }
             }
         };
@@ -111,7 +114,8 @@ impl ModelFile {
             experts,
             top_k,
             gated,
-            tied_embeddings
+            tied_embeddings,
+            embedding_norm
         );
         if self.head_dim.is_some() {
             m.head_dim = self.head_dim;
@@ -164,6 +168,24 @@ pub struct TrainingFile {
     /// or "param_and_fp32" (both, as DeepSpeed's BF16 optimizer keeps: 2 + 6 + 12 = 20).
     #[serde(default)]
     pub grad_precision: GradPrecision,
+    /// Precision the data-parallel reduction moves: "grad" (the default: the kept gradient, the
+    /// FP32 copy with "fp32" or "param_and_fp32") or "param" (cast to the weights' precision
+    /// for the reduction, as DeepSpeed 0.6-0.7 does with BF16: `communication_data_type` is
+    /// BF16 and `allreduce_bucket` casts the FP32 buffer to it).
+    #[serde(default)]
+    pub grad_comm_precision: GradCommPrecision,
+}
+
+/// What the data-parallel gradient reduction moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GradCommPrecision {
+    /// The kept gradient's bytes: the weights' bytes, or 4 when an FP32 gradient is kept
+    /// ([`Job::grad_comm_bytes`]; today's meaning).
+    #[default]
+    Grad,
+    /// The weights' bytes: the FP32 gradient is cast for the reduction and cast back.
+    Param,
 }
 
 /// How the step's compute is priced.
@@ -286,6 +308,7 @@ impl JobFile {
                 attention: AttentionKernel::Flash,
                 causal: true,
                 grad_precision: GradPrecision::Param,
+                grad_comm_precision: GradCommPrecision::Grad,
             },
             layout: None,
             checkpoint: None,
@@ -331,6 +354,8 @@ pub struct Job {
     pub causal: bool,
     /// Gradient precision.
     pub grad_precision: GradPrecision,
+    /// Precision of the data-parallel reduction.
+    pub grad_comm_precision: GradCommPrecision,
 }
 
 /// Largest global batch accepted, in sequences (2^32: far beyond any job, and small enough
@@ -401,6 +426,7 @@ impl Job {
             attention: t.attention,
             causal: t.causal,
             grad_precision: t.grad_precision,
+            grad_comm_precision: t.grad_comm_precision,
         })
     }
 
@@ -414,11 +440,24 @@ impl Job {
     }
 
     /// Bytes per gradient element the data-parallel reduction moves: the weights' bytes, or 4
-    /// when an FP32 gradient is kept.
+    /// when an FP32 gradient is kept, unless the reduction casts to the weights' precision
+    /// ([`GradCommPrecision::Param`]).
     pub fn grad_comm_bytes(&self) -> f64 {
-        match self.grad_precision {
-            GradPrecision::Param => self.precision.bytes(),
-            GradPrecision::Fp32 | GradPrecision::ParamAndFp32 => 4.0,
+        match (self.grad_precision, self.grad_comm_precision) {
+            (GradPrecision::Param, _) | (_, GradCommPrecision::Param) => self.precision.bytes(),
+            (GradPrecision::Fp32 | GradPrecision::ParamAndFp32, GradCommPrecision::Grad) => 4.0,
+        }
+    }
+
+    /// Bytes per parameter of the transient copy the reduction makes when it casts the kept
+    /// gradient to another precision (DeepSpeed's `allreduce_bucket`: `tensor.to(...)` of the
+    /// whole flat FP32 buffer, which is one bucket): 0 when it reduces in place.
+    pub fn grad_comm_cast_bytes(&self) -> f64 {
+        match (self.grad_precision, self.grad_comm_precision) {
+            (GradPrecision::Fp32 | GradPrecision::ParamAndFp32, GradCommPrecision::Param) => {
+                self.precision.bytes()
+            }
+            _ => 0.0,
         }
     }
 

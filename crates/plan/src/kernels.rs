@@ -170,7 +170,13 @@ fn attention(
             };
             let ramp = len / (len + curve.flash_half_len);
             let rate = bf16_peak * curve.flash_attention * ramp;
-            (fwd_flops / rate, 2.5 * fwd_flops / rate, 0.0, 0.0)
+            let (merge_fwd, merge_bwd) = cp_merge_bytes(job, l, tok, t);
+            (
+                fwd_flops / rate,
+                2.5 * fwd_flops / rate,
+                merge_fwd,
+                merge_bwd,
+            )
         }
         AttentionKernel::Unfused => {
             let batch = b * heads;
@@ -193,6 +199,30 @@ fn attention(
             (fwd, bwd, 9.0 * scores, 11.0 * scores)
         }
     }
+}
+
+/// Bytes context parallelism's ring attention moves outside the attention kernels per layer
+/// and micro-batch on one rank, (forward, backward), with 2-byte activations, as Transformer
+/// Engine's `AttnFuncWithCPAndKVP2P` does them (TE 1.8, `attention.py`): the K/V pair is
+/// concatenated into the first send buffer (`torch.cat`, 4 B per K/V element); the output is
+/// zeroed (2 B per output element) and each of the cp steps merges its partial output into it
+/// (`flash_attn_fwd_out_correction`: read the step's output and the accumulator, write the
+/// accumulator, 6 B); in the backward each step adds its partial dQ into the dQ buffer and its
+/// partial dK, dV into the buffer sent on (`dq.add_`, `dkv.add_`: 6 B per element). Forward
+/// (6·cp + 2)·T·q/t + 4·T·2·kv, backward 6·cp·T·(q/t + 2·kv) with T = b·s/cp tokens and kv
+/// the K/V width on the rank. TE 2.x merges the forward in FP32 (10 B per step, 6 for the
+/// final cast), which this count leaves out.
+fn cp_merge_bytes(job: &Job, l: &Layout, tok: f64, t: f64) -> (f64, f64) {
+    if l.cp <= 1 {
+        return (0.0, 0.0);
+    }
+    let m = &job.model;
+    let cp = l.cp as f64;
+    let q = m.q_width() as f64 / t;
+    let kv = 2.0 * (m.kv_heads as f64 / t).max(1.0) * m.head_dim() as f64;
+    let fwd = (6.0 * cp + 2.0) * tok * q + 4.0 * tok * kv;
+    let bwd = 6.0 * cp * tok * (q + kv);
+    (fwd, bwd)
 }
 
 /// Bytes the memory-bound kernels of one layer move per micro-batch on one rank, (forward,

@@ -158,6 +158,19 @@ impl Layout {
         }
     }
 
+    /// Transformer blocks on the first pipeline stage, the one that holds the embedding and the
+    /// most micro-batches in flight: [`Layout::layers_per_stage`], one fewer with
+    /// [`Layout::embedding_slots`] (the embedding takes one of its slots: BigScience tr11-176B
+    /// README, "pp rank 0: [embed | 5 transformer blocks]" for 72 slots on 12 stages).
+    pub fn first_stage_layers(&self, layers: u64) -> u64 {
+        let per = self.layers_per_stage(layers);
+        if self.embedding_slots && self.pp > 1 {
+            per.saturating_sub(1)
+        } else {
+            per
+        }
+    }
+
     /// Slots the pipeline split shares out: L, or L + 2 with [`Layout::embedding_slots`].
     pub fn pipeline_slots(&self, layers: u64) -> u64 {
         if self.embedding_slots && self.pp > 1 {

@@ -76,13 +76,18 @@ pub fn lint(job: &Job, cluster: &Cluster, e: &Evaluation, cfg: &LintConfig) -> V
         warn(
             "out-of-memory",
             format!(
-                "needs {:.1} GB per device (weights {:.1} + grads {:.1} + optimizer {:.1} + activations {:.1} + reserve {:.1}) > HBM {:.1} GB",
+                "needs {:.1} GB per device (weights {:.1} + grads {:.1} + optimizer {:.1} + activations {:.1} + reserve {:.1}{}) > HBM {:.1} GB",
                 e.memory.total / GB,
                 e.memory.weights / GB,
                 e.memory.grads / GB,
                 e.memory.optimizer / GB,
-                e.memory.activations / GB,
+                e.memory.activations.max(e.memory.step_transient) / GB,
                 e.memory.reserve / GB,
+                if e.memory.context > 0.0 {
+                    format!(" + context {:.1}", e.memory.context / GB)
+                } else {
+                    String::new()
+                },
                 e.memory.capacity / GB
             ),
             "000 §2.21, Q22-Q23",

@@ -69,6 +69,15 @@ pub struct MemoryBreakdown {
     pub activations: f64,
     /// Reserved (communication buffers, allocator).
     pub reserve: f64,
+    /// The CUDA context and the framework's loaded kernels ([`CUDA_CONTEXT_BYTES`]; kernel
+    /// model only, else 0).
+    #[serde(default)]
+    pub context: f64,
+    /// The largest buffer the step allocates after the pipeline has flushed (activations
+    /// freed): the cast copy of the gradients for the reduction ([`Job::grad_comm_cast_bytes`]).
+    /// The total counts the larger of this and the activations.
+    #[serde(default)]
+    pub step_transient: f64,
     /// Sum.
     pub total: f64,
     /// Device HBM.
@@ -82,19 +91,42 @@ impl MemoryBreakdown {
     }
 }
 
-/// Parameters on the most loaded pipeline stage of one device: (layers/p dense params + the larger
-/// embedding matrix when p > 1, both when p = 1) / t, plus expert params / (t·ep). Without a
-/// vocabulary-parallel embedding ([`Layout::vocab_parallel`] false) the embedding matrices are
-/// whole on every TP rank: layers/p · dense / t + embedding.
+/// Parameters on the first pipeline stage of one device: (its blocks' dense params + the larger
+/// embedding matrix when p > 1, both when p = 1) / t, plus expert params / (t·ep). The first
+/// stage holds [`Layout::first_stage_layers`] blocks: L/p, one fewer with embedding slots
+/// (where the embedding takes a block's slot). Without a vocabulary-parallel embedding
+/// ([`Layout::vocab_parallel`] false) the embedding matrices are whole on every TP rank:
+/// blocks · dense / t + embedding.
 pub fn params_per_device(job: &Job, l: &Layout) -> (f64, f64) {
     let m = &job.model;
-    let layers_per_stage = l.layers_per_stage(m.layers) as f64;
+    let layers_per_stage = l.first_stage_layers(m.layers) as f64;
     let emb = m.vocab as f64 * m.hidden as f64;
     let emb_stage = if l.pp <= 1 { m.embedding_params() } else { emb };
     let emb_split = if l.vocab_parallel { l.tp as f64 } else { 1.0 };
     let dense = layers_per_stage * m.dense_params_per_layer() / l.tp as f64 + emb_stage / emb_split;
     let expert = layers_per_stage * m.expert_params_per_layer() / (l.tp * l.ep.max(1)) as f64;
     (dense, expert)
+}
+
+/// Parameters on the pipeline stage that holds the most: the first stage's
+/// ([`params_per_device`]), or with embedding slots and p > 2 a middle stage's full
+/// [`Layout::layers_per_stage`] blocks where those outweigh the first stage's blocks and
+/// embedding. The data-parallel reduction of every stage runs at once, so this stage's sets
+/// its time.
+pub fn params_busiest_stage(job: &Job, l: &Layout) -> (f64, f64) {
+    let (dense, expert) = params_per_device(job, l);
+    if !(l.embedding_slots && l.pp > 2) {
+        return (dense, expert);
+    }
+    let m = &job.model;
+    let blocks = l.layers_per_stage(m.layers) as f64;
+    let mid_dense = blocks * m.dense_params_per_layer() / l.tp as f64;
+    let mid_expert = blocks * m.expert_params_per_layer() / (l.tp * l.ep.max(1)) as f64;
+    if mid_dense + mid_expert > dense + expert {
+        (mid_dense, mid_expert)
+    } else {
+        (dense, expert)
+    }
 }
 
 /// The memory of one device of `layout` (000 §2.21; the first pipeline stage is the peak).
@@ -148,13 +180,24 @@ pub fn device_memory(job: &Job, cluster: &Cluster, l: &Layout) -> MemoryBreakdow
     };
     let per_layer = layer(stored);
     let mb = l.microbatches(job.global_batch);
-    let layers_per_stage = l.layers_per_stage(m.layers) as f64;
-    let mut activations =
-        per_layer * layers_per_stage * in_flight(l.schedule, l.pp, mb, l.interleave);
+    let layers_per_stage = l.first_stage_layers(m.layers) as f64;
+    let flight = in_flight(l.schedule, l.pp, mb, l.interleave);
+    let mut activations = per_layer * layers_per_stage * flight;
     if l.recompute == Recompute::Full {
         // The layer being recomputed needs its full activations once.
         activations += layer(Recompute::None);
     }
+    let kernels = job.compute_model == ComputeModel::Kernels;
+    let (context, step_transient) = if kernels {
+        let (per_microbatch, once) = runtime_activation_bytes(job, l);
+        activations += per_microbatch * flight + once;
+        (
+            CUDA_CONTEXT_BYTES,
+            job.grad_comm_cast_bytes() * (dense + expert),
+        )
+    } else {
+        (0.0, 0.0)
+    };
     let reserve = cluster.memory_reserve;
     MemoryBreakdown {
         params_local: dense + expert,
@@ -163,9 +206,50 @@ pub fn device_memory(job: &Job, cluster: &Cluster, l: &Layout) -> MemoryBreakdow
         optimizer,
         activations,
         reserve,
-        total: weights + grads + optimizer + activations + reserve,
+        context,
+        step_transient,
+        total: weights + grads + optimizer + activations.max(step_transient) + reserve + context,
         capacity: cluster.device.hbm_bytes,
     }
+}
+
+/// The CUDA context and the kernels the framework loads, as `nvidia-smi` counts them on top
+/// of what the allocator holds: 1,271 MiB, measured by BigScience on Jean Zay's V100 32 GB
+/// partition with their Megatron-DeepSpeed stack ("also need to take into account the cuda
+/// kernels (1271MiB)", tr11-176B-ml `chronicles-prequel.md`, "104B topology / memory usage");
+/// taken as the same on other devices.
+pub const CUDA_CONTEXT_BYTES: f64 = 1271.0 * 1024.0 * 1024.0;
+
+/// The kernel model's additions to Korthikanti's per-layer formula, as (bytes the first stage
+/// keeps per micro-batch in flight outside the transformer blocks, bytes held once):
+/// - the embedding dropout's mask, s·b·h bytes (÷ t with SP): Korthikanti et al. 2022 §4.3
+///   (method only), "the dropout in the input embeddings";
+/// - with [`crate::model::ModelShape::embedding_norm`], the embedding layer norm's input,
+///   2·s·b·h bytes (÷ t with SP): the norm keeps it for its backward and it sits outside the
+///   recomputed blocks (Megatron-DeepSpeed `GPTModelPipe` checkpoints only the transformer
+///   layers);
+/// - unfused attention: the backward of the score matrix holds two score-sized BF16 buffers
+///   at once (the gradient of the dropout output and the dropout backward's result; the fused
+///   softmax backward then works in place), 4·a·s²·b/t bytes, once (not per micro-batch).
+fn runtime_activation_bytes(job: &Job, l: &Layout) -> (f64, f64) {
+    let m = &job.model;
+    let s = m.seq as f64 / l.cp.max(1) as f64;
+    let sbh = s * l.micro_batch as f64 * m.hidden as f64;
+    let split = if l.sequence_parallel && l.tp > 1 {
+        l.tp as f64
+    } else {
+        1.0
+    };
+    let act = job.precision.bytes() / 2.0;
+    let norm = if m.embedding_norm { 2.0 * act } else { 0.0 };
+    let per_microbatch = sbh * (1.0 + norm) / split;
+    let score_grads = match job.attention {
+        AttentionKernel::Unfused => {
+            4.0 * act * m.heads as f64 * s * s * l.micro_batch as f64 / l.tp as f64
+        }
+        AttentionKernel::Flash => 0.0,
+    };
+    (per_microbatch, score_grads)
 }
 
 /// Minimum devices to hold `bytes` at `per_device` each: ⌈bytes / per_device⌉ (000 E3, S23:

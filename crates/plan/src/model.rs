@@ -40,6 +40,10 @@ pub struct ModelShape {
     /// Width of one attention head when it is not h/a (Qwen 3, GPT-OSS); absent: h/a.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_dim: Option<u64>,
+    /// A layer norm on the embedding output (BLOOM's `--embed-layernorm`); it keeps its input
+    /// for the backward outside the recomputed blocks. Default false.
+    #[serde(default)]
+    pub embedding_norm: bool,
 }
 
 fn custom() -> String {
@@ -100,6 +104,7 @@ pub fn model_preset(name: &str) -> Result<ModelShape> {
             gated,
             tied_embeddings: !gated,
             head_dim: None,
+            embedding_norm: false,
         }
     }
     let key = name.to_ascii_lowercase();

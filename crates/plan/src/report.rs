@@ -363,14 +363,15 @@ pub fn render(r: &Report, explain: bool) -> String {
         let mm = &e.memory;
         let _ = writeln!(
             o,
-            "memory/device {:.1} GB of {:.1}: weights {:.1} grads {:.1} optimizer {:.1} activations {:.1} reserve {:.1}",
+            "memory/device {:.1} GB of {:.1}: weights {:.1} grads {:.1} optimizer {:.1} activations {:.1} reserve {:.1}{}",
             mm.total / GB,
             mm.capacity / GB,
             mm.weights / GB,
             mm.grads / GB,
             mm.optimizer / GB,
             mm.activations / GB,
-            mm.reserve / GB
+            mm.reserve / GB,
+            runtime_memory(mm)
         );
         let _ = writeln!(
             o,
@@ -410,4 +411,21 @@ pub fn render(r: &Report, explain: bool) -> String {
         }
     }
     o
+}
+
+/// The kernel model's runtime memory terms for the text report (empty under the roofline
+/// model, so its output is unchanged): the CUDA context and, when it is what the total
+/// counts, the cast copy held after the pipeline flush.
+fn runtime_memory(mm: &crate::memory::MemoryBreakdown) -> String {
+    let mut out = String::new();
+    if mm.context > 0.0 {
+        out += &format!(" context {:.1}", mm.context / GB);
+    }
+    if mm.step_transient > mm.activations {
+        out += &format!(
+            " (after the flush {:.1} instead of the activations)",
+            mm.step_transient / GB
+        );
+    }
+    out
 }

@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::job::{ComputeModel, Job};
 use crate::kernels::layer_times;
 use crate::layout::{Layout, Recompute, ZeroStage};
-use crate::memory::{MemoryBreakdown, device_memory, params_per_device};
+use crate::memory::{MemoryBreakdown, device_memory, params_busiest_stage};
 use crate::pipeline::{Schedule, bubble_fraction, bubble_time};
 use crate::units::{fmt_bytes, fmt_time};
 use serde::{Deserialize, Serialize};
@@ -356,7 +356,7 @@ pub(crate) fn evaluate_valid(
 
     // DP: gradient all-reduce (2 half-units), ZeRO-2 m reduce-scatters + 1 all-gather, ZeRO-3
     // 2m all-gathers + m reduce-scatters (000 F20: FSDP ≈ 3 units vs DDP 2 at m = 1).
-    let (dense, expert) = params_per_device(job, l);
+    let (dense, expert) = params_busiest_stage(job, l);
     let g = job.grad_comm_bytes();
     let units = match l.zero {
         ZeroStage::None | ZeroStage::Optimizer => 2.0,
@@ -407,11 +407,32 @@ pub(crate) fn evaluate_valid(
         dp_exposed,
         "000 F15, F20; 004 eq. 28.15",
     );
-    let optimizer =
-        2.0 * (memory.weights + memory.grads + memory.optimizer) / cluster.device.hbm_bw;
+    // Under the kernel model an FP8 run also casts its local weights to FP8 once per step
+    // (Transformer Engine casts and transposes them on the first micro-batch and reuses the
+    // copies for the rest: `Linear.forward(is_first_microbatch)`, TE user guide "FP8 weight
+    // caching"): read 2 B, write the FP8 copy and its transpose, 4 B per parameter.
+    let weight_cast = match &kernels {
+        Some(_) if job.precision == crate::hardware::Precision::Fp8 => {
+            let curve = crate::gemm::kernel_curve(&cluster.device);
+            crate::gemm::memory_time(&curve, cluster.device.hbm_bw, 4.0 * memory.params_local)
+        }
+        _ => 0.0,
+    };
+    let optimizer = 2.0 * (memory.weights + memory.grads + memory.optimizer)
+        / cluster.device.hbm_bw
+        + weight_cast;
     term(
         "optimizer",
-        &|| format!("2 x state bytes / B_mem = {}", fmt_time(optimizer)),
+        &|| {
+            if weight_cast > 0.0 {
+                format!(
+                    "2 x state bytes / B_mem + FP8 weight cast 4 B x params / (e_mem B_mem) = {}",
+                    fmt_time(optimizer)
+                )
+            } else {
+                format!("2 x state bytes / B_mem = {}", fmt_time(optimizer))
+            }
+        },
         optimizer,
         "004 eq. 28.2",
     );

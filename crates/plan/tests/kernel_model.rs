@@ -186,3 +186,84 @@ fn interleaved_sends_hide_under_the_next_chunk() {
     let r = Job::from_file(&JobFile::preset("llama2-70b", 64)).unwrap();
     assert!(evaluate(&r, &h100(4), &l).unwrap().step.pp_comm > 0.0);
 }
+
+/// BigScience tr11-176B README: with `type:transformer|embedding`, 70 layers + embedding + head
+/// on 12 stages is "pp rank 0: [embed | 5 transformer blocks]", "pp rank 1: [6 transformer
+/// blocks]": the first stage holds one block fewer than the slots per stage, and its parameters
+/// are those 5 blocks and the embedding.
+#[test]
+fn embedding_slots_give_the_first_stage_one_block_fewer() {
+    use plan::memory::{params_busiest_stage, params_per_device};
+    let mut f = kernels("gpt3-175b", 1536);
+    f.model.layers = Some(70);
+    let j = Job::from_file(&f).unwrap();
+    let mut l = Layout::new(4, 12, 8);
+    l.embedding_slots = true;
+    assert_eq!((l.layers_per_stage(70), l.first_stage_layers(70)), (6, 5));
+    let m = &j.model;
+    let emb = m.vocab as f64 * m.hidden as f64;
+    let expect = (5.0 * m.dense_params_per_layer() + emb) / 4.0;
+    let (first, _) = params_per_device(&j, &l);
+    assert!((first / expect - 1.0).abs() < 1e-12, "{first} vs {expect}");
+    // The busiest stage is a middle one (6 blocks) when a block outweighs the embedding.
+    let (busiest, _) = params_busiest_stage(&j, &l);
+    let six = 6.0 * m.dense_params_per_layer() / 4.0;
+    assert!((busiest - first.max(six)).abs() < 1.0, "{busiest}");
+    // Without embedding slots nothing changes.
+    l.embedding_slots = false;
+    l.pp = 10;
+    assert_eq!(l.first_stage_layers(70), l.layers_per_stage(70));
+}
+
+/// DeepSpeed 0.6-0.7 reduces the BF16 optimizer's FP32 gradients cast to BF16: half the bytes
+/// on the wire, and a 2-byte-per-parameter cast copy after the flush. Omitted, the FP32 copy is
+/// reduced as before.
+#[test]
+fn gradients_reduced_in_the_weights_precision() {
+    use plan::job::GradCommPrecision;
+    let mut f = kernels("llama2-70b", 256);
+    f.training.grad_precision = GradPrecision::ParamAndFp32;
+    let fp32 = Job::from_file(&f).unwrap();
+    assert_eq!(fp32.grad_comm_precision, GradCommPrecision::Grad);
+    assert_eq!(fp32.grad_comm_bytes(), 4.0);
+    f.training.grad_comm_precision = GradCommPrecision::Param;
+    let bf16 = Job::from_file(&f).unwrap();
+    assert_eq!(bf16.grad_comm_bytes(), 2.0);
+    let mut l = Layout::new(8, 4, 8);
+    l.recompute = Recompute::Full;
+    let a = evaluate(&fp32, &h100(32), &l).unwrap();
+    let b = evaluate(&bf16, &h100(32), &l).unwrap();
+    let ratio = b.step.dp_comm / a.step.dp_comm;
+    assert!((0.45..0.55).contains(&ratio), "{ratio}");
+    assert_eq!(a.memory.step_transient, 0.0);
+    assert!((b.memory.step_transient / b.memory.params_local - 2.0).abs() < 1e-12);
+}
+
+/// The kernel model's runtime memory: the CUDA context (1,271 MiB), the embedding dropout mask
+/// (s·b·h bytes) per micro-batch in flight on the first stage and, with an embedding norm, its
+/// input (2·s·b·h); the roofline model keeps its figure.
+#[test]
+fn kernel_memory_adds_the_context_and_the_embedding_stage() {
+    use plan::memory::CUDA_CONTEXT_BYTES;
+    let roof = Job::from_file(&JobFile::preset("llama2-7b", 64)).unwrap();
+    let mut f = kernels("llama2-7b", 64);
+    let kern = Job::from_file(&f).unwrap();
+    let mut l = Layout::new(8, 4, 2);
+    l.sequence_parallel = false;
+    l.recompute = Recompute::Full;
+    let cl = h100(8);
+    let (r, k) = (
+        evaluate(&roof, &cl, &l).unwrap().memory,
+        evaluate(&kern, &cl, &l).unwrap().memory,
+    );
+    assert_eq!(r.context, 0.0);
+    assert_eq!(k.context, CUDA_CONTEXT_BYTES);
+    let sbh = 4096.0 * 4096.0;
+    let flight = 4.0; // 1F1B: p micro-batches in flight on the first stage
+    assert!((k.activations - r.activations - sbh * flight).abs() < 1.0);
+    f.model.embedding_norm = Some(true);
+    let normed = evaluate(&Job::from_file(&f).unwrap(), &cl, &l)
+        .unwrap()
+        .memory;
+    assert!((normed.activations - k.activations - 2.0 * sbh * flight).abs() < 1.0);
+}
