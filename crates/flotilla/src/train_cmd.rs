@@ -376,8 +376,8 @@ pub fn run(mut a: Args) -> Result<()> {
                 let live = Live::publish(a.metrics_port.is_some(), &w.rdv, w.rank)?;
                 let (group, ft) = ft_worker(&a, &cfg, &w)?;
                 let mut obs = Bar::observer(&a, sup, live)?;
-                train::run::ft::run(&cfg, group, ft, &mut obs)?;
-                return Ok(());
+                let ended = train::run::ft::run(&cfg, group, ft, &mut obs)?;
+                return Ok(Supervision::ended(term, ended, grace)?);
             }
             let group = ProcessGroup::new(
                 &w.rdv,

@@ -177,13 +177,14 @@ impl Trainer {
             let mine = z.state_pieces(layout, (self.params(), m, v), &sharded);
             // Hybrid sharding: the replica groups hold the same parts and share the writing.
             return match z.replicas() {
-                Some(r) => mine
+                // Under --ft one replica group (the quorum's first) writes everything.
+                Some(r @ crate::zero::Replicas::Group(_)) => mine
                     .into_iter()
                     .enumerate()
                     .filter(|(k, _)| k % r.size() == r.rank())
                     .map(|(_, p)| p)
                     .collect(),
-                None => mine,
+                _ => mine,
             };
         }
         if self.tensor.is_none() {

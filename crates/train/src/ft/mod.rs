@@ -221,6 +221,16 @@ impl FaultTolerance {
         self.state().stop_wanted |= stop;
     }
 
+    /// Whether this rank's replica saves the checkpoints: the first member of the last
+    /// committed step's quorum.
+    pub fn saves(&self) -> bool {
+        let st = self.state();
+        st.committed
+            .as_ref()
+            .and_then(|q| q.members.first())
+            .is_some_and(|m| m.replica == self.replica)
+    }
+
     /// The attempt at which the last committed step succeeded (0: at the first).
     pub fn committed_attempt(&self) -> u64 {
         self.state().committed.as_ref().map_or(0, |q| q.attempt)

@@ -8,6 +8,7 @@ use std::time::Instant;
 use comm::group::ProcessGroup;
 
 use super::{Ended, Observer, RunConfig, engine::Engine, outputs, report};
+use crate::checkpoint::{Checkpointer, run_id};
 use crate::error::{Result, TrainError};
 use crate::ft::FaultTolerance;
 use crate::metrics::{gemm_gflops, mfu};
@@ -34,9 +35,9 @@ pub fn refusal(cfg: &RunConfig) -> Option<String> {
         "--zero 1 without --dp-shard: ZeRO over the whole job cannot lose a replica; shard \
          inside replica groups with --dp-shard N"
             .into()
-    } else if cfg.checkpoint.is_some() {
-        "--ckpt-dir: under --ft a lost replica recovers from a live one; checkpoints under \
-         --ft are not built yet (run without --ft for restart-from-checkpoint)"
+    } else if cfg.ckpt_remote.is_some() {
+        "--ckpt-dir s3://...: the object-store mirror is not built under --ft yet (a local or \
+         shared directory works)"
             .into()
     } else if cfg.eval_every > 0 || cfg.trace.is_some() || cfg.export_hf.is_some() {
         "--eval-every, --trace and --export-hf are not built under --ft yet".into()
@@ -83,7 +84,8 @@ pub fn run(
             ft.join_after()
         ));
     }
-    obs.resumed(0, steps);
+    let mut ck = open_checkpoints(cfg, trainer(&mut engine)?, &ft, obs)?;
+    obs.resumed(engine.steps_done(), steps);
     let info = RunInfo {
         rank: ft.replica() * ft.replica_size(),
         world,
@@ -155,11 +157,24 @@ pub fn run(
             obs.line(&report::step_line(&s, steps, fpt, peak_all, world));
         }
         let (attempts, span) = (ft.committed_attempt(), ft.take_lost_seconds());
+        let stop = ft.stop_agreed() && s.step < steps;
+        // The quorum's first replica saves (its ranks in parallel; its rank 0 commits).
+        let saved = match &mut ck {
+            Some(c) if ft.saves() && (super::due(c.config(), s.step) || stop) => {
+                let t = trainer(&mut engine)?;
+                let saved = c.save(t)?;
+                if lead {
+                    obs.line(&report::saved_line(&saved));
+                }
+                Some(saved.pause)
+            }
+            _ => None,
+        };
         let record = StepRecord {
             retried: Some(attempts),
             retried_s: Some((span - s.seconds - s.data_seconds).max(0.0)),
             replicas: Some(ft.participants()),
-            ..StepRecord::new(&s, &info, None)
+            ..StepRecord::new(&s, &info, saved)
         };
         match (&cfg.metrics, lead) {
             (Some(path), true) => {
@@ -174,11 +189,43 @@ pub fn run(
         }
         obs.recorded(&record);
         obs.completed(&s).map_err(TrainError::Observer)?;
+        if stop {
+            if let Some(c) = &mut ck {
+                c.wait()?;
+            }
+            if lead {
+                obs.line(&format!(
+                    "# stop requested (SIGTERM): every replica stopped after step {}, saved by \
+                     replica {}",
+                    s.step,
+                    ft.replica()
+                ));
+            }
+            return Ok(Ended::Stopped { step: s.step });
+        }
+        if ck.is_some() {
+            ft.request_stop(obs.stop_requested());
+        }
     }
     obs.finishing();
     ft.finish()?;
     let lead = ft.is_lead();
     let mut lines = Vec::new();
+    if let Some(c) = &mut ck {
+        let t = trainer(&mut engine)?;
+        match ft.saves() {
+            true => {
+                if let Some(saved) = c.finish(t)? {
+                    lines.push(report::saved_line(&saved));
+                }
+                lines.push(format!(
+                    "# checkpoints committed in {}",
+                    c.config().dir.display()
+                ));
+            }
+            false => c.wait()?,
+        }
+    }
     let tps = timed_tokens as f64 / timed_s.max(1e-9);
     lines.push(format!(
         "# done: {steps} steps, final loss {last_loss:.4}, {tps:.1} tokens/s, MFU {:.1}% (steps \
@@ -206,4 +253,42 @@ fn trainer(engine: &mut Engine) -> Result<&mut Trainer> {
             "per-step fault tolerance runs a data-parallel engine".into(),
         )),
     }
+}
+
+/// The run's checkpointer under `--ft`: every replica of a first start resumes from the
+/// directory (one rank clears its leftovers) and keeps a checkpointer as its replica group's
+/// ranks; a restarted replica only keeps one (its state comes from a live replica).
+fn open_checkpoints(
+    cfg: &RunConfig,
+    t: &mut Trainer,
+    ft: &FaultTolerance,
+    obs: &mut dyn Observer,
+) -> Result<Option<Checkpointer>> {
+    let Some(c) = &cfg.checkpoint else {
+        return Ok(None);
+    };
+    let size = ft.replica_size();
+    let inner = (t.rank() % size) as u32;
+    if ft.joining() {
+        let ck =
+            Checkpointer::new(c.clone(), &run_id(&cfg.train))?.with_shard(inner, size as u32)?;
+        return Ok(Some(ck));
+    }
+    let shard = super::resume::Shard {
+        rank: inner,
+        world: size as u32,
+        clears: t.rank() == 0,
+    };
+    let opened = super::resume::open_as(t, c.clone(), shard)?;
+    if ft.is_lead() {
+        let dir = c.dir.display();
+        for r in &opened.rejected {
+            obs.line(&format!("# checkpoint rejected (lost): {r}"));
+        }
+        obs.line(&match opened.resumed {
+            Some((step, by)) => format!("# resumed from {dir} step {step} (saved by {by} ranks)"),
+            None => format!("# no checkpoint in {dir}: starting at step 0"),
+        });
+    }
+    Ok(Some(opened.checkpointer))
 }

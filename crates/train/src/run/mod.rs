@@ -450,7 +450,7 @@ fn open_saver(
 }
 
 /// Whether `step` is due for a save every `c.every` steps.
-fn due(c: &CheckpointConfig, step: u64) -> bool {
+pub(crate) fn due(c: &CheckpointConfig, step: u64) -> bool {
     c.every > 0 && step.is_multiple_of(c.every)
 }
 

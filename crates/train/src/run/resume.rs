@@ -28,13 +28,36 @@ pub struct Opened {
 /// the others, so all read the same directory state; the ranks then check they resumed the same
 /// step. Every rank saves its rows of every tensor in parallel; rank 0 commits.
 pub fn open(trainer: &mut Trainer, cfg: CheckpointConfig) -> Result<Opened> {
+    let shard = Shard {
+        rank: trainer.rank() as u32,
+        world: trainer.world() as u32,
+        clears: trainer.rank() == 0,
+    };
+    open_as(trainer, cfg, shard)
+}
+
+/// Who a rank is among a checkpoint's writers.
+#[derive(Clone, Copy, Debug)]
+pub struct Shard {
+    /// Its place among the writers.
+    pub rank: u32,
+    /// The writers of each step.
+    pub world: u32,
+    /// Whether it clears the directory's uncommitted leftovers first (one rank of the job).
+    pub clears: bool,
+}
+
+/// [`open`] as `shard` of the checkpoint's writers (under `--ft`, one replica group's ranks:
+/// the quorum's first replica saves; every replica resumes). The rank placed first resumes
+/// before the others of its group.
+pub fn open_as(trainer: &mut Trainer, cfg: CheckpointConfig, shard: Shard) -> Result<Opened> {
     let dir = cfg.dir.clone();
     let dir = dir.as_path();
-    let lead = trainer.rank() == 0;
+    let lead = shard.rank == 0;
     let resume = |trainer: &mut Trainer| {
         Checkpointer::resume(dir, trainer).ctx(|| format!("resuming from {}", dir.display()))
     };
-    if lead {
+    if shard.clears {
         // Before the barrier below: no rank saves until every rank has resumed.
         crate::checkpoint::clear_leftovers(dir)?;
     }
@@ -55,7 +78,7 @@ pub fn open(trainer: &mut Trainer, cfg: CheckpointConfig) -> Result<Opened> {
     };
     let asynchronous = cfg.asynchronous;
     let run_id = crate::checkpoint::run_id(trainer.config());
-    let (rank, world) = (trainer.rank() as u32, trainer.world() as u32);
+    let (rank, world) = (shard.rank, shard.world);
     let mut checkpointer = Checkpointer::new(cfg, &run_id)?.with_shard(rank, world)?;
     let mapped = checkpointer.prepare(trainer)?;
     Ok(Opened {
