@@ -56,7 +56,7 @@ pub(crate) fn spawn_generation(
     members: &Membership,
     addr: SocketAddr,
     secret: &Secret,
-    fault: Option<Fault>,
+    faults: &[Fault],
 ) -> Result<Vec<LocalWorker>> {
     let world = cfg.nproc * members.len();
     let slot = members.slot(cfg.node_rank).ok_or_else(|| {
@@ -78,8 +78,8 @@ pub(crate) fn spawn_generation(
             rules.period().as_millis().to_string(),
         ));
     }
-    if let Some(f) = fault {
-        env.push((ENV_CHAOS.into(), f.to_string()));
+    if !faults.is_empty() {
+        env.push((ENV_CHAOS.into(), Fault::list(faults)));
     }
     let common = env.len();
     let mut workers = Vec::with_capacity(cfg.nproc);
@@ -143,6 +143,7 @@ pub(crate) fn watch_generation(
     workers: &mut [LocalWorker],
     recovery: &mut Option<Recovery>,
     job_deadline: Instant,
+    mut cut: Option<crate::partition::Cut>,
 ) -> Result<Outcome> {
     let say = |line: String| say(cfg, line);
     let now = Instant::now();
@@ -199,6 +200,11 @@ pub(crate) fn watch_generation(
                 failures.push(f);
             }
             watch.done = w.status.is_some_and(|s| s.success());
+        }
+        // A chaos partition of this node: sit it out without a word to the store, then watch on.
+        if let Some(c) = cut.take_if(|c| c.due(last_step(&watches))) {
+            c.sit_out(job_deadline, &say)?;
+            continue;
         }
         if let Some(r) = recovery.as_mut() {
             report_recovery(r, g, &watches, &say);

@@ -18,7 +18,8 @@
 //! - [`metrics`] and [`http`]: the job's live figures, served as a Prometheus endpoint;
 //! - [`straggler`]: `--straggler warn|exclude`, what the job does with a slow rank;
 //! - [`supervision`]: a worker's link to its agent (heartbeat, chaos, SIGTERM, stragglers);
-//! - [`chaos`]: injected faults for recovery tests;
+//! - [`chaos`]: injected faults for recovery tests ([`partition`]: a node cut off the network;
+//!   [`soak`]: many random faults over one run);
 //! - [`env`](mod@env): worker identity, Slurm and torchrun-style environments;
 //! - [`exit`]: the exit-code table (success, failed, pre-empted, refused);
 //! - [`term`]: SIGTERM as a pre-emption notice.
@@ -41,7 +42,9 @@ pub mod heartbeat;
 pub mod http;
 pub mod metrics;
 pub mod observer;
+pub mod partition;
 pub mod process;
+pub mod soak;
 pub mod srun;
 pub mod straggler;
 pub mod supervision;

@@ -12,8 +12,8 @@ use comm::group::Rendezvous;
 pub struct Supervision {
     /// The heartbeat thread, if the agent watches heartbeats.
     pub hb: Option<Heartbeat>,
-    /// The chaos fault this worker may have to strike itself with.
-    pub fault: Option<Fault>,
+    /// The chaos faults this worker may have to strike itself with (its generation's).
+    pub faults: Vec<Fault>,
     /// Global rank.
     pub rank: usize,
     /// The SIGTERM handler, installed when the run has a checkpoint directory to save in.
@@ -43,7 +43,9 @@ impl Supervision {
             .transpose()?;
         Ok(Supervision {
             hb,
-            fault: w.chaos.as_deref().map(crate::Fault::parse).transpose()?,
+            faults: (w.chaos.as_deref().map(crate::Fault::parse_list))
+                .transpose()?
+                .unwrap_or_default(),
             rank: w.rank,
             term,
             rdv: Some(w.rdv.clone()),
@@ -84,14 +86,16 @@ impl Supervision {
     /// agent, then let chaos strike if it is due (a `slow@` fault stretches the step here, so
     /// the rank arrives late at the step's exchange of arrival times).
     pub fn completed(&self, step: u64, compute: Duration) -> Result<()> {
-        if let Some(d) = (self.fault.as_ref()).and_then(|f| f.slow_delay(self.rank, step, compute))
-        {
-            std::thread::sleep(d);
+        let slow: Duration = (self.faults.iter())
+            .filter_map(|f| f.slow_delay(self.rank, step, compute))
+            .sum();
+        if !slow.is_zero() {
+            std::thread::sleep(slow);
         }
         if let Some(hb) = &self.hb {
             hb.completed(step);
         }
-        if let Some(f) = &self.fault {
+        for f in &self.faults {
             let flush = || {
                 if let Some(hb) = &self.hb {
                     hb.flush(step, Duration::from_secs(5));
