@@ -76,7 +76,10 @@ mod tests {
         let t0 = Instant::now();
         assert!(hold(t0 + Duration::from_millis(50)), "deadline first");
         assert!(t0.elapsed() >= Duration::from_millis(50));
-        assert!(!hold(Instant::now() + Duration::from_secs(10)), "healed first");
+        assert!(
+            !hold(Instant::now() + Duration::from_secs(10)),
+            "healed first"
+        );
         assert!(t0.elapsed() >= Duration::from_millis(300));
         assert_eq!(remaining(), None);
     }

@@ -125,10 +125,22 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
     };
     let cfg = &drawn;
     validate(cfg)?;
-    let detection = crate::partition::detection(cfg.watch.as_ref(), cfg.min_nnodes < cfg.nnodes)?;
+    // Partitions last as long as the other nodes take to notice (read only when there are
+    // any: it reads the collectives' settings from the environment).
+    let partitions = (cfg.chaos.faults.iter()).any(|f| f.kind.name() == "partition");
+    let detection = match partitions {
+        true => crate::partition::detection(cfg.watch.as_ref(), cfg.min_nnodes < cfg.nnodes)?,
+        false => Duration::ZERO,
+    };
     crate::partition::check(&cfg.chaos, cfg.nnodes, detection)?;
     if let Some(n) = cfg.chaos.soak.filter(|_| cfg.node_rank == 0) {
-        let count = |k: &str| cfg.chaos.faults.iter().filter(|f| f.kind.name() == k).count();
+        let count = |k: &str| {
+            cfg.chaos
+                .faults
+                .iter()
+                .filter(|f| f.kind.name() == k)
+                .count()
+        };
         say(
             cfg,
             format!(
@@ -401,7 +413,9 @@ fn chaos_plan(
         if skipped > 0 {
             say(
                 cfg,
-                format!("chaos: {skipped} fault(s) of generation {g} skipped: no step left after {seen}"),
+                format!(
+                    "chaos: {skipped} fault(s) of generation {g} skipped: no step left after {seen}"
+                ),
             );
         }
         for f in &faults {

@@ -232,7 +232,9 @@ impl Chaos {
                     return Err(bad("random", "a random fault step needs --steps >= 2"));
                 }
                 StepSpec::Random if self.windowed => {
-                    let left = self.failing().saturating_sub(usize::try_from(g).unwrap_or(0));
+                    let left = self
+                        .failing()
+                        .saturating_sub(usize::try_from(g).unwrap_or(0));
                     match crate::soak::window(after, d.steps, left, failing_step, f.kind) {
                         Some((lo, hi)) => lo + rng.next() % (hi - lo + 1),
                         None => continue,
@@ -304,9 +306,9 @@ fn parse_fault(item: &str) -> Result<FaultSpec> {
         "hang" => (FaultKind::Hang, rest),
         "stall" => (FaultKind::Stall, rest),
         "slow" => {
-            let (rest, factor) = rest.rsplit_once(':').ok_or_else(|| {
-                bad(item, "expected slow@STEP[:RANK]:FACTOR (e.g. slow@5:1:3)")
-            })?;
+            let (rest, factor) = rest
+                .rsplit_once(':')
+                .ok_or_else(|| bad(item, "expected slow@STEP[:RANK]:FACTOR (e.g. slow@5:1:3)"))?;
             let f: f64 = factor
                 .parse()
                 .map_err(|_| bad(item, "FACTOR must be a number (how many times slower)"))?;
@@ -320,14 +322,22 @@ fn parse_fault(item: &str) -> Result<FaultSpec> {
         }
         "partition" => match rest.splitn(3, ':').collect::<Vec<_>>()[..] {
             [step, node, secs] => {
-                let s: u32 = secs.parse().ok().filter(|s| (1..=MAX_PARTITION_SECS).contains(s))
+                let s: u32 = secs
+                    .parse()
+                    .ok()
+                    .filter(|s| (1..=MAX_PARTITION_SECS).contains(s))
                     .ok_or_else(|| {
                         bad(
                             item,
-                            format!("SECONDS must be a whole number from 1 to {MAX_PARTITION_SECS}"),
+                            format!(
+                                "SECONDS must be a whole number from 1 to {MAX_PARTITION_SECS}"
+                            ),
                         )
                     })?;
-                (FaultKind::Partition(Some(s)), &rest[..step.len() + 1 + node.len()])
+                (
+                    FaultKind::Partition(Some(s)),
+                    &rest[..step.len() + 1 + node.len()],
+                )
             }
             _ => (FaultKind::Partition(None), rest),
         },

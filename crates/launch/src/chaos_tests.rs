@@ -3,7 +3,14 @@ use super::*;
 
 /// The one fault of generation `g` for a single node of `world` workers (the old
 /// single-fault form of [`Chaos::resolve_in`]).
-fn one(c: &Chaos, g: u64, after: u64, seed: u64, steps: u64, world: usize) -> Result<Option<Fault>> {
+fn one(
+    c: &Chaos,
+    g: u64,
+    after: u64,
+    seed: u64,
+    steps: u64,
+    world: usize,
+) -> Result<Option<Fault>> {
     let draw = Draw {
         seed,
         steps,
@@ -30,8 +37,7 @@ fn plans_parse_and_resolve() {
         assert_eq!(one(&r, 0, 0, seed, 6, 3).unwrap(), Some(f), "deterministic");
     }
     assert_eq!(
-        one(&Chaos::parse("corrupt-newest").unwrap(), 0, 0, 1, 5, 2)
-            .unwrap(),
+        one(&Chaos::parse("corrupt-newest").unwrap(), 0, 0, 1, 5, 2).unwrap(),
         None
     );
 }
@@ -155,7 +161,11 @@ fn slow_faults_ride_with_the_failing_fault_after_them() {
         partition_default: Duration::from_secs(6),
     };
     let g1 = c.resolve_in(1, 2, &draw).unwrap();
-    assert_eq!(Fault::list(&g1), "kill@5:0,slow@3:0:2", "failing fault first");
+    assert_eq!(
+        Fault::list(&g1),
+        "kill@5:0,slow@3:0:2",
+        "failing fault first"
+    );
     assert_eq!(Fault::parse_list(&Fault::list(&g1)).unwrap(), g1);
 }
 
@@ -175,7 +185,10 @@ fn partitions_parse_resolve_to_a_node_other_than_0_and_round_trip() {
     assert_eq!(Fault::list(&f), "partition@3:2:8");
     assert_eq!(f[0].partition(), Some(Duration::from_secs(8)));
     assert_eq!(Fault::parse("partition@3:2:8").unwrap(), f[0]);
-    assert!(Fault::parse("partition@3:2").is_err(), "a resolved partition has its seconds");
+    assert!(
+        Fault::parse("partition@3:2").is_err(),
+        "a resolved partition has its seconds"
+    );
     let r = Chaos::parse("partition@random").unwrap();
     for seed in 0..30 {
         let d = Draw { seed, ..draw };

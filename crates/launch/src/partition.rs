@@ -152,7 +152,10 @@ mod tests {
     fn partitions_that_cannot_do_what_they_say_are_refused() {
         let d = Duration::from_secs(3);
         assert_eq!(default_duration(d), Duration::from_secs(6));
-        assert_eq!(default_duration(Duration::from_millis(1200)), Duration::from_secs(3));
+        assert_eq!(
+            default_duration(Duration::from_millis(1200)),
+            Duration::from_secs(3)
+        );
         let ok = Chaos::parse("partition@3:2:6,partition@4,partition@5:1").unwrap();
         assert!(check(&ok, 3, d).is_ok());
         for (plan, nnodes, needle) in [

@@ -32,7 +32,12 @@ pub(crate) fn parse_count(item: &str, n: &str) -> Result<u32> {
     n.parse::<u32>()
         .ok()
         .filter(|n| (1..=MAX_SOAK).contains(n))
-        .ok_or_else(|| bad(item, format!("N must be a number of faults from 1 to {MAX_SOAK}")))
+        .ok_or_else(|| {
+            bad(
+                item,
+                format!("N must be a number of faults from 1 to {MAX_SOAK}"),
+            )
+        })
 }
 
 /// `plan` with its `soak:N` drawn from `seed` as N faults for a rigid job of `nnodes` nodes and
@@ -148,12 +153,23 @@ mod tests {
         let (mut after, mut all) = (0, Vec::new());
         for g in 0..=plan.failing() as u64 {
             let faults = plan.resolve_in(g, after, &draw(members, steps)).unwrap();
-            assert_eq!(faults.len(), plan.episode(g).len(), "generation {g}: {faults:?}");
+            assert_eq!(
+                faults.len(),
+                plan.episode(g).len(),
+                "generation {g}: {faults:?}"
+            );
             let failing: Vec<&Fault> = faults.iter().filter(|f| f.kind.fails()).collect();
             for f in &faults {
-                assert!(f.step >= after.max(1) && f.step < steps, "{f} after {after}");
+                assert!(
+                    f.step >= after.max(1) && f.step < steps,
+                    "{f} after {after}"
+                );
                 if let Some(end) = failing.first() {
-                    assert!(f.kind.fails() || f.step < end.step, "{f} before {}", end.step);
+                    assert!(
+                        f.kind.fails() || f.step < end.step,
+                        "{f} before {}",
+                        end.step
+                    );
                 }
             }
             if let Some(end) = failing.first() {
@@ -174,7 +190,10 @@ mod tests {
             let all = play(&plan, 400, &[0, 1, 2]);
             assert_eq!(all.len(), 40, "seed {seed}");
             for kind in ["kill", "hang", "slow", "partition"] {
-                assert!(all.iter().any(|f| f.kind.name() == kind), "seed {seed}: {kind}");
+                assert!(
+                    all.iter().any(|f| f.kind.name() == kind),
+                    "seed {seed}: {kind}"
+                );
             }
             assert!(all.iter().all(|f| f.partition().is_none() || f.rank != 0));
             let again = expand(&Chaos::parse("soak:40").unwrap(), seed, 3, false, 400);
