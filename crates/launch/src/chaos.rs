@@ -422,14 +422,15 @@ impl Fault {
         stall_limit: Duration,
     ) -> Result<()> {
         let partition = self.partition();
-        if step != self.step || (partition.is_none() && rank != self.rank) {
+        if let FaultKind::Slow(_) = self.kind {
+            // Said once its first slowed step is done: a generation may resume past STEP (from
+            // a checkpoint of STEP itself) and never complete STEP, but always completes STEP+1.
+            if rank == self.rank && step == self.step + 1 {
+                eprintln!("flotilla: chaos: {self}: rank {rank} is slow from step {step} on");
+            }
             return Ok(());
         }
-        if let FaultKind::Slow(_) = self.kind {
-            eprintln!(
-                "flotilla: chaos: {self}: rank {rank} is slow from step {} on",
-                step + 1
-            );
+        if step != self.step || (partition.is_none() && rank != self.rank) {
             return Ok(());
         }
         publish();

@@ -95,7 +95,10 @@ impl Supervision {
         if let Some(hb) = &self.hb {
             hb.completed(step);
         }
-        for f in &self.faults {
+        // Slow faults first: they only speak, and a failing fault of the same step may end
+        // this process.
+        let slow = self.faults.iter().filter(|f| !f.kind.fails());
+        for f in slow.chain(self.faults.iter().filter(|f| f.kind.fails())) {
             let flush = || {
                 if let Some(hb) = &self.hb {
                     hb.flush(step, Duration::from_secs(5));
