@@ -6,7 +6,8 @@
 # planner's figure, and whether the two saved models are byte for byte equal.
 #   scripts/soak.sh [N] [SEED] [OUT]      (defaults: 100 faults, seed 1, stdout)
 # Opt-in benchmark, not a test: a 100-fault soak takes minutes. BIN picks the binary (default
-# target/debug/flotilla, built if absent: the model is tiny, recovery is what is measured).
+# target/debug/flotilla, built if absent: the model is tiny, recovery is what is measured);
+# KEEP=1 keeps the nodes' logs.
 set -euo pipefail
 N=${1:-100}
 SEED=${2:-1}
@@ -19,7 +20,8 @@ export FLOTILLA_TIMEOUT_S=${FLOTILLA_TIMEOUT_S:-3}
 export FLOTILLA_SECRET=soak-secret-0123456789abcdef
 STEPS=${STEPS:-$((3 * N + 1))}
 WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+# KEEP=1 keeps every node's output (and the checkpoints) in $WORK.
+[ -n "${KEEP:-}" ] && echo "keeping the nodes' output in $WORK" >&2 || trap 'rm -rf "$WORK"' EXIT
 
 # One job of 3 agents in $WORK/$1, extra flags after; node i's output in $WORK/$1/node$i.{out,err}.
 job() {

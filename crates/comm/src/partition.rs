@@ -63,24 +63,5 @@ pub fn hold(deadline: Instant) -> bool {
     false
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// One test for the process-wide state (tests of one binary run in threads of one process).
-    #[test]
-    fn a_cut_holds_callers_until_it_heals_or_their_deadline() {
-        assert!(!hold(Instant::now()), "not cut: no wait");
-        cut_for(Duration::from_millis(300));
-        assert!(remaining().is_some());
-        let t0 = Instant::now();
-        assert!(hold(t0 + Duration::from_millis(50)), "deadline first");
-        assert!(t0.elapsed() >= Duration::from_millis(50));
-        assert!(
-            !hold(Instant::now() + Duration::from_secs(10)),
-            "healed first"
-        );
-        assert!(t0.elapsed() >= Duration::from_millis(300));
-        assert_eq!(remaining(), None);
-    }
-}
+// Tested in tests/partition.rs, a process of its own: a cut holds every thread of the process,
+// and this crate's unit tests run side by side in one.
