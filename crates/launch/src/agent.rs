@@ -407,17 +407,21 @@ fn chaos_plan(
                 say(cfg, format!("chaos: generation {g}'s faults skipped: {e}"));
                 Vec::new()
             }
-            r => r?,
+            r => {
+                let faults = r?;
+                let skipped = cfg.chaos.episode(g).len() - faults.len();
+                if skipped > 0 {
+                    say(
+                        cfg,
+                        format!(
+                            "chaos: {skipped} fault(s) of generation {g} skipped: no step left \
+                             after {seen}"
+                        ),
+                    );
+                }
+                faults
+            }
         };
-        let skipped = cfg.chaos.episode(g).len() - faults.len();
-        if skipped > 0 {
-            say(
-                cfg,
-                format!(
-                    "chaos: {skipped} fault(s) of generation {g} skipped: no step left after {seen}"
-                ),
-            );
-        }
         for f in &faults {
             let who = match f.kind {
                 chaos::FaultKind::Partition(_) => format!("node {}", f.rank),
