@@ -285,6 +285,11 @@ pub fn exchange(
     let mut pollfds: Vec<libc::pollfd> = Vec::new();
     let mut idle_since: Option<Instant> = None;
     loop {
+        // A chaos partition of this process: nothing moves until it heals (see
+        // `crate::partition`); past the op's deadline this is the timeout a silent peer causes.
+        if crate::partition::hold(ctx.deadline) {
+            return Err(timeout_error(ctx, xfers, &st));
+        }
         // One pass: move every active transfer as far as it goes.
         let mut moved = false;
         let mut remaining = false;

@@ -23,6 +23,7 @@ pub mod group;
 pub mod local;
 pub mod mesh;
 pub mod model;
+pub mod partition;
 pub mod store;
 pub mod trace;
 pub mod transport;

@@ -115,9 +115,11 @@ pub struct Args {
     #[arg(long, default_value_t = 300.0, value_parser = seconds)]
     admission_timeout_s: f64,
     /// Fault injection: kill@STEP[:RANK], hang@STEP[:RANK] (SIGSTOP), stall@STEP[:RANK] (no
-    /// progress, heartbeat alive), slow@STEP[:RANK]:FACTOR (fail-slow), corrupt-newest (the
-    /// newest committed checkpoint is damaged before the restart); STEP may be `random`.
-    /// Comma-separated; the g-th worker fault strikes in generation g.
+    /// progress, heartbeat alive), slow@STEP[:RANK]:FACTOR (fail-slow),
+    /// partition@STEP[:NODE[:SECONDS]] (the node's agent and workers cut off the network, then
+    /// healed; not node 0), corrupt-newest (the newest committed checkpoint is damaged before
+    /// the restart), or soak:N alone (N random faults); STEP may be `random`. Comma-separated;
+    /// the g-th failing fault strikes in generation g, a slow@ with the failing fault after it.
     #[arg(long)]
     chaos: Option<String>,
     /// What to do with a rank named slow (its arrival at the step's collectives at least 1.75x

@@ -119,7 +119,53 @@ pub struct JobReport {
 
 /// Runs this node's part of the job to the end (see the module docs).
 pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
+    // Node 0 draws a soak's faults (it alone resolves and hands out each generation's).
+    let drawn = AgentConfig {
+        chaos: match cfg.node_rank {
+            0 => crate::soak::expand(
+                &cfg.chaos,
+                cfg.chaos_seed,
+                cfg.nnodes,
+                cfg.min_nnodes < cfg.nnodes,
+                cfg.steps,
+            )?,
+            _ => cfg.chaos.clone(),
+        },
+        ..cfg.clone()
+    };
+    let cfg = &drawn;
     validate(cfg)?;
+    // Partitions last as long as the other nodes take to notice (read only when there are
+    // any: it reads the collectives' settings from the environment).
+    let partitions = (cfg.chaos.faults.iter()).any(|f| f.kind.name() == "partition");
+    let detection = match partitions {
+        true => crate::partition::detection(cfg.watch.as_ref(), cfg.min_nnodes < cfg.nnodes)?,
+        false => Duration::ZERO,
+    };
+    crate::partition::check(&cfg.chaos, cfg.nnodes, detection)?;
+    if let Some(n) = cfg.chaos.soak.filter(|_| cfg.node_rank == 0) {
+        let count = |k: &str| {
+            cfg.chaos
+                .faults
+                .iter()
+                .filter(|f| f.kind.name() == k)
+                .count()
+        };
+        say(
+            cfg,
+            format!(
+                "chaos: soak:{n} (seed {}): {} kill, {} hang, {} partition, {} slow; {} fail \
+                 their generation (--max-restarts {})",
+                cfg.chaos_seed,
+                count("kill"),
+                count("hang"),
+                count("partition"),
+                count("slow"),
+                cfg.chaos.failing(),
+                cfg.max_restarts
+            ),
+        );
+    }
     let secret = match Secret::from_env()? {
         Some(s) => s,
         None if cfg.nnodes == 1 => Secret::generate()?,
@@ -222,13 +268,26 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
             ));
         }
         view.set(g, members.len() * cfg.nproc, restarts);
-        let fault = match cfg.ft {
-            Some(_) => ft_chaos(cfg, gang.leads(), members.len())?,
-            None => chaos_plan(cfg, &store, gang.leads(), g, seen_step, members.len())?
-                .map(|f| f.to_string()),
-        };
         let addr = store.addr();
-        let mut workers = spawn_generation(cfg, g, &members, addr, &secret, fault.clone())?;
+        let faults = match cfg.ft {
+            Some(_) => ft_chaos(cfg, gang.leads(), &members.nodes, detection)?,
+            None => chaos_plan(
+                cfg,
+                &store,
+                gang.leads(),
+                g,
+                seen_step,
+                &members.nodes,
+                detection,
+            )?,
+        };
+        // A partition is its node's alone: its workers cut themselves off, its agent too.
+        let cut = crate::partition::Cut::of(&faults, cfg.node_rank);
+        let faults: Vec<Fault> = (faults.into_iter())
+            .filter(|f| f.partition().is_none() || f.rank == cfg.node_rank)
+            .collect();
+        let plan = (!faults.is_empty()).then(|| Fault::list(&faults));
+        let mut workers = spawn_generation(cfg, g, &members, addr, &secret, plan.clone())?;
         let outcome = loop {
             match watch_generation(
                 cfg,
@@ -238,6 +297,7 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
                 &mut workers,
                 &mut recovery,
                 job_deadline,
+                cut,
             ) {
                 Ok(Outcome::ReplicasLost(failures)) => {
                     let slot = (members.slot(cfg.node_rank).unwrap_or(0), members.len());
@@ -247,7 +307,7 @@ pub fn run(cfg: &AgentConfig) -> Result<JobReport> {
                         members.len(),
                         addr,
                         &secret,
-                        fault.clone(),
+                        plan.clone(),
                     )?;
                     let spawn =
                         |local| crate::generation::spawn_rank(cfg, g, slot, addr, &env, local);
@@ -458,63 +518,102 @@ fn endpoints(cfg: &AgentConfig) -> failover::Endpoints {
     }
 }
 
-/// Generation `g`'s worker fault ([`Chaos::resolve_in`], the failed generations having
-/// reached step `seen`, on `members` nodes): node 0 resolves it, says so and publishes it; the
-/// other nodes take that one (their own seeds may differ), waiting for it at most the
-/// admission timeout. A later generation's fault whose rank is not in its (smaller) world is
-/// skipped.
+/// Generation `g`'s faults ([`Chaos::resolve_in`], the failed generations having reached step
+/// `seen`, on the nodes `members`): node 0 resolves them, says so and publishes them; the other
+/// nodes take those (their own seeds may differ), waiting for them at most the admission
+/// timeout. A later generation's fault that no longer fits its (smaller) world is skipped.
 fn chaos_plan(
     cfg: &AgentConfig,
     store: &StoreClient,
     leads: bool,
     g: u64,
     seen: u64,
-    members: usize,
-) -> Result<Option<Fault>> {
+    members: &[usize],
+    detection: Duration,
+) -> Result<Vec<Fault>> {
     let key = format!("launch/g{g}/chaos");
     if leads {
-        let world = cfg.nproc * members;
-        let fault = match cfg
-            .chaos
-            .resolve_in(g, seen, cfg.chaos_seed, cfg.steps, world)
-        {
-            Err(e) if g > 0 => {
-                say(cfg, format!("chaos: generation {g}'s fault skipped: {e}"));
-                None
-            }
-            r => r?,
+        let draw = chaos::Draw {
+            seed: cfg.chaos_seed,
+            steps: cfg.steps,
+            nproc: cfg.nproc,
+            members,
+            partition_default: crate::partition::default_duration(detection),
         };
-        if let Some(f) = fault {
+        let faults = match cfg.chaos.resolve_in(g, seen, &draw) {
+            Err(e) if g > 0 => {
+                say(cfg, format!("chaos: generation {g}'s faults skipped: {e}"));
+                Vec::new()
+            }
+            r => {
+                let faults = r?;
+                let skipped = cfg.chaos.episode(g).len() - faults.len();
+                if skipped > 0 {
+                    say(
+                        cfg,
+                        format!(
+                            "chaos: {skipped} fault(s) of generation {g} skipped: no step left \
+                             after {seen}"
+                        ),
+                    );
+                }
+                faults
+            }
+        };
+        for f in &faults {
+            let who = match f.kind {
+                chaos::FaultKind::Partition(_) => format!("node {}", f.rank),
+                _ => format!("rank {}", f.rank),
+            };
             let what = match f.kind {
                 chaos::FaultKind::Kill => "SIGKILL itself".to_string(),
                 chaos::FaultKind::Hang => "SIGSTOP itself".to_string(),
                 chaos::FaultKind::Stall => "stop progressing".to_string(),
                 chaos::FaultKind::Slow(_) => format!("become {}x slower", f.kind.factor()),
+                chaos::FaultKind::Partition(_) => format!(
+                    "be cut off the network for {} s",
+                    f.partition().unwrap_or_default().as_secs()
+                ),
             };
             say(
                 cfg,
                 format!(
-                    "chaos: {f} (seed {}): rank {} will {what} after step {} in generation {g}",
-                    cfg.chaos_seed, f.rank, f.step
+                    "chaos: {f} (seed {}): {who} will {what} after step {} in generation {g}",
+                    cfg.chaos_seed, f.step
                 ),
             );
         }
-        let text = fault.map_or_else(|| "none".to_string(), |f| f.to_string());
+        let text = if faults.is_empty() {
+            "none".to_string()
+        } else {
+            Fault::list(&faults)
+        };
         store.set(&key, text.as_bytes())?;
-        return Ok(fault);
+        return Ok(faults);
     }
     let text = store.wait_one(&key, cfg.admission_timeout)?;
     match String::from_utf8_lossy(&text).as_ref() {
-        "none" => Ok(None),
-        f => Fault::parse(f).map(Some),
+        "none" => Ok(Vec::new()),
+        f => Fault::parse_list(f),
     }
 }
 
-/// Under `--ft`, every fault of the chaos plan at once (resolved for the job's world), said
-/// and handed to every worker ([`crate::ft`]).
-fn ft_chaos(cfg: &AgentConfig, leads: bool, members: usize) -> Result<Option<String>> {
-    let world = cfg.nproc * members;
-    let faults = crate::ft::resolve_all(&cfg.chaos, cfg.chaos_seed, cfg.steps, world)?;
+/// Under `--ft`, every fault of the chaos plan at once (resolved for the generation's
+/// `members`), said and handed to every worker ([`crate::ft`]).
+fn ft_chaos(
+    cfg: &AgentConfig,
+    leads: bool,
+    members: &[usize],
+    detection: Duration,
+) -> Result<Vec<Fault>> {
+    let draw = chaos::Draw {
+        seed: cfg.chaos_seed,
+        steps: cfg.steps,
+        nproc: cfg.nproc,
+        members,
+        partition_default: crate::partition::default_duration(detection),
+    };
+    let faults = crate::ft::resolve_all(&cfg.chaos, &draw)?;
     if leads {
         for f in &faults {
             say(
@@ -526,7 +625,7 @@ fn ft_chaos(cfg: &AgentConfig, leads: bool, members: usize) -> Result<Option<Str
             );
         }
     }
-    Ok(crate::ft::plan_text(&faults))
+    Ok(faults)
 }
 
 /// Prints an agent line (prefixed with the node on multi-node jobs).

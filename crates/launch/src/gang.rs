@@ -293,7 +293,12 @@ impl<'a> Gang<'a> {
             let all_lost =
                 (missing.iter()).all(|&i| leases.lost(i, now).is_some() || excluded.contains(&i));
             if missing.is_empty() || (enough && (all_lost || now >= deadline)) {
-                for &n in registered.iter().filter(|&&n| n != self.node) {
+                // Only elastic members renew leases: a rigid job's members, never renewing,
+                // would all be judged lost at the next admission after the lease timeout.
+                for &n in registered
+                    .iter()
+                    .filter(|&&n| n != self.node && self.nodes.is_elastic())
+                {
                     leases.admitted(n, now);
                 }
                 let m = Membership { nodes: registered };

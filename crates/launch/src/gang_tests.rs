@@ -249,3 +249,28 @@ fn a_dropped_node_is_left_out_and_told_the_job_is_complete() {
         assert!(a.get("launch/g0/ack/2").unwrap().is_some());
     });
 }
+
+/// A rigid job's agents renew no lease: a generation that outlives the lease timeout still
+/// restarts with every node (node 0 once started their lease clocks at admission and then
+/// judged them all lost, so the restart's admission timed out).
+#[test]
+fn a_rigid_job_restarts_with_every_node_after_the_lease_timeout() {
+    let (_s, a, b) = store();
+    let short = Duration::from_millis(100);
+    let (n0, n1) = (Gang::new(&a, 2, 0, short), Gang::new(&b, 2, 1, short));
+    let member = Admitted::Member(both());
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            assert_eq!(n1.admit(0, Duration::from_secs(10)).unwrap(), member);
+            let d = n1.await_decision(0, Duration::from_secs(10)).unwrap();
+            assert_eq!(d, Decision::Restart(1));
+            assert_eq!(n1.admit(1, Duration::from_secs(10)).unwrap(), member);
+        });
+        assert_eq!(n0.admit(0, Duration::from_secs(10)).unwrap(), member);
+        std::thread::sleep(short * 5);
+        n0.report_failure(0, "rank 1 died").unwrap();
+        assert_eq!(n0.count_restart().unwrap(), 1);
+        assert_eq!(n0.advance(0).unwrap(), 1);
+        assert_eq!(n0.admit(1, Duration::from_secs(5)).unwrap(), member);
+    });
+}

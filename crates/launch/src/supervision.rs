@@ -44,13 +44,9 @@ impl Supervision {
             .transpose()?;
         Ok(Supervision {
             hb,
-            faults: match w.chaos.as_deref() {
-                Some(plan) => plan
-                    .split(',')
-                    .map(crate::Fault::parse)
-                    .collect::<Result<Vec<_>>>()?,
-                None => Vec::new(),
-            },
+            faults: (w.chaos.as_deref().map(crate::Fault::parse_list))
+                .transpose()?
+                .unwrap_or_default(),
             rank: w.rank,
             term,
             rdv: Some(w.rdv.clone()),
@@ -91,13 +87,19 @@ impl Supervision {
     /// agent, then let chaos strike if it is due (a `slow@` fault stretches the step here, so
     /// the rank arrives late at the step's exchange of arrival times).
     pub fn completed(&self, step: u64, compute: Duration) -> Result<()> {
-        for d in (self.faults.iter()).filter_map(|f| f.slow_delay(self.rank, step, compute)) {
-            std::thread::sleep(d);
+        let slow: Duration = (self.faults.iter())
+            .filter_map(|f| f.slow_delay(self.rank, step, compute))
+            .sum();
+        if !slow.is_zero() {
+            std::thread::sleep(slow);
         }
         if let Some(hb) = &self.hb {
             hb.completed(step);
         }
-        for f in &self.faults {
+        // Slow faults first: they only speak, and a failing fault of the same step may end
+        // this process.
+        let slow = self.faults.iter().filter(|f| !f.kind.fails());
+        for f in slow.chain(self.faults.iter().filter(|f| f.kind.fails())) {
             let flush = || {
                 if let Some(hb) = &self.hb {
                     hb.flush(step, Duration::from_secs(5));

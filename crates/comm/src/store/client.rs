@@ -245,6 +245,14 @@ impl StoreClient {
     /// exchange failed.
     fn request(&self, op: Op<'_>, io_timeout: Duration) -> Result<Response> {
         let name = op.name();
+        // A chaos partition of this process: no request leaves until it heals.
+        if crate::partition::hold(std::time::Instant::now() + io_timeout) {
+            return Err(CommError::Store(format!(
+                "{name}: no answer from {} within {io_timeout:?}: this process is cut off the \
+                 network (chaos partition)",
+                self.addr()
+            )));
+        }
         let frame = proto::encode_request(&Request {
             generation: self.stamp(),
             op,
