@@ -60,7 +60,8 @@ pub struct Ledger {
     pub goodput: f64,
     /// Failures (generations that did not finish the job).
     pub failures: u64,
-    /// The measured mean time between failures (wall / failures; `None` without failures).
+    /// The measured mean time between failures: the time the job was up (wall less restarts)
+    /// per failure; `None` without failures.
     pub mtbf_s: Option<f64>,
     /// The planner's goodput 1/(1 + w) for the measured checkpoint pause, interval, MTBF and
     /// restart time (004 eq. 28.23; `None` without failures or checkpoints).
@@ -137,14 +138,17 @@ pub fn ledger(records: &[Record], since_ms: u64) -> Option<Ledger> {
         .filter(|s| s.retried.is_some_and(|r| r > 0))
         .count() as u64;
     let failures = rows.len() as u64 - 1 + ft_failures;
-    let mtbf_s = (failures > 0).then(|| run.wall_s / failures as f64);
+    // The model's M and τ are times the job is up (training, saving): the restarts are its
+    // R term, so counting them in M as well would charge each restart twice.
+    let up_s = (run.wall_s - run.restart_s).max(1e-9);
+    let mtbf_s = (failures > 0).then(|| up_s / failures as f64);
     let (mut planner_goodput, mut young_interval_s) = (None, None);
     if let Some(m) = mtbf_s
         && run.ckpts > 0
     {
         use plan::reliability::{checkpoint_overhead, goodput, young_interval};
         let c = run.ckpt_pause_s / run.ckpts as f64;
-        let tau = run.wall_s / run.ckpts as f64;
+        let tau = up_s / run.ckpts as f64;
         let restart = run.restart_s / failures as f64;
         planner_goodput = Some(goodput(checkpoint_overhead(tau, c, m, restart)));
         young_interval_s = Some(young_interval(c, m));
@@ -205,14 +209,14 @@ impl Ledger {
         ));
         out.push(match (self.mtbf_s, self.planner_goodput, self.young_interval_s) {
             (Some(m), Some(p), Some(y)) => format!(
-                "# goodput beside the planner: measured {:.1}%, planner {:.1}% for MTBF {m:.1} s \
+                "# goodput beside the planner: measured {:.1}%, planner {:.1}% for MTBF {m:.2} s \
                  ({} failures), checkpoint pause {:.3} s every {:.2} s (Young's interval \
                  {y:.2} s; 004 eqs. 28.23-28.24)",
                 100.0 * self.goodput,
                 100.0 * p,
                 self.failures,
                 self.run.ckpt_pause_s / self.run.ckpts.max(1) as f64,
-                self.run.wall_s / self.run.ckpts.max(1) as f64,
+                (self.run.wall_s - self.run.restart_s).max(0.0) / self.run.ckpts.max(1) as f64,
             ),
             _ => format!(
                 "# goodput beside the planner: measured {:.1}%; no planner figure without both \
