@@ -23,6 +23,7 @@ mod plan_cmd;
 mod report_cmd;
 mod spawn;
 mod train_cmd;
+mod train_ft;
 
 use clap::{CommandFactory, Parser, Subcommand};
 

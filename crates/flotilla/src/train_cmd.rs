@@ -354,7 +354,8 @@ pub fn run(mut a: Args) -> Result<()> {
                     plan.nnodes
                 );
             }
-            let ft = ft_replica_size(&a, &cfg, plan.nproc, plan.nproc * plan.nnodes)?;
+            let ft =
+                crate::train_ft::ft_replica_size(a.ft, &cfg, plan.nproc, plan.nproc * plan.nnodes)?;
             let _lock = lock_ckpt_dir(&a, &plan, embedded)?;
             if plan.nproc * plan.nnodes > 1 || chaos.is_some() {
                 launch(&a, &cfg, &plan, chaos.unwrap_or_default(), embedded, ft)
@@ -376,7 +377,8 @@ pub fn run(mut a: Args) -> Result<()> {
                 .with_context(|| format!("supervising rank {}", w.rank))?;
             if a.ft {
                 let live = Live::publish(a.metrics_port.is_some(), &w.rdv, w.rank)?;
-                let (group, ft) = ft_worker(&a, &cfg, &w)?;
+                let (group, ft) =
+                    crate::train_ft::ft_worker((a.ft_join_after, a.heartbeat_timeout_s), &cfg, &w)?;
                 let mut obs = Bar::observer(&a, sup, live)?;
                 let ended = train::run::ft::run(&cfg, group, ft, &mut obs)?;
                 return Ok(Supervision::ended(term, ended, grace)?);
@@ -394,63 +396,6 @@ pub fn run(mut a: Args) -> Result<()> {
             Ok(Supervision::ended(term, ended, grace)?)
         }
     }
-}
-
-/// Under --ft, the ranks per replica group (checked against the layout and the node before any
-/// worker starts); None without --ft.
-fn ft_replica_size(a: &Args, cfg: &RunConfig, nproc: usize, world: usize) -> Result<Option<usize>> {
-    if !a.ft {
-        return Ok(None);
-    }
-    if let Some(why) = train::run::ft::refusal(cfg) {
-        bail!("{why}");
-    }
-    let size = cfg
-        .layout
-        .hybrid_groups(world)?
-        .map_or(1, |(shard, _)| shard);
-    if world / size < 2 {
-        bail!(
-            "--ft: {world} worker(s) in replica groups of {size} make one replica; fault tolerance needs at least two"
-        );
-    }
-    if !nproc.is_multiple_of(size) {
-        bail!(
-            "--ft: a replica group of {size} workers must sit on one node: --dp-shard {size} must divide --nproc {nproc}"
-        );
-    }
-    Ok(Some(size))
-}
-
-/// A worker's replica group and its side of the per-step quorum (`--ft`).
-fn ft_worker(
-    a: &Args,
-    cfg: &RunConfig,
-    w: &Worker,
-) -> Result<(ProcessGroup, std::sync::Arc<train::ft::FaultTolerance>)> {
-    let size = cfg
-        .layout
-        .hybrid_groups(w.world)?
-        .map_or(1, |(shard, _)| shard);
-    let ftc = train::ft::FtConfig {
-        replica_size: size,
-        replicas: w.world / size,
-        join_after: a.ft_join_after,
-        join_timeout: std::time::Duration::from_secs(60),
-        retry_timeout: std::time::Duration::from_secs_f64(2.0 * a.heartbeat_timeout_s + 10.0),
-    };
-    let ft = train::ft::FaultTolerance::join(&w.rdv, w.rank, ftc)
-        .with_context(|| format!("joining the quorum as rank {}", w.rank))?;
-    let name = format!("replica{}i{}", ft.replica(), ft.incarnation());
-    let group = ProcessGroup::new(
-        &w.rdv,
-        &name,
-        w.rank % size,
-        size,
-        GroupConfig::for_training()?,
-    )
-    .with_context(|| format!("joining replica group {} as rank {}", ft.replica(), w.rank))?;
-    Ok((group, std::sync::Arc::new(ft)))
 }
 
 /// Node 0 holds the checkpoint directory's lock for the whole job, across worker restarts: a

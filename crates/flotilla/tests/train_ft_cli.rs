@@ -348,7 +348,7 @@ fn what_ft_does_not_build_is_refused_before_any_worker_starts() {
         (vec!["--tp", "2"], "--tp 2"),
         (vec!["--zero", "1"], "--zero 1 without --dp-shard"),
         (vec!["--zero", "2", "--dp-shard", "2"], "--zero 2"),
-        (vec!["--ckpt-dir", "/tmp/flotilla-ft-refused"], "--ckpt-dir"),
+        (vec!["--eval-every", "2"], "--eval-every"),
     ] {
         let mut e = vec!["--ft"];
         e.extend(extra);
@@ -359,4 +359,60 @@ fn what_ft_does_not_build_is_refused_before_any_worker_starts() {
     }
     let (ok, _, err) = run(&job(1, 4, &["--ft"]));
     assert!(!ok && err.contains("at least two"), "{err}");
+}
+
+#[test]
+fn checkpoints_under_ft_are_saved_by_a_live_replica_and_resume_exactly() {
+    let _g = serial();
+    let ck = scratch().join("ft-ckpt");
+    let (resumed, whole) = (scratch().join("ft-resumed"), scratch().join("ft-whole"));
+    for d in [&ck, &resumed, &whole] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    let (ck_s, resumed_s, whole_s) = (
+        ck.to_str().unwrap(),
+        resumed.to_str().unwrap(),
+        whole.to_str().unwrap(),
+    );
+    let ft = [
+        "--ft",
+        "--ft-join-after",
+        "3",
+        "--ckpt-dir",
+        ck_s,
+        "--ckpt-every",
+        "4",
+    ];
+    // Replica 0, the saver, is lost after step 5: replica 1 saves until it rejoins.
+    let mut first = ft.to_vec();
+    first.extend(["--chaos", "kill@5:0"]);
+    let (ok, out, err) = run(&job(3, 20, &first));
+    assert!(ok, "{out}\n{err}");
+    for step in [4, 8, 12, 16, 20] {
+        assert!(out.contains(&format!("# checkpoint step {step}:")), "{out}");
+    }
+    assert!(out.contains("rejoined at step 9"), "{out}");
+    let (ok, v, err) = cli::flotilla(&["ckpt", "verify", ck_s, "--no-progress"]);
+    assert!(ok, "{v}\n{err}");
+    // Resumed to step 24, it ends where one run of 24 steps with the same fault ends.
+    let mut more = ft.to_vec();
+    more.extend(["--save", resumed_s]);
+    let (ok, out, err) = run(&job(3, 24, &more));
+    assert!(ok && out.contains("step 20"), "{out}\n{err}");
+    let one = [
+        "--ft",
+        "--ft-join-after",
+        "3",
+        "--chaos",
+        "kill@5:0",
+        "--save",
+        whole_s,
+    ];
+    let (ok, out, err) = run(&job(3, 24, &one));
+    assert!(ok, "{out}\n{err}");
+    let model = |d: &Path| std::fs::read(d.join("model.safetensors")).unwrap();
+    assert!(
+        model(&resumed) == model(&whole),
+        "resuming a --ft run from its checkpoint changed the parameters"
+    );
 }

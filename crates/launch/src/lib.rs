@@ -35,6 +35,7 @@
 pub mod agent;
 pub mod agree;
 pub mod chaos;
+mod chaos_plan;
 pub mod elastic;
 pub mod env;
 pub mod error;
