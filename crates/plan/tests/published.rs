@@ -62,14 +62,14 @@ fn validation_report() {
             .count()
     );
     // Memory per GPU: the bar is 5% of the published figures. BLOOM's first stage is
-    // predicted at 54.4 GB against 60 (-9.3%), which does not meet it (docs/PLAN.md, "Memory":
+    // predicted at 55.3 GB against 60 (-7.8%), which does not meet it (docs/PLAN.md, "Memory":
     // what is modelled and what is missing). A regression guard at what the model achieves,
     // and from below: the prediction must not exceed the published figure.
     for c in &r.cases {
         if let Some((published, predicted)) = c.memory_gb {
             let err = predicted / published - 1.0;
             assert!(
-                (-0.10..=0.0).contains(&err),
+                (-0.085..=0.0).contains(&err),
                 "{}: {predicted:.1} GB vs {published:.1} GB",
                 c.name
             );
