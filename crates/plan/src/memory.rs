@@ -81,6 +81,17 @@ pub struct MemoryBreakdown {
     pub step_transient: f64,
     /// Sum.
     pub total: f64,
+    /// The total if the caching allocator can reuse none of the activations' cached blocks for
+    /// the step transient: activations and transient added rather than the larger taken.
+    /// PyTorch's caching allocator (`c10/cuda/CUDACachingAllocator.cpp`, header comment) splits
+    /// and merges blocks only inside the segment it obtained from one `cudaMalloc`, serves a
+    /// request from the smallest cached block that fits or else a new segment, and gives
+    /// segments back only when a `cudaMalloc` fails; a transient larger than every cached
+    /// activation segment therefore gets a segment of its own, and what `nvidia-smi` shows
+    /// lies between `total` (all reused) and this (none reused). Equal to `total` when there is
+    /// no transient.
+    #[serde(default)]
+    pub total_without_reuse: f64,
     /// Device HBM.
     pub capacity: f64,
 }
@@ -211,6 +222,13 @@ pub fn device_memory(job: &Job, cluster: &Cluster, l: &Layout) -> MemoryBreakdow
         context,
         step_transient,
         total: weights + grads + optimizer + activations.max(step_transient) + reserve + context,
+        total_without_reuse: weights
+            + grads
+            + optimizer
+            + activations
+            + step_transient
+            + reserve
+            + context,
         capacity: cluster.device.hbm_bytes,
     }
 }
