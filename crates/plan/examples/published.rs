@@ -48,7 +48,7 @@ fn bigscience_memory() -> Result<(), Box<dyn std::error::Error>> {
         let e = plan::step::evaluate(&job, &cl, &l)?;
         let m = e.memory;
         println!(
-            "bloom tp {tp} dp {dp} mbs {micro_batch} heads {heads:3}: {:6.2} s vs {seconds} ({:+.1}%); {:5.1} GB vs {published} ({:+.1}%) = weights {:.1} + grads {:.1} + optimizer {:.1} + activations {:.1} + reserve {:.1} + context {:.2} (after the flush: {:.1})",
+            "bloom tp {tp} dp {dp} mbs {micro_batch} heads {heads:3}: {:6.2} s vs {seconds} ({:+.1}%); {:5.1} GB vs {published} ({:+.1}%) = weights {:.1} + grads {:.1} + optimizer {:.1} + activations {:.1} + reserve {:.1} + context {:.2} (after the flush: {:.1}; without reuse {:5.1} GB, {:+.1}%)",
             e.step.total,
             (e.step.total / seconds - 1.0) * 100.0,
             m.total / gb,
@@ -60,6 +60,8 @@ fn bigscience_memory() -> Result<(), Box<dyn std::error::Error>> {
             m.reserve / gb,
             m.context / gb,
             m.step_transient / gb,
+            m.total_without_reuse / gb,
+            (m.total_without_reuse / gb / published - 1.0) * 100.0,
         );
     }
     Ok(())

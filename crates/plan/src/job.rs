@@ -174,6 +174,23 @@ pub struct TrainingFile {
     /// BF16 and `allreduce_bucket` casts the FP32 buffer to it).
     #[serde(default)]
     pub grad_comm_precision: GradCommPrecision,
+    /// The pipeline engine: "megatron" (the default: nothing kept beyond the layers' own
+    /// activations) or "deepspeed" (DeepSpeed's `PipelineEngine` keeps each in-flight
+    /// micro-batch's TP-partitioned stage output and rebuilds the full output and gradient for
+    /// the backward: [`crate::memory::device_memory`]). Memory only; kernel model only.
+    #[serde(default)]
+    pub pipeline_engine: PipelineEngine,
+}
+
+/// Which pipeline engine runs the stages (what it keeps in memory beside the layers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PipelineEngine {
+    /// Megatron-LM's schedules (output tensors deallocated after the send; today's meaning).
+    #[default]
+    Megatron,
+    /// DeepSpeed's `PipelineEngine` (`deepspeed/runtime/pipe/engine.py`).
+    Deepspeed,
 }
 
 /// What the data-parallel gradient reduction moves.
@@ -309,6 +326,7 @@ impl JobFile {
                 causal: true,
                 grad_precision: GradPrecision::Param,
                 grad_comm_precision: GradCommPrecision::Grad,
+                pipeline_engine: PipelineEngine::Megatron,
             },
             layout: None,
             checkpoint: None,
@@ -356,6 +374,8 @@ pub struct Job {
     pub grad_precision: GradPrecision,
     /// Precision of the data-parallel reduction.
     pub grad_comm_precision: GradCommPrecision,
+    /// Pipeline engine.
+    pub pipeline_engine: PipelineEngine,
 }
 
 /// Largest global batch accepted, in sequences (2^32: far beyond any job, and small enough
@@ -427,6 +447,7 @@ impl Job {
             causal: t.causal,
             grad_precision: t.grad_precision,
             grad_comm_precision: t.grad_comm_precision,
+            pipeline_engine: t.pipeline_engine,
         })
     }
 

@@ -2,7 +2,8 @@
 //! Korthikanti et al.'s per-layer formula, micro-batches in flight per schedule.
 
 use crate::cluster::Cluster;
-use crate::job::{AttentionKernel, ComputeModel, Job};
+use crate::hardware::Device;
+use crate::job::{AttentionKernel, ComputeModel, Job, PipelineEngine};
 use crate::layout::{Layout, Recompute, ZeroStage};
 use crate::pipeline::in_flight;
 use serde::{Deserialize, Serialize};
@@ -80,6 +81,17 @@ pub struct MemoryBreakdown {
     pub step_transient: f64,
     /// Sum.
     pub total: f64,
+    /// The total if the caching allocator can reuse none of the activations' cached blocks for
+    /// the step transient: activations and transient added rather than the larger taken.
+    /// PyTorch's caching allocator (`c10/cuda/CUDACachingAllocator.cpp`, header comment) splits
+    /// and merges blocks only inside the segment it obtained from one `cudaMalloc`, serves a
+    /// request from the smallest cached block that fits or else a new segment, and gives
+    /// segments back only when a `cudaMalloc` fails; a transient larger than every cached
+    /// activation segment therefore gets a segment of its own, and what `nvidia-smi` shows
+    /// lies between `total` (all reused) and this (none reused). Equal to `total` when there is
+    /// no transient.
+    #[serde(default)]
+    pub total_without_reuse: f64,
     /// Device HBM.
     pub capacity: f64,
 }
@@ -190,9 +202,10 @@ pub fn device_memory(job: &Job, cluster: &Cluster, l: &Layout) -> MemoryBreakdow
     let kernels = job.compute_model == ComputeModel::Kernels;
     let (context, step_transient) = if kernels {
         let (per_microbatch, once) = runtime_activation_bytes(job, l);
-        activations += per_microbatch * flight + once;
+        let (engine_per_microbatch, engine_once) = pipeline_engine_bytes(job, l);
+        activations += (per_microbatch + engine_per_microbatch) * flight + once + engine_once;
         (
-            CUDA_CONTEXT_BYTES,
+            cuda_context_bytes(&cluster.device),
             job.grad_comm_cast_bytes() * (dense + expert),
         )
     } else {
@@ -209,6 +222,13 @@ pub fn device_memory(job: &Job, cluster: &Cluster, l: &Layout) -> MemoryBreakdow
         context,
         step_transient,
         total: weights + grads + optimizer + activations.max(step_transient) + reserve + context,
+        total_without_reuse: weights
+            + grads
+            + optimizer
+            + activations
+            + step_transient
+            + reserve
+            + context,
         capacity: cluster.device.hbm_bytes,
     }
 }
@@ -217,8 +237,53 @@ pub fn device_memory(job: &Job, cluster: &Cluster, l: &Layout) -> MemoryBreakdow
 /// of what the allocator holds: 1,271 MiB, measured by BigScience on Jean Zay's V100 32 GB
 /// partition with their Megatron-DeepSpeed stack ("also need to take into account the cuda
 /// kernels (1271MiB)", tr11-176B-ml `chronicles-prequel.md`, "104B topology / memory usage");
-/// taken as the same on other devices.
+/// taken as the same on devices without a measurement of their own.
 pub const CUDA_CONTEXT_BYTES: f64 = 1271.0 * 1024.0 * 1024.0;
+
+/// The same on an A100: 1,573 MiB, measured by BigScience on an A100 40 GB with
+/// `torch.ones(1).cuda()` and `nvidia-smi` ("40GB A100 takes 1573MiB for cuda kernels
+/// (probably about the same for 80GB? may be a bit larger)", `chronicles-prequel.md`,
+/// "Possible topologies for 200B"). A lower bound for a training process, which also loads
+/// the cuBLAS and fused kernels it calls.
+pub const A100_CUDA_CONTEXT_BYTES: f64 = 1573.0 * 1024.0 * 1024.0;
+
+/// The CUDA context on `device`: [`A100_CUDA_CONTEXT_BYTES`] on the A100 presets,
+/// [`CUDA_CONTEXT_BYTES`] elsewhere.
+pub fn cuda_context_bytes(device: &Device) -> f64 {
+    if device.name.starts_with("a100") {
+        A100_CUDA_CONTEXT_BYTES
+    } else {
+        CUDA_CONTEXT_BYTES
+    }
+}
+
+/// What DeepSpeed's pipeline engine holds on a stage that is not the last (`PipelineEngine`,
+/// `deepspeed/runtime/pipe/engine.py`), as (bytes per micro-batch in flight, bytes held once
+/// during the backward), with `o` the stage output's bytes (2·s·b·h in BF16, ÷ t with SP):
+/// - `_exec_forward_pass` partitions the output over the TP group (`PartitionedTensor`), frees
+///   the full tensor (`first_output.data = torch.zeros(1)`) and keeps the partition in
+///   `pipe_buffers['outputs']` until that micro-batch's backward: o/t per micro-batch;
+/// - `_exec_backward_pass` rebuilds the full output (`part_output.full()`) and the full
+///   received gradient (`part_grad.full()`) for `backward`, beside the received partition
+///   (`grad_layer`): 2·o + o/t, once.
+///
+/// Megatron-LM's schedules keep nothing comparable (the output is deallocated after the send
+/// and the received gradient is consumed by the backward); 0 for them and for p = 1.
+fn pipeline_engine_bytes(job: &Job, l: &Layout) -> (f64, f64) {
+    if job.pipeline_engine != PipelineEngine::Deepspeed || l.pp <= 1 {
+        return (0.0, 0.0);
+    }
+    let m = &job.model;
+    let s = m.seq as f64 / l.cp.max(1) as f64;
+    let sp = if l.sequence_parallel && l.tp > 1 {
+        l.tp as f64
+    } else {
+        1.0
+    };
+    let o = job.precision.bytes() * s * l.micro_batch as f64 * m.hidden as f64 / sp;
+    let t = l.tp.max(1) as f64;
+    (o / t, 2.0 * o + o / t)
+}
 
 /// The kernel model's additions to Korthikanti's per-layer formula, as (bytes the first stage
 /// keeps per micro-batch in flight outside the transformer blocks, bytes held once):

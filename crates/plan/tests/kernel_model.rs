@@ -25,6 +25,7 @@ fn omitted_fields_keep_the_old_figures() {
         (1, false, false, false)
     );
     assert_eq!(j.compute_model, ComputeModel::Roofline);
+    assert_eq!(j.pipeline_engine, plan::job::PipelineEngine::Megatron);
     let old = evaluate(
         &Job::from_file(&JobFile::preset("llama2-7b", 64)).unwrap(),
         &h100(4),
@@ -266,4 +267,47 @@ fn kernel_memory_adds_the_context_and_the_embedding_stage() {
         .unwrap()
         .memory;
     assert!((normed.activations - k.activations - 2.0 * sbh * flight).abs() < 1.0);
+}
+
+/// The A100 presets carry BigScience's A100 context (1,573 MiB); DeepSpeed's pipeline engine
+/// adds, on the first stage, the TP-partitioned stage output per micro-batch in flight
+/// (2·s·b·h/t) and, once, the rebuilt full output and gradient with the received partition
+/// (2·2·s·b·h + 2·s·b·h/t); nothing with one stage or with Megatron's engine (the default).
+#[test]
+fn a100_context_and_deepspeed_pipeline_buffers() {
+    use plan::job::PipelineEngine;
+    use plan::memory::{A100_CUDA_CONTEXT_BYTES, CUDA_CONTEXT_BYTES};
+    let mut f = kernels("llama2-7b", 64);
+    let megatron = Job::from_file(&f).unwrap();
+    assert_eq!(megatron.pipeline_engine, PipelineEngine::Megatron);
+    f.training.pipeline_engine = PipelineEngine::Deepspeed;
+    let deepspeed = Job::from_file(&f).unwrap();
+    let mut l = Layout::new(8, 4, 2);
+    l.sequence_parallel = false;
+    l.recompute = Recompute::Full;
+    let a100 = Cluster::from_file(&ClusterFile::preset("a100-80", 8)).unwrap();
+    let (m, d) = (
+        evaluate(&megatron, &a100, &l).unwrap().memory,
+        evaluate(&deepspeed, &a100, &l).unwrap().memory,
+    );
+    assert_eq!(m.context, A100_CUDA_CONTEXT_BYTES);
+    assert_eq!(
+        evaluate(&megatron, &h100(8), &l).unwrap().memory.context,
+        CUDA_CONTEXT_BYTES
+    );
+    let o = 2.0 * 4096.0 * 4096.0; // 2·s·b·h: s = 4,096, b = 1, h = 4,096
+    let (t, flight) = (8.0, 4.0);
+    let extra = o / t * flight + 2.0 * o + o / t;
+    assert!((d.activations - m.activations - extra).abs() < 1.0);
+    let one_stage = Layout::new(8, 1, 8);
+    assert_eq!(
+        evaluate(&megatron, &a100, &one_stage)
+            .unwrap()
+            .memory
+            .activations,
+        evaluate(&deepspeed, &a100, &one_stage)
+            .unwrap()
+            .memory
+            .activations
+    );
 }

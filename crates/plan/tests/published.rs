@@ -62,18 +62,39 @@ fn validation_report() {
             .count()
     );
     // Memory per GPU: the bar is 5% of the published figures. BLOOM's first stage is
-    // predicted at 54.4 GB against 60 (-9.3%), which does not meet it (docs/PLAN.md, "Memory":
+    // predicted at 55.3 GB against 60 (-7.8%), which does not meet it (docs/PLAN.md, "Memory":
     // what is modelled and what is missing). A regression guard at what the model achieves,
     // and from below: the prediction must not exceed the published figure.
     for c in &r.cases {
         if let Some((published, predicted)) = c.memory_gb {
             let err = predicted / published - 1.0;
             assert!(
-                (-0.10..=0.0).contains(&err),
+                (-0.085..=0.0).contains(&err),
                 "{}: {predicted:.1} GB vs {published:.1} GB",
                 c.name
             );
         }
+    }
+    // BLOOM's published figure lies between the total (the allocator reuses the activations'
+    // cached blocks for the BF16 cast after the flush) and the total without that reuse
+    // (55.3 and 63.3 GB against 60: docs/PLAN.md, "Memory per GPU").
+    {
+        use plan::cluster::Cluster;
+        use plan::job::Job;
+        let (_, c) = cases()
+            .unwrap()
+            .into_iter()
+            .find(|(n, _)| n.starts_with("bloom"))
+            .unwrap();
+        let job = Job::from_file(&c.job).unwrap();
+        let cl = Cluster::from_file(&c.cluster).unwrap();
+        let l = job.layout.clone().unwrap();
+        let m = plan::step::evaluate(&job, &cl, &l).unwrap().memory;
+        let published = 60e9;
+        assert!(
+            m.total < published && published < m.total_without_reuse,
+            "{m:?}"
+        );
     }
     // The bars on the dense runs, met (all 2.89% / 5.58%), and a regression guard on
     // the held-out half at what the model achieves (2.84% / 5.29%): docs/PLAN.md.
@@ -96,21 +117,27 @@ fn validation_report() {
 /// MT-NLG (Smith et al. 2022 §2.2-2.4) states why it chose its layout: tensor slicing inside
 /// the node, pipelining across nodes, degrees that fit 530B with activation checkpointing.
 /// Searched with the options its framework had (no sequence parallelism, no selective
-/// recomputation), the planner picks the published layout at 2,800 GPUs. At 2,240 and 3,360
-/// it prefers PP 7 x DP 40 and PP 21 x DP 20 (full recomputation, TP 8), which it prices 1.0%
-/// and 1.2% faster (a smaller bubble fraction and a lighter last stage against more exposed
-/// DP traffic; docs/PLAN.md) and keeps the published layout within 2% in its top three.
+/// recomputation), the fastest priced layout is the published one at 2,800 GPUs; at 2,240 and
+/// 3,360 it is PP 7 x DP 40 and PP 21 x DP 20 (full recomputation, TP 8), 1.0% and 1.2% faster
+/// than the published layout: less than the model's validated error, so not a proof. With the
+/// tie band at that error ([`plan::search::MODEL_ERROR_BAND`]) the search reports those layouts
+/// as ties and orders them by memory per GPU, and picks the published layout at all three
+/// sizes (docs/PLAN.md, "Layout search against published choices").
 #[test]
 fn mtnlg_search_with_its_framework_picks_the_published_layout() {
     use plan::cluster::Cluster;
     use plan::job::Job;
     use plan::layout::Recompute;
-    use plan::search::{SearchOptions, search};
-    let opts = SearchOptions {
+    use plan::search::{MODEL_ERROR_BAND, SearchOptions, search};
+    let strict = SearchOptions {
         top_k: 3,
         recompute: vec![Recompute::None, Recompute::Full],
         sequence_parallel: false,
         ..Default::default()
+    };
+    let banded = SearchOptions {
+        tie_band: MODEL_ERROR_BAND,
+        ..strict.clone()
     };
     for (name, c) in cases().unwrap() {
         if !name.starts_with("mtnlg") {
@@ -120,21 +147,32 @@ fn mtnlg_search_with_its_framework_picks_the_published_layout() {
         let cl = Cluster::from_file(&c.cluster).unwrap();
         let p = job.layout.take().unwrap();
         let key = |l: &plan::layout::Layout| (l.tp, l.pp, l.dp, l.micro_batch, l.recompute, l.zero);
-        let r = search(&job, &cl, &opts).unwrap();
-        let best = &r.top[0];
-        let expect_best = match name.as_str() {
+        // Strict ranking: the fastest priced layout, and the published one within 2% of it.
+        let r = search(&job, &cl, &strict).unwrap();
+        let fastest = &r.top[0];
+        let expect_fastest = match name.as_str() {
             "mtnlg-530b-2240" => (8, 7, 40, 1, Recompute::Full, p.zero),
             "mtnlg-530b-3360" => (8, 21, 20, 1, Recompute::Full, p.zero),
             _ => key(&p),
         };
-        assert_eq!(key(&best.layout), expect_best, "{name}");
+        assert_eq!(key(&fastest.layout), expect_fastest, "{name}");
+        assert_eq!(r.tied, 1, "{name}");
         let published = r
             .top
             .iter()
             .find(|e| key(&e.layout) == key(&p))
             .unwrap_or_else(|| panic!("{name}: published layout not in the top three"));
-        let margin = published.step.total / best.step.total - 1.0;
+        let margin = published.step.total / fastest.step.total - 1.0;
         assert!(margin < 0.02, "{name}: {margin}");
+        // Within the model's error band: the published layout is a tie and, with the least
+        // memory of the ties, comes first.
+        let b = search(&job, &cl, &banded).unwrap();
+        assert_eq!(key(&b.top[0].layout), key(&p), "{name}");
+        assert!(b.tied >= 2, "{name}: {} tied", b.tied);
+        assert!(
+            b.top[0].step.total <= fastest.step.total * (1.0 + MODEL_ERROR_BAND),
+            "{name}"
+        );
         // With today's options the same TP is kept and full recomputation is dropped.
         let modern = search(&job, &cl, &SearchOptions::default()).unwrap();
         assert_eq!(modern.top[0].layout.tp, 8, "{name}");

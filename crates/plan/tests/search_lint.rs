@@ -41,6 +41,42 @@ fn search_175b_on_1024_gpus_finds_feasible_fast_layouts() {
     assert!(!dp_only.memory.fits());
 }
 
+/// A tie band reports the layouts priced within it of the fastest as ties and orders them by
+/// memory per GPU (least first), the rest by throughput; band 0 (the default) is the strict
+/// ranking.
+#[test]
+fn search_tie_band_orders_ties_by_memory() {
+    use plan::search::MODEL_ERROR_BAND;
+    let job = Job::from_file(&JobFile::preset("gpt3-175b", 1536)).unwrap();
+    let c = cluster("h100", 128);
+    let strict = search(&job, &c, &SearchOptions::default()).unwrap();
+    let opts = SearchOptions {
+        top_k: 50,
+        tie_band: MODEL_ERROR_BAND,
+        ..SearchOptions::default()
+    };
+    let r = search(&job, &c, &opts).unwrap();
+    let fastest = strict.top[0].step.total;
+    assert!(
+        r.tied >= 1 && r.tied >= strict.tied,
+        "{} {}",
+        r.tied,
+        strict.tied
+    );
+    let ties = &r.top[..r.tied.min(r.top.len())];
+    for e in ties {
+        assert!(e.step.total <= fastest * (1.0 + MODEL_ERROR_BAND) * (1.0 + 1e-12));
+    }
+    for w in ties.windows(2) {
+        assert!(w[0].memory.total <= w[1].memory.total);
+    }
+    for w in r.top[ties.len()..].windows(2) {
+        assert!(w[0].tokens_per_s >= w[1].tokens_per_s);
+    }
+    // The first tie never needs more memory than the strict pick.
+    assert!(r.top[0].memory.total <= strict.top[0].memory.total);
+}
+
 #[test]
 fn search_moe_tries_expert_parallelism() {
     let job = Job::from_file(&JobFile::preset("mixtral-8x7b", 256)).unwrap();
