@@ -14,6 +14,48 @@ fn a_search_lists_layouts_and_succeeds() {
 }
 
 #[test]
+fn a_tie_band_lists_the_layouts_the_model_cannot_separate_by_memory() {
+    let base = [
+        "plan",
+        "--model",
+        "llama2-7b",
+        "--nodes",
+        "2",
+        "--search",
+        "--top",
+        "8",
+    ];
+    let mem = |out: &str| -> Vec<f64> {
+        (out.lines())
+            .filter(|l| l.chars().next().is_some_and(|c| c.is_ascii_digit()))
+            .filter_map(|l| {
+                // ... STEP s MEM BUBBLE% BOUND: memory follows the step's unit.
+                let t: Vec<&str> = l.split_whitespace().collect();
+                let at = t.iter().position(|w| ["s", "ms", "us"].contains(w))?;
+                t.get(at + 1)?.parse().ok()
+            })
+            .collect()
+    };
+    let (ok, strict, err) = flotilla(&base);
+    assert!(ok, "{strict}\n{err}");
+    let mut banded = base.to_vec();
+    banded.extend(["--tie-band", "3"]);
+    let (ok, out, err) = flotilla(&banded);
+    assert!(ok, "{out}\n{err}");
+    // The first layout listed needs no more memory than the strict pick.
+    let (s, b) = (mem(&strict), mem(&out));
+    assert!(!s.is_empty() && !b.is_empty(), "{strict}\n{out}");
+    assert!(
+        b[0] <= s[0],
+        "banded pick {} GB, strict {} GB:\n{out}",
+        b[0],
+        s[0]
+    );
+    let (ok, _, err) = flotilla(&[&base[..], &["--tie-band", "-1"]].concat());
+    assert!(!ok && err.contains("--tie-band"), "{err}");
+}
+
+#[test]
 fn a_search_without_a_fitting_layout_says_why_and_fails() {
     // One sequence per step cannot be split over 8 million devices.
     let args = [

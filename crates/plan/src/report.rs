@@ -308,6 +308,14 @@ pub fn render(r: &Report, explain: bool) -> String {
                 sr.evaluated, sr.feasible
             );
         } else {
+            if sr.tied > 1 {
+                let _ = writeln!(
+                    o,
+                    "the first {} are tied: priced within the tie band of the fastest, listed by \
+                     memory per GPU",
+                    sr.tied.min(sr.top.len())
+                );
+            }
             let _ = writeln!(
                 o,
                 "\n{:<4} {:<44} {:>12} {:>6} {:>10} {:>9} {:>8} {:<16}",
