@@ -12,9 +12,10 @@
 //! - **straggler waits**: the lead's gradient wait beyond the smallest of its generation (the
 //!   exposed communication itself is the smallest wait; the rest is waiting for slower ranks).
 //!
-//! Under per-step fault tolerance (`--ft`) there is one generation; a replica's loss costs the
-//! survivors the attempts of the step it hit (the records' `retried` and `retried_s`), counted
-//! as lost steps recomputed, and each such step is a failure.
+//! Under per-step fault tolerance (`--ft`) there is one generation; a replica's loss is a
+//! failure (a step trained by fewer replicas than the one before) and costs the survivors at
+//! most the attempts of the step it hit (the records' `retried` and `retried_s`, counted as
+//! lost steps recomputed; none when the loss was declared before that step's quorum).
 //!
 //! Goodput is productive time over wall time (first step's start to the last record).
 
@@ -134,8 +135,10 @@ pub fn ledger(records: &[Record], since_ms: u64) -> Option<Ledger> {
         run.straggler_wait_s += r.straggler_wait_s;
     }
     // Restarts of the whole job, and under --ft the steps a lost replica made the others retry.
-    let ft_failures = (gens.iter().flatten())
-        .filter(|s| s.retried.is_some_and(|r| r > 0))
+    // Under --ft a lost replica shows as a step trained by fewer replicas than the one before
+    // (the step it hit was retried, or its loss was declared before that step's quorum).
+    let ft_failures = (gens.iter().flatten().zip(gens.iter().flatten().skip(1)))
+        .filter(|(a, b)| matches!((a.replicas, b.replicas), (Some(x), Some(y)) if y < x))
         .count() as u64;
     let failures = rows.len() as u64 - 1 + ft_failures;
     // The model's M and τ are times the job is up (training, saving): the restarts are its
