@@ -8,7 +8,7 @@
 #[path = "support/cli.rs"]
 mod cli;
 
-use cli::{MICRO, loss_at};
+use cli::loss_at;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, OnceLock};
@@ -21,15 +21,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 /// MICRO on 2 workers x 2 rows, one thread each, every step logged, for `STEPS` steps, bounded
 /// by a job timeout, plus `extra`.
 fn args(extra: &[&str]) -> Vec<String> {
-    let mut args = vec!["train".to_string()];
-    let mut micro = MICRO.iter();
-    while let Some(&arg) = micro.next() {
-        if arg == "--threads" || arg == "--batch" || arg == "--nproc" {
-            micro.next();
-        } else {
-            args.push(arg.into());
-        }
-    }
+    let mut args = cli::train_micro_without(&["--threads", "--batch", "--nproc"]);
     let steps = STEPS.to_string();
     let common = [
         "--threads",

@@ -11,7 +11,6 @@
 #[path = "support/cli.rs"]
 mod cli;
 
-use cli::MICRO;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
@@ -59,15 +58,7 @@ fn job(dir: &Path, extra: &[&str]) -> Job {
     let nodes = NODES.to_string();
     let children: Vec<_> = (0..NODES)
         .map(|i| {
-            let mut args: Vec<String> = vec!["train".into()];
-            let mut micro = MICRO.iter();
-            while let Some(&a) = micro.next() {
-                if ["--threads", "--batch", "--nproc"].contains(&a) {
-                    micro.next();
-                } else {
-                    args.push(a.into());
-                }
-            }
+            let mut args = cli::train_micro_without(&["--threads", "--batch", "--nproc"]);
             let node = i.to_string();
             let common = [
                 "--threads",

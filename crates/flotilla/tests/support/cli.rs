@@ -72,18 +72,24 @@ pub fn stop_step(out: &str) -> u64 {
         .unwrap_or_else(|| panic!("no step after {tag:?} in:\n{out}"))
 }
 
-/// `train` with [`MICRO`] as one worker of one thread on node `node` of a job whose store is
-/// at `rdzv` (a host of its own, e.g. a network namespace); the caller adds the rest.
-pub fn micro_on_node(node: usize, rdzv: &str) -> Vec<String> {
+/// `train` with [`MICRO`] less the flags `drop` (and their values), for the caller to set.
+pub fn train_micro_without(drop: &[&str]) -> Vec<String> {
     let mut args = vec!["train".to_string()];
     let mut micro = MICRO.iter();
     while let Some(&arg) = micro.next() {
-        if arg == "--threads" || arg == "--nproc" {
+        if drop.contains(&arg) {
             micro.next();
         } else {
             args.push(arg.into());
         }
     }
+    args
+}
+
+/// `train` with [`MICRO`] as one worker of one thread on node `node` of a job whose store is
+/// at `rdzv` (a host of its own, e.g. a network namespace); the caller adds the rest.
+pub fn micro_on_node(node: usize, rdzv: &str) -> Vec<String> {
+    let mut args = train_micro_without(&["--threads", "--nproc"]);
     let node = node.to_string();
     for a in [
         "--threads",
