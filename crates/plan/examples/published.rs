@@ -18,7 +18,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// with the BF16 optimizer and the `type:transformer|embedding` partition
 /// (bigscience-workshop/bigscience `train/tr11-176B-ml/chronicles-prequel.md`, "Rebalancing
 /// layers", NHIDDEN=14336, NLAYERS=70): (tp, dp, micro-batch, heads, GB, seconds per
-/// iteration at global batch 2048).
+/// iteration at global batch 2048). The "GB" are GiB read from `nvidia-smi`.
 const BIGSCIENCE_MEMORY: [(u64, u64, u64, u64, f64, f64); 5] = [
     (8, 4, 2, 64, 40.0, 121.63),
     (4, 8, 2, 64, 59.0, 102.03),
@@ -35,7 +35,8 @@ fn bigscience_memory() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     };
     let gb = 1e9;
-    for (tp, dp, micro_batch, heads, published, seconds) in BIGSCIENCE_MEMORY {
+    for (tp, dp, micro_batch, heads, gib, seconds) in BIGSCIENCE_MEMORY {
+        let published = gib * plan::units::GIB / gb;
         let mut file = c.job.clone();
         file.model.heads = Some(heads);
         file.model.kv_heads = Some(heads);
@@ -48,11 +49,11 @@ fn bigscience_memory() -> Result<(), Box<dyn std::error::Error>> {
         let e = plan::step::evaluate(&job, &cl, &l)?;
         let m = e.memory;
         println!(
-            "bloom tp {tp} dp {dp} mbs {micro_batch} heads {heads:3}: {:6.2} s vs {seconds} ({:+.1}%); {:5.1} GB vs {published} ({:+.1}%) = weights {:.1} + grads {:.1} + optimizer {:.1} + activations {:.1} + reserve {:.1} + context {:.2} (after the flush: {:.1}; without reuse {:5.1} GB, {:+.1}%)",
+            "bloom tp {tp} dp {dp} mbs {micro_batch} heads {heads:3}: {:6.2} s vs {seconds} ({:+.1}%); reserved {:5.1} GB vs {gib} GiB = {published:.1} GB ({:+.1}%) = weights {:.1} + grads {:.1} + optimizer {:.1} + activations {:.1} + reserve {:.1} + context {:.2} + after the flush {:.1}; allocated peak {:5.1} GB ({:+.1}%)",
             e.step.total,
             (e.step.total / seconds - 1.0) * 100.0,
-            m.total / gb,
-            (m.total / gb / published - 1.0) * 100.0,
+            m.reserved / gb,
+            (m.reserved / gb / published - 1.0) * 100.0,
             m.weights / gb,
             m.grads / gb,
             m.optimizer / gb,
@@ -60,8 +61,8 @@ fn bigscience_memory() -> Result<(), Box<dyn std::error::Error>> {
             m.reserve / gb,
             m.context / gb,
             m.step_transient / gb,
-            m.total_without_reuse / gb,
-            (m.total_without_reuse / gb / published - 1.0) * 100.0,
+            m.total / gb,
+            (m.total / gb / published - 1.0) * 100.0,
         );
     }
     Ok(())

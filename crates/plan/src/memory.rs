@@ -92,6 +92,20 @@ pub struct MemoryBreakdown {
     /// no transient.
     #[serde(default)]
     pub total_without_reuse: f64,
+    /// What the caching allocator holds at its high-water mark, plus the context and reserve:
+    /// the figure `nvidia-smi` shows (and `torch.cuda.max_memory_reserved` less the context
+    /// and NCCL). A segment is one `cudaMalloc` of one request's size (requests of 10 MiB and
+    /// more are rounded up to 2 MiB, `get_allocation_size`), blocks merge only inside their
+    /// segment, and cached segments are kept until a `cudaMalloc` fails: so a step transient
+    /// larger than the largest activation tensor ([`largest_activation_tensor`]) can be served
+    /// by no freed activation block and gets a segment of its own the first time it is
+    /// requested, and the pipeline's later activations, served by their own cached segments,
+    /// leave it whole. Then this is [`MemoryBreakdown::total_without_reuse`]; else
+    /// [`MemoryBreakdown::total`]. A lower bound: fragmentation of the activation segments
+    /// adds to it. [`MemoryBreakdown::fits`] tests `total`, because before an out-of-memory
+    /// error the allocator frees its cached segments and retries.
+    #[serde(default)]
+    pub reserved: f64,
     /// Device HBM.
     pub capacity: f64,
 }
@@ -212,6 +226,10 @@ pub fn device_memory(job: &Job, cluster: &Cluster, l: &Layout) -> MemoryBreakdow
         (0.0, 0.0)
     };
     let reserve = cluster.memory_reserve;
+    let static_bytes = weights + grads + optimizer + reserve + context;
+    let total = static_bytes + activations.max(step_transient);
+    let total_without_reuse = static_bytes + activations + step_transient;
+    let own_segment = step_transient > largest_activation_tensor(job, l);
     MemoryBreakdown {
         params_local: dense + expert,
         weights,
@@ -221,16 +239,36 @@ pub fn device_memory(job: &Job, cluster: &Cluster, l: &Layout) -> MemoryBreakdow
         reserve,
         context,
         step_transient,
-        total: weights + grads + optimizer + activations.max(step_transient) + reserve + context,
-        total_without_reuse: weights
-            + grads
-            + optimizer
-            + activations
-            + step_transient
-            + reserve
-            + context,
+        total,
+        total_without_reuse,
+        reserved: if own_segment {
+            total_without_reuse
+        } else {
+            total
+        },
         capacity: cluster.device.hbm_bytes,
     }
+}
+
+/// The largest single activation tensor one micro-batch allocates on a stage, bytes: the
+/// largest of the hidden state s·b·h (whole: the TP all-gather's output with SP), the fused
+/// QKV output s·b·(a + 2·kv)·d/t, the MLP's first GEMM output s·b·f/t (2·f/t gated) and, with
+/// unfused attention, the score matrix a·s²·b/t; in the activation precision. The caching
+/// allocator's largest cached activation segment is no larger ([`MemoryBreakdown::reserved`]).
+pub fn largest_activation_tensor(job: &Job, l: &Layout) -> f64 {
+    let m = &job.model;
+    let s = m.seq as f64 / l.cp.max(1) as f64;
+    let b = l.micro_batch as f64;
+    let t = l.tp.max(1) as f64;
+    let d = m.head_dim() as f64;
+    let hidden = s * b * m.hidden as f64;
+    let qkv = s * b * (m.heads + 2 * m.kv_heads) as f64 * d / t;
+    let mlp = s * b * m.ffn as f64 * if m.gated { 2.0 } else { 1.0 } / t;
+    let scores = match job.attention {
+        AttentionKernel::Unfused => m.heads as f64 * s * s * b / t,
+        AttentionKernel::Flash => 0.0,
+    };
+    job.precision.bytes() * hidden.max(qkv).max(mlp).max(scores)
 }
 
 /// The CUDA context and the kernels the framework loads, as `nvidia-smi` counts them on top

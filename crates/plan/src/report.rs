@@ -422,8 +422,9 @@ pub fn render(r: &Report, explain: bool) -> String {
 }
 
 /// The kernel model's runtime memory terms for the text report (empty under the roofline
-/// model, so its output is unchanged): the CUDA context and, when it is what the total
-/// counts, the cast copy held after the pipeline flush.
+/// model, so its output is unchanged): the CUDA context, when it is what the total counts the
+/// cast copy held after the pipeline flush, and what the caching allocator reserves where it
+/// exceeds the total ([`crate::memory::MemoryBreakdown::reserved`]).
 fn runtime_memory(mm: &crate::memory::MemoryBreakdown) -> String {
     let mut out = String::new();
     if mm.context > 0.0 {
@@ -433,6 +434,12 @@ fn runtime_memory(mm: &crate::memory::MemoryBreakdown) -> String {
         out += &format!(
             " (after the flush {:.1} instead of the activations)",
             mm.step_transient / GB
+        );
+    }
+    if mm.reserved > mm.total {
+        out += &format!(
+            "; nvidia-smi shows ~{:.1} GB (the cast after the flush gets a segment of its own)",
+            mm.reserved / GB
         );
     }
     out

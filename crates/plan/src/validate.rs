@@ -14,7 +14,7 @@ use crate::gemm::{
 };
 use crate::job::{Job, JobFile};
 use crate::step::{StepBreakdown, evaluate};
-use crate::units::GB;
+use crate::units::{GB, GIB};
 use serde::{Deserialize, Serialize};
 
 /// `case!("name")` = `("name", include_str!("../tests/published/name.toml"))`.
@@ -84,8 +84,19 @@ pub struct Published {
     /// Megatron-LM's and Megatron-DeepSpeed's logs print with full recomputation), or
     /// "model": the planner's 6·N + 12·L·h·s per token.
     pub tflops_formula: Option<String>,
-    /// Memory per GPU, GB, where the source gives it.
+    /// Memory per GPU, GB (10^9 bytes), where the source gives it.
     pub memory_gb: Option<f64>,
+    /// Memory per GPU where the source's "GB" is binary, GiB (2^30 bytes): an `nvidia-smi`
+    /// reading (MiB) divided by 1024. Compared with [`crate::memory::MemoryBreakdown::reserved`]
+    /// as `memory_gb` is.
+    pub memory_gib: Option<f64>,
+}
+
+impl Published {
+    /// The published memory per GPU in GB (10^9 bytes), from `memory_gb` or `memory_gib`.
+    pub fn memory_bytes_gb(&self) -> Option<f64> {
+        self.memory_gb.or(self.memory_gib.map(|g| g * GIB / GB))
+    }
 }
 
 /// One case file.
@@ -129,7 +140,9 @@ pub struct CaseResult {
     pub predicted_s: f64,
     /// predicted / published − 1.
     pub error: f64,
-    /// Published and predicted memory per GPU, GB.
+    /// Published and predicted memory per GPU, GB (10^9 bytes): the prediction is what the
+    /// caching allocator reserves ([`crate::memory::MemoryBreakdown::reserved`]), the figure
+    /// `nvidia-smi` shows.
     pub memory_gb: Option<(f64, f64)>,
     /// The predicted step's components (which term an error comes from).
     pub step: StepBreakdown,
@@ -252,6 +265,13 @@ pub fn run_case(name: &str, c: &CaseFile, params: FitParams) -> Result<CaseResul
             reason: format!("case {name} gives no iteration time, throughput or TFLOP/s"),
         })?;
     let predicted_s = e.step.total;
+    if c.published.memory_gb.is_some() && c.published.memory_gib.is_some() {
+        return Err(PlanError::Invalid {
+            field: "published.memory_gib",
+            value: "given with memory_gb".into(),
+            reason: format!("case {name}: give the memory in one unit, GB or GiB"),
+        });
+    }
     Ok(CaseResult {
         name: name.into(),
         group: c.group.clone(),
@@ -260,7 +280,10 @@ pub fn run_case(name: &str, c: &CaseFile, params: FitParams) -> Result<CaseResul
         published_s,
         predicted_s,
         error: predicted_s / published_s - 1.0,
-        memory_gb: c.published.memory_gb.map(|m| (m, e.memory.total / GB)),
+        memory_gb: c
+            .published
+            .memory_bytes_gb()
+            .map(|m| (m, e.memory.reserved / GB)),
         step: e.step.clone(),
         microbatches: e.microbatches,
     })

@@ -238,6 +238,38 @@ fn gradients_reduced_in_the_weights_precision() {
     assert!((0.45..0.55).contains(&ratio), "{ratio}");
     assert_eq!(a.memory.step_transient, 0.0);
     assert!((b.memory.step_transient / b.memory.params_local - 2.0).abs() < 1e-12);
+    // What the caching allocator reserves: without a transient, the total; with a cast copy
+    // larger than every activation tensor, a segment of its own on top of the activations.
+    assert_eq!(a.memory.reserved, a.memory.total);
+    assert_eq!(b.memory.reserved, b.memory.total_without_reuse);
+    assert!(b.memory.reserved > b.memory.total, "{:?}", b.memory);
+}
+
+/// A cast copy no larger than the largest activation tensor fits in a cached activation block:
+/// reserved is the total. A tiny model at a long sequence with unfused attention has a score
+/// matrix larger than its whole parameter count in BF16.
+#[test]
+fn a_small_cast_reuses_an_activation_segment() {
+    use plan::job::GradCommPrecision;
+    use plan::memory::largest_activation_tensor;
+    let mut f = kernels("llama2-7b", 8);
+    f.model.layers = Some(2);
+    f.model.hidden = Some(256);
+    f.model.heads = Some(4);
+    f.model.kv_heads = Some(4);
+    f.model.ffn = Some(1024);
+    f.model.vocab = Some(1024);
+    f.model.seq = Some(8192);
+    f.training.attention = plan::job::AttentionKernel::Unfused;
+    f.training.grad_precision = GradPrecision::ParamAndFp32;
+    f.training.grad_comm_precision = GradCommPrecision::Param;
+    let j = Job::from_file(&f).unwrap();
+    let l = Layout::new(1, 1, 8);
+    let m = evaluate(&j, &h100(1), &l).unwrap().memory;
+    // 4 heads x 8192^2 x 2 bytes = 537 MB of scores against ~2.2M parameters.
+    assert!(largest_activation_tensor(&j, &l) > m.step_transient);
+    assert!(m.step_transient > 0.0);
+    assert_eq!(m.reserved, m.total);
 }
 
 /// The kernel model's runtime memory: the CUDA context (1,271 MiB), the embedding dropout mask
