@@ -3,7 +3,7 @@
 
 use crate::error::{PlanError, Result, at_least_one, at_most, fraction, non_negative, positive};
 use crate::hardware::Precision;
-use crate::layout::Layout;
+use crate::layout::{Layout, ZeroStage};
 use crate::model::{ModelShape, model_preset};
 use serde::{Deserialize, Serialize};
 
@@ -191,6 +191,40 @@ pub enum PipelineEngine {
     Megatron,
     /// DeepSpeed's `PipelineEngine` (`deepspeed/runtime/pipe/engine.py`).
     Deepspeed,
+}
+
+impl PipelineEngine {
+    /// Whether this engine can run `l`. DeepSpeed's `PipelineEngine` with more than one stage
+    /// has no interleaved schedule (its `TrainSchedule` is 1F1B over one model chunk per
+    /// stage) and refuses ZeRO stages 2 and 3 ("ZeRO-2 and ZeRO-3 are incompatible with
+    /// pipeline parallelism", `deepspeed/runtime/pipe/engine.py`). Megatron's schedules run
+    /// every layout.
+    pub fn check(&self, l: &Layout) -> Result<()> {
+        if *self != PipelineEngine::Deepspeed || l.pp <= 1 {
+            return Ok(());
+        }
+        if l.interleave > 1 {
+            return Err(PlanError::Inconsistent {
+                field: "layout.interleave",
+                equation: format!(
+                    "interleave {} with pipeline_engine = \"deepspeed\": DeepSpeed's pipeline engine has no interleaved schedule",
+                    l.interleave
+                ),
+            });
+        }
+        let stage = match l.zero {
+            ZeroStage::Gradients => 2,
+            ZeroStage::Parameters => 3,
+            ZeroStage::None | ZeroStage::Optimizer => return Ok(()),
+        };
+        Err(PlanError::Inconsistent {
+            field: "layout.zero",
+            equation: format!(
+                "zero {stage} with pipeline_engine = \"deepspeed\" and pp {} > 1: DeepSpeed refuses ZeRO-2 and ZeRO-3 with pipeline parallelism",
+                l.pp
+            ),
+        })
+    }
 }
 
 /// What the data-parallel gradient reduction moves.

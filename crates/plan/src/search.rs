@@ -40,6 +40,24 @@ pub struct SearchOptions {
     /// ordered by memory per GPU, least first, then by throughput.
     #[serde(default)]
     pub tie_band: f64,
+    /// ZeRO stages to try (default all four). A framework whose optimizer shards only the
+    /// optimizer state (DeepSpeed's BF16_Optimizer) is searched with none and optimizer.
+    #[serde(default = "all_zero")]
+    pub zero: Vec<ZeroStage>,
+    /// Also try the pipeline split with the embedding and the head in slots of their own
+    /// ([`Layout::embedding_slots`]) where p·v divides L + 2 (default true).
+    #[serde(default = "yes")]
+    pub embedding_slots: bool,
+}
+
+/// Every ZeRO stage.
+fn all_zero() -> Vec<ZeroStage> {
+    vec![
+        ZeroStage::None,
+        ZeroStage::Optimizer,
+        ZeroStage::Gradients,
+        ZeroStage::Parameters,
+    ]
 }
 
 /// The iteration-time error the planner is validated to on the published suite's dense runs
@@ -67,6 +85,8 @@ impl Default for SearchOptions {
             recompute: all_recompute(),
             sequence_parallel: true,
             tie_band: 0.0,
+            zero: all_zero(),
+            embedding_slots: true,
         }
     }
 }
@@ -109,6 +129,28 @@ fn divisors(n: u64) -> Vec<u64> {
     lo
 }
 
+/// The pipeline splits to try for each pipeline degree dividing `devices`: (pp, false) where pp
+/// divides the layers, (pp, true) where it divides layers + 2 into stages of two slots or more
+/// and `slots` is set (embedding and head in slots of their own; pp > 1); (0, false) once for a
+/// degree neither divides.
+fn pipeline_splits(layers: u64, devices: u64, slots: bool) -> Vec<(u64, bool)> {
+    let mut out = Vec::new();
+    for pp in divisors(devices) {
+        let even = layers.is_multiple_of(pp);
+        let with_slots = slots && pp > 1 && 2 * pp <= layers + 2 && (layers + 2).is_multiple_of(pp);
+        if even {
+            out.push((pp, false));
+        }
+        if with_slots {
+            out.push((pp, true));
+        }
+        if !even && !with_slots {
+            out.push((0, false));
+        }
+    }
+    out
+}
+
 /// Searches all layouts of `job` on `cluster`.
 pub fn search(job: &Job, cluster: &Cluster, opts: &SearchOptions) -> Result<SearchResult> {
     cluster.device.peak(job.precision)?;
@@ -129,8 +171,8 @@ pub fn search(job: &Job, cluster: &Cluster, opts: &SearchOptions) -> Result<Sear
             reject("tp does not divide heads");
             continue;
         }
-        for pp in divisors(n / tp) {
-            if !m.layers.is_multiple_of(pp) {
+        for (pp, slots) in pipeline_splits(m.layers, n / tp, opts.embedding_slots) {
+            if pp == 0 {
                 reject("pp does not divide layers");
                 continue;
             }
@@ -154,19 +196,15 @@ pub fn search(job: &Job, cluster: &Cluster, opts: &SearchOptions) -> Result<Sear
                     if pp > 1 {
                         let mut v = 2;
                         while v <= opts.max_interleave {
-                            if m.layers.is_multiple_of(pp * v) && micro.is_multiple_of(pp) {
+                            let split = if slots { m.layers + 2 } else { m.layers };
+                            if split.is_multiple_of(pp * v) && micro.is_multiple_of(pp) {
                                 scheds.push((Schedule::Interleaved, v));
                             }
                             v *= 2;
                         }
                     }
                     for &(schedule, interleave) in &scheds {
-                        for zero in [
-                            ZeroStage::None,
-                            ZeroStage::Optimizer,
-                            ZeroStage::Gradients,
-                            ZeroStage::Parameters,
-                        ] {
+                        for &zero in &opts.zero {
                             if dp == 1 && zero != ZeroStage::None {
                                 continue;
                             }
@@ -183,8 +221,13 @@ pub fn search(job: &Job, cluster: &Cluster, opts: &SearchOptions) -> Result<Sear
                                     recompute,
                                     sequence_parallel: opts.sequence_parallel,
                                     vocab_parallel: true,
+                                    embedding_slots: slots,
                                     ..Layout::new(tp, pp, dp)
                                 };
+                                if job.pipeline_engine.check(&l).is_err() {
+                                    reject("the pipeline engine cannot run it");
+                                    continue;
+                                }
                                 let e = evaluate_valid(job, cluster, &l, false)?;
                                 evaluated += 1;
                                 if e.memory.fits() {

@@ -97,6 +97,7 @@ pub fn evaluate(job: &Job, cluster: &Cluster, layout: &Layout) -> Result<Evaluat
         job.global_batch,
         cluster.devices(),
     )?;
+    job.pipeline_engine.check(layout)?;
     evaluate_valid(job, cluster, layout, true)
 }
 

@@ -343,3 +343,29 @@ fn a100_context_and_deepspeed_pipeline_buffers() {
             .activations
     );
 }
+
+/// DeepSpeed's pipeline engine has no interleaved schedule and refuses ZeRO-2/3 with more than
+/// one stage: such a layout is refused with the reason; Megatron's schedules run it.
+#[test]
+fn deepspeed_pipeline_engine_refuses_what_it_cannot_run() {
+    use plan::job::PipelineEngine;
+    use plan::layout::ZeroStage;
+    use plan::pipeline::Schedule;
+    let mut f = kernels("llama2-70b", 256);
+    f.training.pipeline_engine = PipelineEngine::Deepspeed;
+    let j = Job::from_file(&f).unwrap();
+    let mut l = Layout::new(8, 4, 8);
+    l.zero = ZeroStage::Optimizer;
+    assert!(evaluate(&j, &h100(32), &l).is_ok());
+    l.schedule = Schedule::Interleaved;
+    l.interleave = 2;
+    let e = evaluate(&j, &h100(32), &l).unwrap_err().to_string();
+    assert!(e.contains("no interleaved schedule"), "{e}");
+    l.schedule = Schedule::OneFOneB;
+    l.interleave = 1;
+    l.zero = ZeroStage::Gradients;
+    let e = evaluate(&j, &h100(32), &l).unwrap_err().to_string();
+    assert!(e.contains("zero 2") && e.contains("pp 4"), "{e}");
+    f.training.pipeline_engine = PipelineEngine::Megatron;
+    assert!(evaluate(&Job::from_file(&f).unwrap(), &h100(32), &l).is_ok());
+}
