@@ -65,7 +65,7 @@ pub struct Args {
     tp_across_nodes: bool,
     /// Count layouts priced within PCT percent of the fastest as ties, listed by memory per
     /// GPU, least first (the model is validated to 3% on published runs: `--tie-band 3`; a
-    /// faster layout inside that band is not proven faster; docs/PLAN.md). Default 0: strict
+    /// faster layout inside that band is not proven faster; docs/PLAN-VALIDATION.md). Default 0: strict
     /// ranking by throughput.
     #[arg(long, value_name = "PCT", default_value_t = 0.0, value_parser = tie_band)]
     tie_band: f64,

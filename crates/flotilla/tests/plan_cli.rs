@@ -80,3 +80,41 @@ fn a_search_without_a_fitting_layout_says_why_and_fails() {
         "{err}"
     );
 }
+
+/// `flotilla plan --validate`: every published case with its error, the means against the
+/// issue's bars, and the memory column where a source gives memory (BLOOM: 60 GiB published
+/// as 64.4 GB against the allocator's reserved figure).
+#[test]
+fn validate_reports_every_published_case_with_the_means() {
+    let (ok, out, err) = flotilla(&["plan", "--validate"]);
+    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+    let cases = out
+        .lines()
+        .filter(|l| l.contains(" dense ") || l.contains(" beside "))
+        .count();
+    assert!(cases >= 15, "{out}");
+    let all = out
+        .lines()
+        .find(|l| l.starts_with("dense, all"))
+        .unwrap_or_else(|| panic!("{out}"));
+    let mean: f64 = all
+        .split("mean |error|")
+        .nth(1)
+        .and_then(|r| r.trim().split('%').next())
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{all}"));
+    assert!(mean <= 3.0, "{all}");
+    let bloom = out
+        .lines()
+        .find(|l| l.starts_with("bloom-176b-384"))
+        .unwrap_or_else(|| panic!("{out}"));
+    let mem: Vec<f64> = bloom
+        .split_whitespace()
+        .rev()
+        .take(3)
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // "... 64.4 vs 63.3": predicted, published (reversed).
+    assert_eq!(mem.len(), 2, "{bloom}");
+    assert!((mem[0] / mem[1] - 1.0).abs() <= 0.05, "{bloom}");
+}

@@ -5,7 +5,7 @@
 //! step time is within the band of the fastest are reported as ties ([`SearchResult::tied`])
 //! and ordered by memory per GPU, least first: a difference smaller than the model's validated
 //! error does not prove one layout faster, and the planner's memory is known to run short of
-//! what `nvidia-smi` shows (docs/PLAN.md, "Layout search against published choices").
+//! what `nvidia-smi` shows (docs/PLAN-VALIDATION.md, "Layout search against published choices").
 
 use crate::cluster::Cluster;
 use crate::error::Result;
@@ -61,7 +61,7 @@ fn all_zero() -> Vec<ZeroStage> {
 }
 
 /// The iteration-time error the planner is validated to on the published suite's dense runs
-/// (issue 30's bar on the mean absolute error, 3%; met at 2.89%: docs/PLAN.md, "Validation").
+/// (issue 30's bar on the mean absolute error, 3%; met at 2.89%: docs/PLAN-VALIDATION.md, "Validation").
 /// Layouts priced closer than this to the fastest are not proven slower by the model.
 pub const MODEL_ERROR_BAND: f64 = 0.03;
 
