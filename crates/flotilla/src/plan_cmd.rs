@@ -48,6 +48,10 @@ pub struct Args {
     /// Inter-node link preset (ib-hdr, ib-ndr, ib-xdr, roce-100, roce-400, ...).
     #[arg(long)]
     inter: Option<String>,
+    /// How collectives are priced: alpha-beta (one α per step) or nccl (NCCL's own model: LL,
+    /// LL128 and Simple protocols, ring and tree); overrides the cluster file.
+    #[arg(long, value_parser = ["alpha-beta", "nccl"])]
+    collectives: Option<String>,
     /// Global batch in sequences (default without a job file: 1024).
     #[arg(long, value_parser = positive_u64())]
     global_batch: Option<u64>,
@@ -162,6 +166,12 @@ pub fn run(a: Args) -> Result<()> {
     }
     if let Some(i) = &a.inter {
         cf.inter = i.clone();
+    }
+    if let Some(c) = &a.collectives {
+        cf.collectives = match c.as_str() {
+            "nccl" => plan::cluster::CollectiveModel::Nccl,
+            _ => plan::cluster::CollectiveModel::AlphaBeta,
+        };
     }
     let job = Job::from_file(&jf)?;
     let cluster = Cluster::from_file(&cf)?;

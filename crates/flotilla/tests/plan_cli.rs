@@ -118,3 +118,40 @@ fn validate_reports_every_published_case_with_the_means() {
     assert_eq!(mem.len(), 2, "{bloom}");
     assert!((mem[0] / mem[1] - 1.0).abs() <= 0.05, "{bloom}");
 }
+
+/// `--collectives nccl` prices the all-reduces with NCCL's protocol model: the same layout's
+/// data-parallel term changes, and a device NCCL does not run on is refused with the reason.
+#[test]
+fn collectives_nccl_changes_the_communication_terms_and_refuses_other_vendors() {
+    let args = |model: &'static str| {
+        vec![
+            "plan",
+            "--model",
+            "llama2-7b",
+            "--nodes",
+            "4",
+            "--search",
+            "--top",
+            "1",
+            "--collectives",
+            model,
+        ]
+    };
+    // "step T = compute ... + dp X (of Y) + optimizer Z".
+    let dp_line = |out: &str| -> String {
+        out.lines()
+            .find(|l| l.starts_with("step ") && l.contains(" dp "))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("{out}"))
+    };
+    let (ok, ab, err) = flotilla(&args("alpha-beta"));
+    assert!(ok, "{ab}\n{err}");
+    let (ok, nccl, err) = flotilla(&args("nccl"));
+    assert!(ok, "{nccl}\n{err}");
+    assert_ne!(dp_line(&ab), dp_line(&nccl));
+    let mut amd = args("nccl");
+    amd.extend(["--device", "mi300x"]);
+    let (ok, out, err) = flotilla(&amd);
+    assert!(!ok, "{out}");
+    assert!(err.contains("NVIDIA"), "{err}");
+}

@@ -3,14 +3,55 @@
 //! prints the report; this also prints the fitted parameters and, per case, the step's terms
 //! and one layer's kernel times, which docs/PLAN-VALIDATION.md quotes.
 
-use plan::validate::{cases, fit, render, validate};
+use plan::validate::{FitParams, cases, fit, render, run_case, validate};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let f = fit()?;
     println!("{f:?}");
     println!("{}", render(&validate(f)?));
     breakdowns()?;
+    nccl_beside()?;
     bigscience_memory()
+}
+
+/// The suite priced with NCCL's collective model (`cluster.collectives = "nccl"`) beside the
+/// alpha-beta model it was fitted with: each case's error under both.
+fn nccl_beside() -> Result<(), Box<dyn std::error::Error>> {
+    use plan::cluster::CollectiveModel;
+    let p = FitParams::shipped();
+    let (mut sum, mut max, mut n) = (0.0_f64, 0.0_f64, 0);
+    for (name, c) in cases()? {
+        let base = run_case(&name, &c, p)?;
+        let mut cn = c.clone();
+        cn.cluster.collectives = CollectiveModel::Nccl;
+        let r = match run_case(&name, &cn, p) {
+            Ok(r) => r,
+            Err(e) => {
+                println!("nccl {name:<28} not priced: {e}");
+                continue;
+            }
+        };
+        println!(
+            "nccl {name:<28} alpha-beta {:+6.2}%  nccl {:+6.2}%  (tp {:.3} -> {:.3} s, dp {:.3} -> {:.3} s)",
+            base.error * 100.0,
+            r.error * 100.0,
+            base.step.tp_comm,
+            r.step.tp_comm,
+            base.step.dp_comm,
+            r.step.dp_comm
+        );
+        if r.class == plan::validate::CaseClass::Dense {
+            sum += r.error.abs();
+            max = max.max(r.error.abs());
+            n += 1;
+        }
+    }
+    println!(
+        "nccl dense n = {n}: mean |error| {:.2}%, max {:.2}%",
+        100.0 * sum / n as f64,
+        100.0 * max
+    );
+    Ok(())
 }
 
 /// BLOOM's shape at the layouts BigScience measured with `nvidia-smi` on their first node (the

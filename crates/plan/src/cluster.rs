@@ -5,6 +5,7 @@ use crate::error::{PlanError, Result, at_least_one, non_negative, positive};
 use crate::hardware::{
     Device, Link, THIS_MACHINE, default_intra, device_preset, link_preset, unmeasured_device,
 };
+use crate::nccl::{HostCpu, NcclTopo};
 use crate::units::{GB, RingFactor, US};
 use serde::{Deserialize, Serialize};
 
@@ -88,6 +89,26 @@ pub struct ClusterFile {
     pub storage_write_gbs: Option<f64>,
     /// Storage read bandwidth for restore, GB/s.
     pub storage_read_gbs: Option<f64>,
+    /// How all-reduce, reduce-scatter and all-gather are priced: "alpha_beta" (default, one α
+    /// per step) or "nccl" (NCCL's own model: LL, LL128 and Simple protocols, ring and tree;
+    /// [`crate::nccl`]).
+    #[serde(default)]
+    pub collectives: CollectiveModel,
+    /// The hosts' CPU vendor for `collectives = "nccl"` ("intel" or "amd"; default the
+    /// vendor's reference node for the device).
+    #[serde(default)]
+    pub host_cpu: Option<HostCpu>,
+}
+
+/// How the planner prices collectives ([`ClusterFile::collectives`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectiveModel {
+    /// α + n/β per step (000 Chapter 6).
+    #[default]
+    AlphaBeta,
+    /// NCCL's tuning model ([`crate::nccl`]).
+    Nccl,
 }
 
 fn d_dpn() -> u64 {
@@ -139,6 +160,8 @@ impl ClusterFile {
             memory_reserve_gb: d_reserve(),
             storage_write_gbs: None,
             storage_read_gbs: None,
+            collectives: CollectiveModel::AlphaBeta,
+            host_cpu: None,
         }
     }
 
@@ -184,6 +207,9 @@ pub struct Cluster {
     pub storage_write: Option<f64>,
     /// Storage read bandwidth, bytes/s.
     pub storage_read: Option<f64>,
+    /// NCCL's model of the collectives, with `collectives = "nccl"`; else alpha-beta.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl: Option<NcclTopo>,
 }
 
 impl Cluster {
@@ -275,6 +301,19 @@ impl Cluster {
                 ),
             });
         }
+        let nccl = match (f.collectives, f.host_cpu) {
+            (CollectiveModel::Nccl, cpu) => {
+                Some(NcclTopo::for_presets(&f.device, &intra_name, cpu)?)
+            }
+            (CollectiveModel::AlphaBeta, Some(cpu)) => {
+                return Err(PlanError::Invalid {
+                    field: "cluster.host_cpu",
+                    value: format!("{cpu:?}").to_lowercase(),
+                    reason: "host_cpu is used only by collectives = \"nccl\"".into(),
+                });
+            }
+            (CollectiveModel::AlphaBeta, None) => None,
+        };
         let opt = |field, v: Option<f64>| -> Result<Option<f64>> {
             v.map(|x| positive(field, x).map(|x| x * GB)).transpose()
         };
@@ -298,6 +337,7 @@ impl Cluster {
             memory_reserve: reserve,
             storage_write: opt("cluster.storage_write_gbs", f.storage_write_gbs)?,
             storage_read: opt("cluster.storage_read_gbs", f.storage_read_gbs)?,
+            nccl,
         })
     }
 

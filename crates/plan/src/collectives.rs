@@ -5,7 +5,9 @@
 //! (no reduction term, textbook halving-doubling, one inter-node port per device) and places
 //! groups on nodes.
 
+use crate::cluster::Cluster;
 use crate::hardware::Link;
+use crate::nccl::{Collective, best};
 use crate::units::RingFactor;
 use serde::{Deserialize, Serialize};
 
@@ -160,5 +162,14 @@ pub fn group_link(intra: &Link, inter: &Link, pl: Placement) -> Link {
     match pl {
         Placement::IntraNode => *intra,
         Placement::Spanning { .. } => *inter,
+    }
+}
+
+/// All-reduce over a placed group of `cluster`: NCCL's model ([`crate::nccl::best`]) with
+/// `collectives = "nccl"`, else [`group_all_reduce`].
+pub fn cluster_all_reduce(c: &Cluster, m: f64, size: u64, pl: Placement) -> f64 {
+    match &c.nccl {
+        Some(t) => best(t, &c.intra, &c.inter, Collective::AllReduce, m, size, pl).time,
+        None => group_all_reduce(&c.intra, &c.inter, m, size, pl, c.ring),
     }
 }

@@ -36,6 +36,7 @@ pub mod layout;
 pub mod lint;
 pub mod memory;
 pub mod model;
+pub mod nccl;
 pub mod pipeline;
 pub mod reliability;
 pub mod report;

@@ -308,12 +308,12 @@ pub fn render(r: &Report, explain: bool) -> String {
                 sr.evaluated, sr.feasible
             );
         } else {
-            if sr.tied > 1 {
+            let shown = sr.tied.min(sr.top.len());
+            if shown > 1 {
                 let _ = writeln!(
                     o,
-                    "the first {} are tied: priced within the tie band of the fastest, listed by \
-                     memory per GPU",
-                    sr.tied.min(sr.top.len())
+                    "the first {shown} are tied: priced within the tie band of the fastest, \
+                     listed by memory per GPU"
                 );
             }
             let _ = writeln!(

@@ -4,7 +4,7 @@
 //! Fleet law (000 F2): T_step = T_compute/N + T_comm + T_sync − T_overlap.
 
 use crate::cluster::Cluster;
-use crate::collectives::{Placement, all_to_all, group_all_reduce, group_link, placement};
+use crate::collectives::{Placement, all_to_all, cluster_all_reduce, group_link, placement};
 use crate::error::Result;
 use crate::job::{ComputeModel, Job};
 use crate::kernels::layer_times;
@@ -221,14 +221,7 @@ pub(crate) fn evaluate_valid(
         (true, false) => 6.0,
         (false, false) => 4.0,
     };
-    let t_tp1 = group_all_reduce(
-        &cluster.intra,
-        &cluster.inter,
-        tp_msg,
-        l.tp,
-        tp_pl,
-        cluster.ring,
-    );
+    let t_tp1 = cluster_all_reduce(cluster, tp_msg, l.tp, tp_pl);
     let tp_layer = match (&kernels, l.tp_overlap) {
         (Some(k), true) => (n_tp * t_tp1 - k.gemm).max(0.0),
         _ => n_tp * t_tp1,
@@ -366,14 +359,7 @@ pub(crate) fn evaluate_valid(
     };
     let stride = l.tp * l.pp;
     let half_ar = |bytes: f64, size: u64, stride: u64| {
-        group_all_reduce(
-            &cluster.intra,
-            &cluster.inter,
-            bytes,
-            size,
-            placement(size, stride, dpn),
-            cluster.ring,
-        ) / 2.0
+        cluster_all_reduce(cluster, bytes, size, placement(size, stride, dpn)) / 2.0
     };
     let ep = l.ep.max(1);
     let dp_comm = units
