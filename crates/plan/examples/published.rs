@@ -1,7 +1,7 @@
-//! The published-runs suite's fit and per-case breakdowns (docs/PLAN-VALIDATION.md "Validation"):
+//! The published-runs suite's fit and per-case breakdowns (docs/PLAN.md "Validation"):
 //! `cargo run --release -p flotilla-plan --example published`. `flotilla plan --validate`
 //! prints the report; this also prints the fitted parameters and, per case, the step's terms
-//! and one layer's kernel times, which docs/PLAN-VALIDATION.md quotes.
+//! and one layer's kernel times, which docs/PLAN.md and docs/PLAN-VALIDATION.md quote.
 
 use plan::validate::{FitParams, cases, fit, render, run_case, validate};
 

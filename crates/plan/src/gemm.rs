@@ -66,7 +66,7 @@ pub const TILES: [(f64, f64); 3] = [(128.0, 256.0), (256.0, 128.0), (128.0, 128.
 ///   Architecture whitepaper), H100 SXM5 and H200 132 SMs (NVIDIA H100 Tensor Core GPU
 ///   Architecture whitepaper), B200 148, MI300X 304 compute units (AMD CDNA 3 whitepaper).
 /// - `gemm_bf16` (A100) and `gemm_fp8` (H100) are fitted on the fitting half of the published
-///   suite (`crates/plan/tests/published/`, see docs/PLAN-VALIDATION.md "Validation"); the H100 BF16
+///   suite (`crates/plan/tests/published/`, see docs/PLAN.md "Validation"); the H100 BF16
 ///   ceiling is the same fraction of its peak as the A100 BF16 one. Devices without suite cases take the H100
 ///   values (an assumption).
 /// - `flash_attention`: FlashAttention-2 (Dao 2023, §4) reports 50–73% of the A100's peak

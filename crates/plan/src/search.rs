@@ -61,7 +61,7 @@ fn all_zero() -> Vec<ZeroStage> {
 }
 
 /// The iteration-time error the planner is validated to on the published suite's dense runs
-/// (issue 30's bar on the mean absolute error, 3%; met at 2.89%: docs/PLAN-VALIDATION.md, "Validation").
+/// (issue 30's bar on the mean absolute error, 3%; met at 2.89%: docs/PLAN.md, "Validation").
 /// Layouts priced closer than this to the fastest are not proven slower by the model.
 pub const MODEL_ERROR_BAND: f64 = 0.03;
 

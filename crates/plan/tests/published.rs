@@ -1,4 +1,4 @@
-//! The published-runs suite (`tests/published/*.toml`, docs/PLAN-VALIDATION.md "Validation"): every case
+//! The published-runs suite (`tests/published/*.toml`, docs/PLAN.md "Validation"): every case
 //! parses and is predicted, the shipped GEMM ceilings are what the fit finds on the fitting
 //! half, and the errors stay within what the model achieved when it was fitted.
 
@@ -96,13 +96,13 @@ fn validation_report() {
         assert!((m.reserved / thousands_of_mib - 1.0).abs() <= 0.05, "{m:?}");
     }
     // The bars on the dense runs, met (all 2.89% / 5.58%), and a regression guard on
-    // the held-out half at what the model achieves (2.84% / 5.29%): docs/PLAN-VALIDATION.md.
+    // the held-out half at what the model achieves (2.84% / 5.29%): docs/PLAN.md, "Validation".
     assert!(r.dense_all.mean_abs <= 0.03, "{:?}", r.dense_all);
     assert!(r.dense_all.max_abs <= 0.06, "{:?}", r.dense_all);
     assert!(r.dense_held_out.mean_abs < 0.029, "{:?}", r.dense_held_out);
     assert!(r.dense_held_out.max_abs < 0.055, "{:?}", r.dense_held_out);
     // The MLPerf runs (held out, a fifth source) stay within 5.5% (+1.7 ... +5.3% at this fit;
-    // within 5% at the fit before the context-parallel merge traffic: docs/PLAN-VALIDATION.md).
+    // within 5% at the fit before the context-parallel merge traffic: docs/PLAN.md, "Validation").
     for c in r.cases.iter().filter(|c| c.group == "mlperf") {
         assert!(
             c.error.abs() < 0.055,
