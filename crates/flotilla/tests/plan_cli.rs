@@ -155,3 +155,43 @@ fn collectives_nccl_changes_the_communication_terms_and_refuses_other_vendors() 
     assert!(!ok, "{out}");
     assert!(err.contains("NVIDIA"), "{err}");
 }
+
+/// With DeepSpeed's BF16 optimizer (FP32 gradients reduced as BF16), the text report gives
+/// what `nvidia-smi` would show: the cast copy after the flush in a caching-allocator segment
+/// of its own, above the allocated peak the fit is tested against.
+#[test]
+fn the_report_shows_the_allocator_reserved_memory_beside_the_peak() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        "[model]\npreset = \"gpt3-175b\"\n\n[training]\nglobal_batch = 1536\n\
+         compute_model = \"kernels\"\ngrad_precision = \"param_and_fp32\"\n\
+         grad_comm_precision = \"param\"\n\n[layout]\ntp = 8\npp = 8\ndp = 16\n\
+         micro_batch = 1\nzero = 1\nrecompute = \"full\"\n",
+    )
+    .unwrap();
+    let (ok, out, err) = flotilla(&[
+        "plan",
+        job.to_str().unwrap(),
+        "--nodes",
+        "128",
+        "--device",
+        "a100-80",
+    ]);
+    assert!(ok, "{out}\n{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("memory/device"))
+        .unwrap_or_else(|| panic!("{out}"));
+    let num = |after: &str| -> f64 {
+        line.split(after)
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{after:?} in {line}"))
+    };
+    let peak = num("memory/device ");
+    let shown = num("nvidia-smi shows ~");
+    assert!(shown > peak, "{line}");
+}
