@@ -4,8 +4,9 @@
 //! With a tie band ([`SearchOptions::tie_band`], e.g. [`MODEL_ERROR_BAND`]) the layouts whose
 //! step time is within the band of the fastest are reported as ties ([`SearchResult::tied`])
 //! and ordered by memory per GPU, least first: a difference smaller than the model's validated
-//! error does not prove one layout faster, and the planner's memory is known to run short of
-//! what `nvidia-smi` shows (docs/PLAN-VALIDATION.md, "Layout search against published choices").
+//! error does not prove one layout faster, and the allocated peak the search fits against runs
+//! short of what `nvidia-smi` shows (docs/PLAN-VALIDATION.md, "Layout search against published
+//! choices").
 
 use crate::cluster::Cluster;
 use crate::error::Result;
@@ -129,12 +130,13 @@ fn divisors(n: u64) -> Vec<u64> {
     lo
 }
 
-/// The pipeline splits to try for each pipeline degree dividing `devices`: (pp, false) where pp
-/// divides the layers, (pp, true) where it divides layers + 2 into stages of two slots or more
-/// and `slots` is set (embedding and head in slots of their own; pp > 1); (0, false) once for a
-/// degree neither divides.
-fn pipeline_splits(layers: u64, devices: u64, slots: bool) -> Vec<(u64, bool)> {
+/// The pipeline splits to try, as (pp, embedding slots), for each pipeline degree dividing
+/// `devices`: (pp, false) where pp divides the layers, (pp, true) where it divides layers + 2
+/// into stages of two slots or more and `slots` is set (embedding and head in slots of their
+/// own; pp > 1). Also how many degrees neither divides.
+fn pipeline_splits(layers: u64, devices: u64, slots: bool) -> (Vec<(u64, bool)>, usize) {
     let mut out = Vec::new();
+    let mut undivided = 0;
     for pp in divisors(devices) {
         let even = layers.is_multiple_of(pp);
         let with_slots = slots && pp > 1 && 2 * pp <= layers + 2 && (layers + 2).is_multiple_of(pp);
@@ -145,10 +147,10 @@ fn pipeline_splits(layers: u64, devices: u64, slots: bool) -> Vec<(u64, bool)> {
             out.push((pp, true));
         }
         if !even && !with_slots {
-            out.push((0, false));
+            undivided += 1;
         }
     }
-    out
+    (out, undivided)
 }
 
 /// Searches all layouts of `job` on `cluster`.
@@ -171,11 +173,11 @@ pub fn search(job: &Job, cluster: &Cluster, opts: &SearchOptions) -> Result<Sear
             reject("tp does not divide heads");
             continue;
         }
-        for (pp, slots) in pipeline_splits(m.layers, n / tp, opts.embedding_slots) {
-            if pp == 0 {
-                reject("pp does not divide layers");
-                continue;
-            }
+        let (splits, undivided) = pipeline_splits(m.layers, n / tp, opts.embedding_slots);
+        for _ in 0..undivided {
+            reject("pp does not divide layers");
+        }
+        for (pp, slots) in splits {
             let dp = n / (tp * pp);
             let eps: Vec<u64> = if m.experts > 1 {
                 divisors(dp)
