@@ -160,7 +160,12 @@ fn the_launcher_serves_every_rank_while_the_job_trains() {
     assert_eq!(s["flotilla_world_size"], 2.0);
     assert_eq!(s["flotilla_restarts_total"], 0.0);
     assert!(s["flotilla_loss"] > 0.0 && s["flotilla_tokens_per_second"] > 0.0);
-    assert!(s["flotilla_rank_step_time_seconds{rank=\"0\"}"] > 0.0);
+    // Each rank publishes its own step time from its own thread, which may come after the
+    // first scrape that shows a step (CI of 2026-12-06 scraped before rank 0's was there).
+    let r0_time = "flotilla_rank_step_time_seconds{rank=\"0\"}";
+    scrape_until(port, "rank 0's step time", |e| {
+        e.samples.get(r0_time).is_some_and(|&x| x > 0.0)
+    });
     // Rank 1 publishes too (from its own thread, so a step or more behind rank 0 at times).
     let step = s["flotilla_step"];
     let r1 = "flotilla_rank_step{rank=\"1\"}";
