@@ -215,18 +215,18 @@ pub fn best(
             (local.max(1) as f64 * inter.beta).min(intra.beta),
         ),
     };
+    let algorithms: &[Algorithm] = match coll {
+        Collective::AllReduce => &[Algorithm::Ring, Algorithm::Tree],
+        Collective::ReduceScatter | Collective::AllGather => &[Algorithm::Ring],
+    };
     let mut out: Option<Choice> = None;
     for (i, &protocol) in PROTOCOLS.iter().enumerate() {
-        let mut algorithms = vec![Algorithm::Ring];
-        if coll == Collective::AllReduce {
-            algorithms.push(Algorithm::Tree);
+        if protocol == Protocol::Ll128 && !t.nvlink {
+            // LL128 is enabled only where the GPUs of a node share NVLink (`typeIntra <=
+            // PATH_NVB`).
+            continue;
         }
-        for algorithm in algorithms {
-            if protocol == Protocol::Ll128 && !t.nvlink {
-                // LL128 is enabled only where the GPUs of a node share NVLink (`typeIntra <=
-                // PATH_NVB`).
-                continue;
-            }
+        for &algorithm in algorithms {
             let time = match algorithm {
                 Algorithm::Ring => ring(t, coll, i, m, size, nodes, bus),
                 Algorithm::Tree => tree(t, i, m, size, nodes, bus),

@@ -94,7 +94,7 @@ pub struct Published {
 
 impl Published {
     /// The published memory per GPU in GB (10^9 bytes), from `memory_gb` or `memory_gib`.
-    pub fn memory_bytes_gb(&self) -> Option<f64> {
+    pub fn memory_in_gb(&self) -> Option<f64> {
         self.memory_gb.or(self.memory_gib.map(|g| g * GIB / GB))
     }
 }
@@ -282,7 +282,7 @@ pub fn run_case(name: &str, c: &CaseFile, params: FitParams) -> Result<CaseResul
         error: predicted_s / published_s - 1.0,
         memory_gb: c
             .published
-            .memory_bytes_gb()
+            .memory_in_gb()
             .map(|m| (m, e.memory.reserved / GB)),
         step: e.step.clone(),
         microbatches: e.microbatches,
